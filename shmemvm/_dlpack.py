@@ -1,0 +1,113 @@
+"""Zero-copy torch tensors over raw addresses, through a DLPack capsule.
+
+One path for every backend: the capsule names the device the memory is
+*accessed from* (the local device), which is what makes peer GPU memory
+usable (torch.as_tensor on __cuda_array_interface__ rejects it).
+
+The capsule carries no deleter: a ctypes deleter callback can fire during
+interpreter shutdown and crash. torch copies shape and strides when it takes
+the capsule but keeps the struct's address and reads its `deleter` field when
+the storage dies, so the struct must outlive every tensor made from it: one
+module-level struct, always with a NULL deleter, is reused under a lock.
+Lifetime of the memory is tracked on the torch storage instead (vmem.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+# DLPack device types (dlpack.h).
+KDL_CPU = 1
+KDL_CUDA = 2
+KDL_ROCM = 10
+
+_DEVICE_TYPE = {"cpu": KDL_CPU, "cuda": KDL_CUDA}
+
+# DLDataType codes.
+_INT, _UINT, _FLOAT, _BFLOAT, _COMPLEX, _BOOL = 0, 1, 2, 4, 5, 6
+
+_DTYPES = {
+    torch.uint8: (_UINT, 8), torch.int8: (_INT, 8),
+    torch.int16: (_INT, 16), torch.int32: (_INT, 32), torch.int64: (_INT, 64),
+    torch.uint16: (_UINT, 16), torch.uint32: (_UINT, 32), torch.uint64: (_UINT, 64),
+    torch.float16: (_FLOAT, 16), torch.float32: (_FLOAT, 32), torch.float64: (_FLOAT, 64),
+    torch.bfloat16: (_BFLOAT, 16),
+    torch.complex64: (_COMPLEX, 64), torch.complex128: (_COMPLEX, 128),
+    torch.bool: (_BOOL, 8),
+}
+
+SUPPORTED_DTYPES = frozenset(_DTYPES)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [
+        ("dl_tensor", _DLTensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),  # NULL: nothing to call back into Python
+    ]
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+_MAX_NDIM = 64
+_managed = _DLManagedTensor()  # lives for the whole process, never freed
+_shape = (ctypes.c_int64 * _MAX_NDIM)()
+_lock = threading.Lock()
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in _DTYPES:
+        raise TypeError(
+            f"dtype {dtype} is not supported for symmetric memory; "
+            f"use one of {sorted(str(d) for d in _DTYPES)}"
+        )
+
+
+def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """A contiguous tensor of `shape`/`dtype` whose first element is at `address`."""
+    check_dtype(dtype)
+    code, bits = _DTYPES[dtype]
+    ndim = len(shape)
+    if ndim > _MAX_NDIM:
+        raise ValueError(f"at most {_MAX_NDIM} dimensions are supported, got {ndim}")
+    with _lock:
+        for i, extent in enumerate(shape):
+            _shape[i] = extent
+        dl = _managed.dl_tensor
+        dl.data = address
+        dl.device = _DLDevice(_DEVICE_TYPE[device.type], device.index or 0)
+        dl.ndim = ndim
+        dl.dtype = _DLDataType(code, bits, 1)
+        dl.shape = ctypes.cast(_shape, ctypes.POINTER(ctypes.c_int64))
+        dl.strides = None  # compact row-major
+        dl.byte_offset = 0
+        _managed.deleter = None
+        capsule = _PyCapsule_New(ctypes.addressof(_managed), b"dltensor", None)
+        return torch.utils.dlpack.from_dlpack(capsule)

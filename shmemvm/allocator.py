@@ -1,0 +1,330 @@
+"""Pure power-of-two bookkeeping for one heap: no I/O, no MPI, no clocks.
+
+Given the same sequence of requests, every PE computes the same offsets, the
+same segments and the same evictions, which is what lets a collective malloc
+cost a single agreement instead of an exchange of addresses.
+
+Layout
+  - The VA range [0, va_size) is a buddy system whose smallest unit is the
+    backend granularity G. A request of class >= G takes a block of its own
+    there: a *segment*, backed by one physical piece.
+  - Requests below G are carved by a second buddy system out of G-sized
+    "small" segments; a small segment goes back when its last block does.
+  - A segment whose block is freed stays backed, in a cache ordered by age:
+    a later request of the same class reuses it at no cost. When a fresh
+    segment would exceed the physical budget, the oldest cached segments are
+    evicted first (their VA returns to the buddy system).
+  - Every offset has a generation that increases each time a new physical
+    piece is placed there; peers key their mappings by it.
+
+The backing layer (vmem.py) maps what `allocate` reports as created and
+unmaps what `take_released` returns.
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .errors import HeapExhaustedError
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def format_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One physical piece: [offset, offset + size), placed there for the
+    `generation`-th time."""
+    offset: int
+    size: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """A live allocation. `serial` numbers allocations in request order."""
+    offset: int
+    size: int
+    nbytes: int
+    segment: Segment
+    serial: int
+
+
+class Buddy:
+    """Free lists of a buddy system between 2**min_order and 2**max_order.
+
+    `free` maps the offset of each free block to its order; per-order heaps
+    give the lowest free offset first (deterministic) and are cleaned lazily.
+    """
+
+    def __init__(self, min_order: int, max_order: int):
+        self.min_order = min_order
+        self.max_order = max_order
+        self.free: dict[int, int] = {}
+        self._heaps: list[list[int]] = [[] for _ in range(max_order + 1)]
+        self._counts = [0] * (max_order + 1)
+
+    def _push(self, offset: int, order: int) -> None:
+        self.free[offset] = order
+        self._counts[order] += 1
+        heap = self._heaps[order]
+        heapq.heappush(heap, offset)
+        if len(heap) > 64 + 4 * self._counts[order]:  # too many stale entries
+            self._heaps[order] = [o for o, k in self.free.items() if k == order]
+            heapq.heapify(self._heaps[order])
+
+    def _drop(self, offset: int) -> None:
+        self._counts[self.free.pop(offset)] -= 1
+
+    def add(self, offset: int, order: int) -> None:
+        """Give back a block, merging it with free buddies up to max_order."""
+        while order < self.max_order:
+            buddy = offset ^ (1 << order)
+            if self.free.get(buddy) != order:
+                break
+            self._drop(buddy)
+            offset = min(offset, buddy)
+            order += 1
+        self._push(offset, order)
+
+    def take(self, order: int) -> int | None:
+        """The lowest-offset free block of `order`, splitting a larger one if needed."""
+        for k in range(order, self.max_order + 1):
+            heap = self._heaps[k]
+            while heap and self.free.get(heap[0]) != k:
+                heapq.heappop(heap)  # stale
+            if heap:
+                offset = heapq.heappop(heap)
+                self._drop(offset)
+                while k > order:
+                    k -= 1
+                    self._push(offset + (1 << k), k)
+                return offset
+        return None
+
+    def remove(self, offset: int, order: int) -> None:
+        """Take out a specific free block (heap entry goes stale)."""
+        if self.free.get(offset) != order:
+            raise AssertionError(f"block {offset:#x} of order {order} is not free")
+        self._drop(offset)
+
+
+class Pow2Allocator:
+    def __init__(self, budget: int, granularity: int, va_size: int, min_block: int = 64):
+        for name, value in (("granularity", granularity), ("va_size", va_size),
+                            ("min_block", min_block)):
+            if not is_pow2(value):
+                raise ValueError(f"{name} must be a power of two, got {value}")
+        if budget <= 0 or budget % granularity or budget > va_size:
+            raise ValueError(f"budget {budget} must be a positive multiple of the "
+                             f"granularity {granularity} and at most va_size {va_size}")
+        if min_block > granularity:
+            raise ValueError(f"min_block {min_block} exceeds granularity {granularity}")
+        self.budget = budget
+        self.granularity = granularity
+        self.va_size = va_size
+        self.min_block = min_block
+        self._g_order = granularity.bit_length() - 1
+        self._va = Buddy(self._g_order, va_size.bit_length() - 1)
+        self._va.add(0, self._va.max_order)
+        self._small = Buddy(min_block.bit_length() - 1, self._g_order)
+        self._segments: dict[int, Segment] = {}      # every backed segment
+        self._small_users: dict[int, int] = {}      # small segment -> live blocks in it
+        self._cache: OrderedDict[int, Segment] = OrderedDict()  # freed, still backed; oldest first
+        self._cache_by_size: dict[int, list[int]] = {}  # size -> heap of cached offsets
+        self._generations: dict[int, int] = {}
+        self._blocks: dict[int, Block] = {}
+        self._released: list[Segment] = []
+        self._serial = 0
+        self.backed_bytes = 0   # live + cached segments
+        self.cached_bytes = 0
+        self.block_bytes = 0    # sum of live block sizes
+        self.requested_bytes = 0
+
+    # -- queries --------------------------------------------------------------
+    @property
+    def live_blocks(self) -> int:
+        return len(self._blocks)
+
+    def block_at(self, offset: int) -> Block | None:
+        return self._blocks.get(offset)
+
+    def find_block(self, offset: int) -> Block | None:
+        """The live block containing `offset`, if any."""
+        if not 0 <= offset < self.va_size:
+            return None
+        size = self.min_block
+        while size <= self.va_size:
+            block = self._blocks.get(offset & ~(size - 1))
+            if block is not None and block.size == size:
+                return block
+            size <<= 1
+        return None
+
+    def segments(self) -> list[Segment]:
+        return [self._segments[o] for o in sorted(self._segments)]
+
+    def is_cached(self, offset: int) -> bool:
+        return offset in self._cache
+
+    def size_class(self, nbytes: int) -> int:
+        return max(self.min_block, next_pow2(nbytes))
+
+    def state(self) -> tuple:
+        """Everything that decides future answers, for comparing allocators."""
+        return (sorted(self._va.free.items()), sorted(self._small.free.items()),
+                tuple(self._cache), sorted(self._blocks), sorted(self._segments),
+                self.backed_bytes)
+
+    # -- requests -------------------------------------------------------------
+    def allocate(self, nbytes: int) -> tuple[Block, list[Segment]]:
+        """A block for `nbytes` and the segments created for it (to be backed)."""
+        nbytes = _check_size(nbytes)
+        size = self.size_class(nbytes)
+        if size > self.budget:
+            raise HeapExhaustedError(self._exhausted_message(nbytes, size, "exceeds the whole heap"))
+        created: list[Segment] = []
+        if size >= self.granularity:
+            segment = self._take_segment(size, nbytes, created)
+            offset = segment.offset
+        else:
+            order = size.bit_length() - 1
+            offset = self._small.take(order)
+            if offset is None:
+                chunk = self._take_segment(self.granularity, nbytes, created)
+                self._small_users[chunk.offset] = 0
+                self._small.add(chunk.offset, self._g_order)
+                offset = self._small.take(order)
+            chunk_offset = offset & ~(self.granularity - 1)
+            self._small_users[chunk_offset] += 1
+            segment = self._segments[chunk_offset]
+        self._serial += 1
+        block = Block(offset, size, nbytes, segment, self._serial)
+        self._blocks[offset] = block
+        self.block_bytes += size
+        self.requested_bytes += nbytes
+        return block, created
+
+    def free(self, offset: int) -> Block:
+        block = self._blocks.pop(offset, None)
+        if block is None:
+            raise KeyError(f"no live block at offset {offset:#x}")
+        self.block_bytes -= block.size
+        self.requested_bytes -= block.nbytes
+        if block.size >= self.granularity:
+            self._cache_segment(block.segment)
+        else:
+            self._small.add(offset, block.size.bit_length() - 1)
+            chunk = block.segment.offset
+            self._small_users[chunk] -= 1
+            if self._small_users[chunk] == 0:
+                del self._small_users[chunk]
+                self._small.remove(chunk, self._g_order)
+                self._cache_segment(block.segment)
+        return block
+
+    def trim(self) -> int:
+        """Evict every cached segment; returns the bytes given back."""
+        before = self.cached_bytes
+        while self._cache:
+            self._evict_oldest()
+        return before
+
+    def evict(self, offset: int) -> None:
+        """Evict one cached segment (e.g. one that could not be backed)."""
+        segment = self._cache.pop(offset)
+        self._release(segment)
+
+    def take_released(self) -> list[Segment]:
+        """Segments evicted since the last call, to be unmapped by the caller."""
+        released, self._released = self._released, []
+        return released
+
+    # -- internals --------------------------------------------------------------
+    def _take_segment(self, size: int, nbytes: int, created: list[Segment]) -> Segment:
+        cached = self._pop_cached(size)
+        if cached is not None:
+            return cached
+        live_segment_bytes = self.backed_bytes - self.cached_bytes
+        if live_segment_bytes + size > self.budget:
+            raise HeapExhaustedError(self._exhausted_message(nbytes, size, "does not fit"))
+        while self.backed_bytes + size > self.budget:
+            self._evict_oldest()
+        order = size.bit_length() - 1
+        offset = self._va.take(order)
+        while offset is None and self._cache:
+            self._evict_oldest()
+            offset = self._va.take(order)
+        if offset is None:
+            raise HeapExhaustedError(self._exhausted_message(
+                nbytes, size, "finds no free address range (fragmented)"))
+        generation = self._generations.get(offset, 0) + 1
+        self._generations[offset] = generation
+        segment = Segment(offset, size, generation)
+        self._segments[offset] = segment
+        self.backed_bytes += size
+        created.append(segment)
+        return segment
+
+    def _pop_cached(self, size: int) -> Segment | None:
+        heap = self._cache_by_size.get(size)
+        while heap:
+            offset = heapq.heappop(heap)
+            segment = self._cache.get(offset)
+            if segment is not None and segment.size == size:
+                del self._cache[offset]
+                self.cached_bytes -= size
+                return segment
+        return None
+
+    def _cache_segment(self, segment: Segment) -> None:
+        self._cache[segment.offset] = segment
+        self.cached_bytes += segment.size
+        heapq.heappush(self._cache_by_size.setdefault(segment.size, []), segment.offset)
+
+    def _evict_oldest(self) -> None:
+        _, segment = self._cache.popitem(last=False)
+        self._release(segment)
+
+    def _release(self, segment: Segment) -> None:
+        # `segment` has just left the cache
+        self.cached_bytes -= segment.size
+        self.backed_bytes -= segment.size
+        del self._segments[segment.offset]
+        self._va.add(segment.offset, segment.size.bit_length() - 1)
+        self._released.append(segment)
+
+    def _exhausted_message(self, nbytes: int, size: int, why: str) -> str:
+        live = self.backed_bytes - self.cached_bytes
+        return (f"cannot allocate {nbytes} bytes (size class {format_bytes(size)}): it {why}; "
+                f"heap size {format_bytes(self.budget)}, {format_bytes(live)} held by "
+                f"{len(self._blocks)} live allocations, {format_bytes(self.cached_bytes)} "
+                f"cached. Free tensors, or raise the heap size (heap_size= or SHMEMVM_HEAP_SIZE)")
+
+
+def _check_size(nbytes) -> int:
+    if isinstance(nbytes, bool):
+        raise TypeError("a size must be an integer number of bytes, got a bool")
+    try:
+        nbytes = operator.index(nbytes)
+    except TypeError:
+        raise TypeError(f"a size must be an integer number of bytes, got "
+                        f"{type(nbytes).__name__} {nbytes!r}") from None
+    if nbytes < 0:
+        raise ValueError(f"a size must be >= 0 bytes, got {nbytes}")
+    return nbytes

@@ -1,0 +1,44 @@
+"""Settings: arguments first, environment second, defaults last.
+
+Every environment variable shmemvm reads is listed in SETTINGS, which is what
+`python -m shmemvm info` prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+SETTINGS = {
+    "SHMEMVM_HEAP_SIZE": ("1G", "physical budget of each PE's heap (bytes; K/M/G suffixes)"),
+    "SHMEMVM_BACKEND": ("auto", "host, cuda, hip, or auto (cuda/hip where a GPU is present)"),
+    "SHMEMVM_VA_FACTOR": ("4", "address space reserved per heap, as a multiple of the heap size"),
+    "SHMEMVM_HOST_GRANULARITY": ("64K", "segment granularity of the host backend"),
+    "SHMEMVM_TIMEOUT": ("60", "seconds a collective waits for its peers before raising"),
+    "SHMEMVM_DEVICE": ("", "GPU index for this PE (default: node-local rank modulo GPU count)"),
+    "SHMEMVM_NODE_SPLIT": ("", "force a node split on one machine: N = PEs per simulated node"),
+    "SHMEMVM_DEBUG": ("0", "1 = log every collective and mapping at DEBUG level"),
+}
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """'64M' -> 67108864; integers pass through."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"cannot read {text!r} as a size; use e.g. 4096, 64K, 512M or 2G")
+    return int(match.group(1)) * _SUFFIX[match.group(2).upper()]
+
+
+def setting(name: str, value=None) -> str:
+    """The argument if given, else the environment, else the default."""
+    if value is not None:
+        return value
+    return os.environ.get(name, SETTINGS[name][0])
+
+
+def current() -> dict[str, str]:
+    return {name: setting(name) for name in SETTINGS}

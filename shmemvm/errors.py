@@ -1,0 +1,26 @@
+"""Exceptions raised by shmemvm. Every message says what was asked, what was
+found and what to change."""
+
+
+class ShmemError(RuntimeError):
+    """Base class of shmemvm's errors."""
+
+
+class HeapExhaustedError(ShmemError):
+    """The physical budget (heap size) cannot hold the request."""
+
+
+class SymmetryError(ShmemError):
+    """PEs made different collective calls, or the same call with different arguments."""
+
+
+class PeerTimeoutError(ShmemError):
+    """A peer did not take part in a collective within the configured time."""
+
+
+class UnsupportedError(ShmemError):
+    """The backend cannot do what was asked (for example import foreign memory)."""
+
+
+class FreedTensorError(ShmemError, ValueError):
+    """A tensor whose symmetric block was freed (or never was one) was used."""
