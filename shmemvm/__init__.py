@@ -8,11 +8,18 @@ from .allocator import Pow2Allocator
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
                      SymmetryError, UnsupportedError)
 from .vmem import VMemPow2Allocator
+from .heap import SymmetricHeap
+from .api import (barrier_all, calloc, default_heap, empty, fence, finalize, free, get, get_nbi,
+                  heap_info, init, malloc, my_pe, n_pes, ptr, put, put_nbi, quiet, realloc,
+                  sync_all, zeros)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Pow2Allocator", "VMemPow2Allocator",
+    "Pow2Allocator", "VMemPow2Allocator", "SymmetricHeap",
+    "init", "finalize", "default_heap", "my_pe", "n_pes", "malloc", "empty", "zeros", "calloc",
+    "realloc", "free", "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
+    "barrier_all", "sync_all", "heap_info",
     "ShmemError", "HeapExhaustedError", "SymmetryError", "PeerTimeoutError",
     "UnsupportedError", "FreedTensorError",
 ]

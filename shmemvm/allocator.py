@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import operator
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import HeapExhaustedError
 
@@ -236,6 +236,17 @@ class Pow2Allocator:
                 del self._small_users[chunk]
                 self._small.remove(chunk, self._g_order)
                 self._cache_segment(block.segment)
+        return block
+
+    def resize(self, offset: int, nbytes: int) -> Block:
+        """Let a live block hold `nbytes` now (same size class, same place)."""
+        block = self._blocks[offset]
+        if self.size_class(_check_size(nbytes)) != block.size:
+            raise ValueError(f"{nbytes} bytes do not fit the {block.size}-byte class of "
+                             f"the block at {offset:#x}")
+        self.requested_bytes += nbytes - block.nbytes
+        block = replace(block, nbytes=nbytes)
+        self._blocks[offset] = block
         return block
 
     def trim(self) -> int:

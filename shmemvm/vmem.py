@@ -84,6 +84,8 @@ class VMemPow2Allocator:
         self._collected: deque[int] = deque()        # serials of GC'd blocks
         self._lock = threading.RLock()
         self.closed = False
+        #: called with each segment just before its physical memory is released
+        self.release_listeners: list = []
         log.debug("heap of %d bytes (VA %d) at %#x on %s", budget, self.va_size, self.base,
                   self.backend.name)
 
@@ -166,7 +168,6 @@ class VMemPow2Allocator:
             self._collected.clear()
             for segment in self._core.segments():
                 self._unback(segment)
-            self._close_mappings()
             self.backend.unreserve(self.base, self.va_size)
             self.backend.close()
 
@@ -206,23 +207,29 @@ class VMemPow2Allocator:
                              "create a new one to allocate again")
 
     def _allocate_block(self, nbytes: int) -> tuple[Block, list[Segment]]:
+        """Allocate and back a block; on a backend failure nothing is left behind."""
         try:
             block, created = self._core.allocate(nbytes)
         finally:
             self._unback_released()
-        backed = []
         try:
             for segment in created:
                 self._back(segment)
-                backed.append(segment)
         except BaseException:
-            self._core.free(block.offset)
-            for segment in created:
-                if segment not in backed and self._core.is_cached(segment.offset):
-                    self._core.evict(segment.offset)
-            self._unback_released()
+            self._undo_allocation(block, created)
             raise
         return block, created
+
+    def _undo_allocation(self, block: Block, created: list[Segment]) -> None:
+        """Return a block just allocated and evict the segments made for it.
+        Deterministic, so PEs whose backing succeeded can mirror a PE whose
+        backing failed and stay identical."""
+        self._live.pop(block.offset, None)
+        self._core.free(block.offset)
+        for segment in created:
+            if self._core.is_cached(segment.offset):
+                self._core.evict(segment.offset)
+        self._unback_released()
 
     def _tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
@@ -231,6 +238,12 @@ class VMemPow2Allocator:
         finalizer.atexit = False
         self._live[block.offset] = _Live(block, weakref.ref(storage), finalizer)
         return tensor
+
+    def _resize_block(self, offset: int, nbytes: int, dims, dtype) -> torch.Tensor:
+        """A new tensor over the same block; the old tensor counts as freed."""
+        old = self._live.pop(offset)
+        old.finalizer.detach()
+        return self._tensor_for(self._core.resize(offset, nbytes), dims, dtype)
 
     def _free_block(self, offset: int) -> Block:
         live = self._live.pop(offset)
@@ -265,17 +278,20 @@ class VMemPow2Allocator:
         self._handles[segment.offset] = handle
 
     def _unback(self, segment: Segment) -> None:
+        for listener in self.release_listeners:
+            listener(segment)
         handle = self._handles.pop(segment.offset, None)
         if handle is None:
             return  # never backed (its creation failed)
         self.backend.unmap(self.base + segment.offset, segment.size)
         self.backend.release(handle)
 
+    def _export(self, segment: Segment) -> int:
+        """A new fd for a backed segment, owned by the caller."""
+        return self.backend.export_fd(self._handles[segment.offset])
+
     def _unback_released(self) -> list[Segment]:
         released = self._core.take_released()
         for segment in released:
             self._unback(segment)
         return released
-
-    def _close_mappings(self) -> None:
-        """Hook for subclasses holding other mappings (peers) to drop them."""

@@ -1,0 +1,533 @@
+"""SymmetricHeap: collective malloc/free over MPI, peers on the node, put/get/ptr.
+
+Every PE runs the same deterministic allocator (allocator.py), so the same
+sequence of collective calls gives the same offsets everywhere; a collective
+therefore only has to *agree* that every PE made the same call, which is one
+small allreduce. Only segments that a call creates are exported and passed to
+the other PEs of the node; a segment released on one PE is released at the
+same call on all of them, so each PE drops its imports of it without being
+told.
+
+Errors instead of hangs: every wait (MPI request, socket) has a deadline
+(SHMEMVM_TIMEOUT); a mismatched collective raises SymmetryError on every PE
+with what each PE asked for; a local failure while backing a new segment is
+agreed on and undone everywhere.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+from mpi4py import MPI
+
+from . import _dlpack
+from .allocator import Block, Segment
+from .config import setting
+from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
+                     SymmetryError)
+from .fdpass import FdChannel, Message
+from .offnode import OffNodeWindow
+from .peers import PeerTable
+from .vmem import VMemPow2Allocator, tensor_nbytes
+
+log = logging.getLogger("shmemvm")
+
+_OPS = ("init", "malloc", "free", "realloc", "barrier", "sync", "finalize", "collective")
+_OP_CODE = {name: i + 1 for i, name in enumerate(_OPS)}
+_INVALID = 99          # this PE could not even form the call (bad arguments)
+_N_ARGS = 4
+_DTYPE_CODE = {dtype: i + 1 for i, dtype in enumerate(sorted(_dlpack.SUPPORTED_DTYPES, key=str))}
+
+_MAGIC = b"SHMEMVM1"
+_HEADER = struct.Struct("<8siQI")    # magic, source PE, collective number, segment count
+_SEGMENT = struct.Struct("<QQQ")     # offset, size, generation
+
+
+@dataclass
+class _Call:
+    """One collective call as this PE sees it."""
+    op: str
+    args: tuple = ()
+    text: str = ""
+    error: BaseException | None = field(default=None, repr=False)
+
+    def vector(self) -> list[int]:
+        if self.error is not None:
+            return [_INVALID] + [0] * _N_ARGS
+        args = [int(a) & 0x7FFF_FFFF_FFFF_FFFF for a in self.args]
+        return [_OP_CODE[self.op]] + args + [0] * (_N_ARGS - len(args))
+
+
+def _shape_code(dims: tuple[int, ...]) -> int:
+    return zlib.crc32(repr(dims).encode())
+
+
+class SymmetricHeap:
+    """One symmetric heap over the PEs of `comm` (collective constructor)."""
+
+    def __init__(self, comm: MPI.Comm | None = None, heap_size: int | str | None = None,
+                 backend=None, *, timeout: float | None = None, node_split: int | None = None,
+                 va_factor: int | None = None):
+        if setting("SHMEMVM_DEBUG") not in ("", "0"):
+            log.setLevel(logging.DEBUG)
+        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.my_pe = self.comm.Get_rank()
+        self.n_pes = self.comm.Get_size()
+        self.timeout = float(setting("SHMEMVM_TIMEOUT", timeout))
+        self._lock = threading.RLock()
+        self._seq = 0
+        self._pending: set[int] = set()    # offsets GC'd here, not yet agreed
+        self._broken: str | None = None
+        self.closed = False
+        self.node = self._split_node(node_split)
+        self.local = self.peers = self.channel = self.offnode = None
+        try:
+            self._setup(heap_size, backend, va_factor)
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _setup(self, heap_size, backend, va_factor) -> None:
+        call = _Call("init", text="init")
+        try:
+            self.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
+                                           local_rank=self.node.Get_rank())
+            self.backend = self.local.backend
+            call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
+                         zlib.crc32(self.backend.name.encode()))
+            call.text = (f"init(heap_size={self.local.heap_size}, backend={self.backend.name}, "
+                         f"granularity={self.backend.granularity}, va_size={self.local.va_size})")
+            self.channel = FdChannel(f"pe{self.my_pe}")
+        except Exception as exc:
+            call.error = exc
+        self._collective(call)
+        node_info = self.node.allgather((self.my_pe, os.getpid(), self.channel.path))
+        self.node_pes = [pe for pe, _, _ in node_info]
+        self._peer_pids = {pe: pid for pe, pid, _ in node_info if pe != self.my_pe}
+        self._peer_paths = {pe: path for pe, _, path in node_info if pe != self.my_pe}
+        self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
+        self.local.release_listeners.append(self.peers.drop)
+        if len(self.node_pes) < self.n_pes:
+            self.offnode = OffNodeWindow(self.comm, self.local)
+        self._collective(_Call("barrier", text="init (peers ready)"))
+        log.debug("PE %d/%d ready: node PEs %s, backend %s", self.my_pe, self.n_pes,
+                  self.node_pes, self.backend.name)
+
+    def _split_node(self, node_split: int | None) -> MPI.Comm:
+        """PEs that share memory; SHMEMVM_NODE_SPLIT=N fakes nodes of N PEs each."""
+        split = setting("SHMEMVM_NODE_SPLIT", None if node_split is None else str(node_split))
+        if split:
+            size = int(split)
+            if size < 1:
+                raise ValueError(f"SHMEMVM_NODE_SPLIT must be >= 1, got {size}")
+            return self.comm.Split(self.my_pe // size, self.my_pe)
+        return self.comm.Split_type(MPI.COMM_TYPE_SHARED, self.my_pe)
+
+    # -- properties ---------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
+
+    @property
+    def heap_size(self) -> int:
+        return self.local.heap_size
+
+    # -- collective allocation ------------------------------------------------
+    def malloc(self, nbytes: int) -> torch.Tensor:
+        """`nbytes` of symmetric memory as a uint8 tensor (collective)."""
+        return self.empty((nbytes,), torch.uint8, _op_text=f"malloc({nbytes!r})")
+
+    def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str = "") -> torch.Tensor:
+        """An uninitialised symmetric tensor (collective)."""
+        call = _Call("malloc", text=_op_text or f"empty({shape!r}, {dtype})")
+        try:
+            dims, nbytes = tensor_nbytes(shape, dtype)
+            call.args = (nbytes, _DTYPE_CODE[dtype], _shape_code(dims))
+        except (TypeError, ValueError) as exc:
+            call.error = exc
+        with self._lock:
+            self._collective(call)
+            block = self._allocate_collectively(nbytes, call)
+            return self.local._tensor_for(block, dims, dtype)
+
+    def zeros(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A zero-filled symmetric tensor (collective, like shmem_calloc). It is
+        zero on every PE before any PE returns, so peers may write at once."""
+        tensor = self.empty(shape, dtype, _op_text=f"zeros({shape!r}, {dtype})")
+        tensor.zero_()
+        self.backend.synchronize()
+        self._collective(_Call("barrier", text="zeros (filled)"))
+        return tensor
+
+    calloc = zeros
+
+    def free(self, tensor: torch.Tensor) -> None:
+        """Free a symmetric tensor (collective); every view of it becomes invalid."""
+        call = _Call("free", text="free(tensor)")
+        try:
+            block = self.local.block_of(tensor)
+            call.args = (block.offset,)
+            call.text = f"free(tensor at heap offset {block.offset:#x})"
+        except (TypeError, FreedTensorError) as exc:
+            call.error = exc
+        with self._lock:
+            self.quiet()
+            self._collective(call)
+            self.local._free_block(block.offset)
+
+    def realloc(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
+        """A symmetric tensor of `nbytes` holding `tensor`'s leading bytes, as a
+        1-D tensor of its dtype; `tensor` is freed (collective)."""
+        call = _Call("realloc", text=f"realloc(tensor, {nbytes!r})")
+        try:
+            block = self.local.block_of(tensor)
+            dtype = tensor.dtype
+            (count,), new_bytes = tensor_nbytes(_whole_elements(nbytes, dtype), dtype)
+            call.args = (block.offset, new_bytes, _DTYPE_CODE[dtype])
+            call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
+        except (TypeError, ValueError, FreedTensorError) as exc:
+            call.error = exc
+        with self._lock:
+            self.quiet()
+            self._collective(call)
+            if self.local._core.size_class(new_bytes) == block.size:  # fits where it is
+                return self.local._resize_block(block.offset, new_bytes, (count,), dtype)
+            new_block = self._allocate_collectively(new_bytes, call)
+            result = self.local._tensor_for(new_block, (count,), dtype)
+            keep = min(block.nbytes, new_bytes)
+            if keep:
+                source = self.backend.tensor(self.local.base + block.offset, (keep,), torch.uint8)
+                result.view(torch.uint8)[:keep].copy_(source)
+            self.local._free_block(block.offset)
+            self.backend.synchronize()
+            return result
+
+    def _allocate_collectively(self, nbytes: int, call: _Call) -> Block:
+        """Allocate the block every PE agreed on; back, export and import new segments."""
+        failure = None
+        try:
+            block, created = self.local._allocate_block(nbytes)
+        except HeapExhaustedError:
+            raise  # same state everywhere, so every PE raises it
+        except Exception as exc:  # a local backend failure: the others must undo too
+            failure, block, created = exc, None, None
+        # Segment creation is the same on every PE; only where segments were
+        # created can a PE fail alone, so only then is it agreed on.
+        created_anywhere = failure is not None or bool(created)
+        if created_anywhere:
+            if not self._all_ok(failure is None, call, "backing new memory"):
+                if failure is None:
+                    self.local._undo_allocation(block, created)
+                raise ShmemError(f"{call.text} failed: a PE could not back the new memory "
+                                 f"({failure or 'see the error on the other PEs'}); nothing "
+                                 f"was allocated on any PE") from failure
+            try:
+                self._exchange(created, call)
+                exchange_failure = None
+            except (OSError, ShmemError) as exc:
+                exchange_failure = exc
+            if not self._all_ok(exchange_failure is None, call, "mapping peers' new memory"):
+                self.local._undo_allocation(block, created)
+                raise ShmemError(f"{call.text} failed while PEs mapped each other's new memory "
+                                 f"({exchange_failure or 'see the other PEs'}); undone on every "
+                                 f"PE") from exchange_failure
+            if self.offnode is not None:
+                for segment in created:
+                    self.offnode.attach(segment)
+        return block
+
+    # -- the agreement ------------------------------------------------------------
+    def _collective(self, call: _Call) -> None:
+        """Agree that every PE makes this same call and free the blocks every PE
+        has let the garbage collector take. The same outcome on every PE."""
+        self._check_usable()
+        self._pending.update(self.local._take_collected())
+        self._seq += 1
+        vector = call.vector() + [self._seq, len(self._pending)]
+        send = array.array("q", vector + [-v for v in vector])
+        recv = array.array("q", bytes(8 * len(send)))
+        self._wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), call)
+        n = len(vector)
+        highest, lowest = recv[:n - 1], [-v for v in recv[n:2 * n - 1]]
+        if list(highest) != lowest:
+            self._raise_mismatch(call)
+        if -recv[2 * n - 1] > 0:  # every PE has something pending
+            self._agree_on_collected()
+        if call.error is not None:
+            raise call.error
+        log.debug("PE %d: collective #%d %s", self.my_pe, self._seq, call.text)
+
+    def _wait(self, request: MPI.Request, call: _Call) -> None:
+        """Complete an MPI request or raise PeerTimeoutError at the deadline."""
+        if request.Test():
+            return
+        deadline = time.monotonic() + self.timeout
+        spins = 0
+        while not request.Test():
+            spins += 1
+            if spins % 64 == 0:
+                if time.monotonic() > deadline:
+                    self._broken = (f"{call.text or call.op} (collective #{self._seq}) timed out "
+                                    f"after {self.timeout:g} s")
+                    raise PeerTimeoutError(
+                        f"PE {self.my_pe}: not every PE joined {call.text or call.op} "
+                        f"(collective #{self._seq}) within {self.timeout:g} s (SHMEMVM_TIMEOUT): "
+                        f"a PE has died, hangs, or is in a different call. This heap cannot be "
+                        f"used any more; finalize() releases it")
+                time.sleep(0 if spins < 4096 else 0.0002)
+
+    def _all_ok(self, ok: bool, call: _Call, what: str) -> bool:
+        flags = array.array("q", [1 if ok else 0])
+        result = array.array("q", [0])
+        self._wait(self.comm.Iallreduce(flags, result, op=MPI.MIN),
+                   _Call(call.op, text=f"{call.text} ({what})"))
+        return bool(result[0])
+
+    def _raise_mismatch(self, call: _Call) -> None:
+        mine = call.text or call.op
+        if call.error is not None:
+            mine += f" [rejected here: {call.error}]"
+        described = self.comm.allgather(f"{mine} (collective #{self._seq})")
+        groups: dict[str, list[int]] = {}
+        for pe, text in enumerate(described):
+            groups.setdefault(text, []).append(pe)
+        detail = "; ".join(f"PE {_pe_list(pes)}: {text}" for text, pes in groups.items())
+        raise SymmetryError(f"PEs made different collective calls: {detail}. Every PE must make "
+                            f"the same collective calls with the same arguments in the same "
+                            f"order; nothing was done") from call.error
+
+    def _agree_on_collected(self) -> None:
+        lists = self.comm.allgather(sorted(self._pending))
+        agreed = set(lists[0]).intersection(*lists[1:])
+        for offset in sorted(agreed):
+            self.local._free_block(offset)
+        self._pending -= agreed
+
+    # -- fd exchange on the node ----------------------------------------------------
+    def _exchange(self, created: list[Segment], call: _Call) -> None:
+        """Send our new segments to every PE of the node and map theirs."""
+        if not self._peer_paths:
+            return
+        payload = _HEADER.pack(_MAGIC, self.my_pe, self._seq, len(created)) + b"".join(
+            _SEGMENT.pack(s.offset, s.size, s.generation) for s in created)
+        fds = [self.local._export(segment) for segment in created]
+        try:
+            for pe in sorted(self._peer_paths):
+                self.channel.send(self._peer_paths[pe], payload, fds, self.timeout)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        waiting = set(self._peer_paths)
+        deadline = time.monotonic() + self.timeout
+        while waiting:
+            try:
+                message = self.channel.receive(deadline)
+            except socket.timeout:
+                self._broken = f"{call.text}: PE(s) {_pe_list(sorted(waiting))} sent no memory"
+                raise PeerTimeoutError(
+                    f"PE {self.my_pe}: {call.text} waited {self.timeout:g} s (SHMEMVM_TIMEOUT) "
+                    f"for the new memory of PE(s) {_pe_list(sorted(waiting))}") from None
+            source = self._accept(message, created, waiting)
+            if source is not None:
+                for segment, fd in zip(created, message.fds):
+                    self.peers.map(source, segment, fd)
+                waiting.discard(source)
+
+    def _accept(self, message: Message, expected: list[Segment], waiting: set[int]) -> int | None:
+        """The sending PE if `message` is the one we wait for from it, else None
+        (the message is then rejected: logged, its descriptors closed)."""
+        if len(message.payload) < _HEADER.size:
+            self.channel.reject(message, "too short to be a shmemvm message")
+            return None
+        magic, source, seq, count = _HEADER.unpack_from(message.payload)
+        if magic != _MAGIC:
+            self.channel.reject(message, "not a shmemvm message")
+            return None
+        if source not in waiting or message.pid != self._peer_pids.get(source) \
+                or message.uid != os.getuid():
+            self.channel.reject(message, f"claims to be PE {source}, whose pid is "
+                                         f"{self._peer_pids.get(source)}")
+            return None
+        body = message.payload[_HEADER.size:]
+        segments = [Segment(*_SEGMENT.unpack_from(body, i * _SEGMENT.size)) for i in range(count)
+                    ] if len(body) == count * _SEGMENT.size else None
+        if seq != self._seq or segments != expected or len(message.fds) != count:
+            self.channel.reject(message, "out of step with this collective")
+            raise ShmemError(f"PE {source} sent segments {segments} for collective #{seq} where "
+                             f"this PE expected {expected} for #{self._seq}: the heaps diverged")
+        return source
+
+    # -- one-sided access ------------------------------------------------------------
+    def _check_pe(self, pe) -> int:
+        if isinstance(pe, bool) or not isinstance(pe, int):
+            raise TypeError(f"pe must be an int, got {type(pe).__name__} {pe!r}")
+        if not 0 <= pe < self.n_pes:
+            raise ValueError(f"pe {pe} is out of range: there are {self.n_pes} PEs (0..{self.n_pes - 1})")
+        return pe
+
+    def _symmetric(self, tensor: torch.Tensor, role: str) -> Block:
+        self._check_usable()
+        try:
+            return self.local.block_of(tensor)
+        except FreedTensorError as exc:
+            raise FreedTensorError(f"the {role} must be a live symmetric tensor: {exc}") from None
+
+    def ptr(self, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
+        """`tensor` as it lies on PE `pe`, directly addressable from here; None
+        where `pe` is not reachable by loads and stores (another node)."""
+        pe = self._check_pe(pe)
+        block = self._symmetric(tensor, "tensor")
+        if pe == self.my_pe:
+            return tensor
+        if pe not in self.peers:
+            return None
+        self.peers.check(pe, block.segment)
+        return self.peers.view(pe, tensor.data_ptr() - self.local.base, tensor)
+
+    def _source_for(self, source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:
+        if not isinstance(source, torch.Tensor):
+            raise TypeError(f"{op}: source must be a torch.Tensor, got {type(source).__name__}")
+        if source.dtype != dest.dtype:
+            raise TypeError(f"{op}: source dtype {source.dtype} differs from destination dtype "
+                            f"{dest.dtype}; convert with .to({dest.dtype}) first")
+        if source.numel() != dest.numel():
+            raise ValueError(f"{op}: source has {source.numel()} elements, destination "
+                             f"{dest.numel()}; slice them to the same length")
+        return source if source.shape == dest.shape else source.reshape(dest.shape)
+
+    def put(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
+        """Copy `source` (any tensor) into symmetric `dest` on PE `pe`."""
+        pe = self._check_pe(pe)
+        block = self._symmetric(dest, "destination")
+        source = self._source_for(source, dest, "put")
+        if pe == self.my_pe:
+            self.backend.copy(dest, source, _blocking)
+        elif pe in self.peers:
+            self.peers.check(pe, block.segment)
+            remote = self.peers.view(pe, dest.data_ptr() - self.local.base, dest)
+            self.backend.copy(remote, source, _blocking)
+        else:
+            self.offnode.put(dest, source, pe, block)
+
+    def get(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
+        """Copy symmetric `source` on PE `pe` into `dest` (any tensor)."""
+        pe = self._check_pe(pe)
+        block = self._symmetric(source, "source")
+        if not isinstance(dest, torch.Tensor):
+            raise TypeError(f"get: dest must be a torch.Tensor, got {type(dest).__name__}")
+        self._source_for(dest, source, "get")  # same checks, other direction
+        target = dest if dest.shape == source.shape else dest.view(source.shape)
+        if pe == self.my_pe:
+            self.backend.copy(target, source, _blocking)
+        elif pe in self.peers:
+            self.peers.check(pe, block.segment)
+            remote = self.peers.view(pe, source.data_ptr() - self.local.base, source)
+            self.backend.copy(target, remote, _blocking)
+        else:
+            self.offnode.get(target, source, pe, block)
+
+    def put_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
+        """put that returns once the copy is enqueued; quiet() completes it."""
+        self.put(dest, source, pe, _blocking=False)
+
+    def get_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
+        """get that returns once the copy is enqueued; quiet() completes it."""
+        self.get(dest, source, pe, _blocking=False)
+
+    def quiet(self) -> None:
+        """Complete every put/get issued by this PE."""
+        self.backend.synchronize()
+        if self.offnode is not None:
+            self.offnode.flush()
+
+    def fence(self) -> None:
+        """Order this PE's puts to each PE. Copies on the node already complete
+        in issue order (one stream); off the node the window is flushed."""
+        if self.offnode is not None:
+            self.offnode.flush()
+
+    def barrier_all(self) -> None:
+        """Complete this PE's puts, then wait for every PE (collective)."""
+        with self._lock:
+            self.quiet()
+            self._collective(_Call("barrier", text="barrier_all()"))
+
+    def sync_all(self) -> None:
+        """Wait for every PE without completing outstanding nbi copies (collective)."""
+        with self._lock:
+            self._collective(_Call("sync", text="sync_all()"))
+
+    def heap_info(self) -> dict:
+        stats = self.local.stats()
+        stats.update(pe=self.my_pe, n_pes=self.n_pes, backend=self.backend.name,
+                     device=str(self.device), node_pes=list(self.node_pes))
+        return stats
+
+    def trim(self) -> int:
+        """Give back cached physical memory now (collective); returns bytes released."""
+        with self._lock:
+            self._collective(_Call("collective", ("trim",), text="trim()"))
+            return self.local.trim()
+
+    # -- lifetime -----------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
+        if self._broken:
+            raise PeerTimeoutError(f"this symmetric heap is unusable since {self._broken}; "
+                                   f"call finalize()")
+
+    def finalize(self) -> None:
+        """Release everything (collective when the heap is healthy)."""
+        if self.closed:
+            return
+        try:
+            if not self._broken:
+                with self._lock:
+                    self.quiet()
+                    self._collective(_Call("finalize", text="finalize()"))
+        finally:
+            self._teardown()
+
+    close = finalize
+
+    def _teardown(self) -> None:
+        self.closed = True
+        for part in (self.offnode, self.peers, self.channel, self.local):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:  # keep releasing the rest
+                    log.exception("shmemvm: error while releasing %s", type(part).__name__)
+        for comm in (getattr(self, "node", None), self.comm):
+            if comm is not None and comm != MPI.COMM_NULL:
+                comm.Free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finalize()
+
+
+def _whole_elements(nbytes, dtype: torch.dtype) -> int:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}")
+    if nbytes < 0 or nbytes % dtype.itemsize:
+        raise ValueError(f"nbytes must be a non-negative multiple of the element size "
+                         f"{dtype.itemsize} of {dtype}, got {nbytes}")
+    return nbytes // dtype.itemsize
+
+
+def _pe_list(pes: list[int]) -> str:
+    return ", ".join(map(str, pes))

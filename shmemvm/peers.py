@@ -1,0 +1,97 @@
+"""The peer table: other PEs' heap segments mapped into this process.
+
+Each PE on the node gets a VA window of the same size as a heap, so a peer's
+object at heap offset `o` is at `window + o` here, exactly as it is at
+`base + o` on the peer. Imports are keyed by (offset, size, generation): a
+lookup with a generation other than the one mapped fails instead of reaching
+memory that has been renewed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .allocator import Segment
+from .backends import VMMBackend
+from .errors import ShmemError
+
+
+class PeerTable:
+    def __init__(self, backend: VMMBackend, va_size: int, peers: list[int]):
+        self.backend = backend
+        self.va_size = va_size
+        self.windows: dict[int, int] = {}
+        self._imports: dict[int, dict[int, Segment]] = {}   # pe -> offset -> segment
+        self._heap_tensors: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        try:
+            for pe in peers:
+                self.windows[pe] = backend.reserve(va_size, backend.granularity)
+                self._imports[pe] = {}
+        except BaseException:
+            self.close()
+            raise
+
+    def __contains__(self, pe: int) -> bool:
+        return pe in self.windows
+
+    def map(self, pe: int, segment: Segment, fd: int) -> None:
+        """Map the peer's piece received as `fd` (ownership of fd is taken)."""
+        imports = self._imports[pe]
+        if segment.offset in imports:
+            self.unmap(pe, segment.offset)
+        handle = self.backend.import_fd(fd, segment.size)  # owns fd from here on
+        va = self.windows[pe] + segment.offset
+        try:
+            self.backend.map(va, segment.size, handle)
+            try:
+                self.backend.set_access(va, segment.size)
+            except BaseException:
+                self.backend.unmap(va, segment.size)
+                raise
+        finally:
+            # The mapping keeps the memory alive; the handle is not needed again.
+            self.backend.release(handle)
+        imports[segment.offset] = segment
+
+    def unmap(self, pe: int, offset: int) -> None:
+        segment = self._imports[pe].pop(offset, None)
+        if segment is not None:
+            self.backend.unmap(self.windows[pe] + offset, segment.size)
+
+    def drop(self, segment: Segment) -> None:
+        """The segment at this offset was released on every PE: unmap it everywhere."""
+        for pe in self._imports:
+            self.unmap(pe, segment.offset)
+
+    def check(self, pe: int, segment: Segment) -> None:
+        """Raise unless `segment` (offset and generation) is what is mapped for `pe`."""
+        mapped = self._imports[pe].get(segment.offset)
+        if mapped != segment:
+            raise ShmemError(
+                f"PE {pe}'s memory at heap offset {segment.offset:#x} (generation "
+                f"{segment.generation}) is not mapped here (have {mapped}); the PEs' heaps "
+                f"have diverged, which points to a collective call made on some PEs only")
+
+    def view(self, pe: int, offset: int, like: torch.Tensor) -> torch.Tensor:
+        """`like`'s counterpart on `pe`: same shape, strides and dtype, its first
+        element at heap offset `offset` of the peer."""
+        key = (pe, like.dtype)
+        heap = self._heap_tensors.get(key)
+        if heap is None:
+            heap = self.backend.tensor(self.windows[pe], (self.va_size // like.dtype.itemsize,),
+                                       like.dtype)
+            self._heap_tensors[key] = heap
+        return torch.as_strided(heap, like.shape, like.stride(), offset // like.dtype.itemsize)
+
+    def mapped(self, pe: int) -> list[Segment]:
+        return sorted(self._imports[pe].values(), key=lambda s: s.offset)
+
+    def close(self) -> None:
+        self._heap_tensors.clear()
+        for pe, window in list(self.windows.items()):
+            for offset in list(self._imports.get(pe, ())):
+                self.unmap(pe, offset)
+            self.backend.unreserve(window, self.va_size)
+        self.windows.clear()
+        self._imports.clear()
+
