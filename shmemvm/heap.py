@@ -41,7 +41,7 @@ from .vmem import VMemPow2Allocator, tensor_nbytes
 
 log = logging.getLogger("shmemvm")
 
-_OPS = ("init", "malloc", "free", "realloc", "barrier", "sync", "finalize", "collective")
+_OPS = ("init", "malloc", "free", "realloc", "barrier", "sync", "finalize", "trim")
 _OP_CODE = {name: i + 1 for i, name in enumerate(_OPS)}
 _INVALID = 99          # this PE could not even form the call (bad arguments)
 _N_ARGS = 4
@@ -476,7 +476,7 @@ class SymmetricHeap:
     def trim(self) -> int:
         """Give back cached physical memory now (collective); returns bytes released."""
         with self._lock:
-            self._collective(_Call("collective", ("trim",), text="trim()"))
+            self._collective(_Call("trim", text="trim()"))
             return self.local.trim()
 
     # -- lifetime -----------------------------------------------------------------
