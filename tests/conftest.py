@@ -2,18 +2,22 @@
 `mpirun -n N python -m pytest --with-mpi -m mpi`; the rest run in one process."""
 
 import gc
+import os
 
 import pytest
+
+#: backend the heap tests run on: host by default (CI); SHMEMVM_TEST_BACKEND=cuda on GPUs
+TEST_BACKEND = os.environ.get("SHMEMVM_TEST_BACKEND", "host")
 
 
 @pytest.fixture
 def heap():
-    """A fresh host-backend symmetric heap over COMM_WORLD, finalized after the test."""
+    """A fresh symmetric heap over COMM_WORLD (TEST_BACKEND), finalized after the test."""
     from mpi4py import MPI
 
     from shmemvm import SymmetricHeap
 
-    h = SymmetricHeap(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+    h = SymmetricHeap(MPI.COMM_WORLD, heap_size="64M", backend=TEST_BACKEND, timeout=30)
     yield h
     gc.collect()
     h.finalize()

@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import FreedTensorError, SymmetricHeap, SymmetryError
+from conftest import TEST_BACKEND
 from util import open_fds, shmemvm_mappings
 
 pytestmark = pytest.mark.mpi
@@ -41,15 +42,15 @@ def test_put_get_ptr_between_pes(heap):
     for shape, dtype in [((1000,), torch.float32), ((64, 33), torch.int64), ((5,), torch.bfloat16),
                          ((1 << 18,), torch.float64)]:
         x = heap.zeros(shape, dtype)
-        heap.put(x, torch.full(shape, me + 1, dtype=dtype), right)
+        heap.put(x, torch.full(shape, me + 1, dtype=dtype, device=heap.device), right)
         heap.barrier_all()
-        assert torch.equal(x, torch.full(shape, left + 1, dtype=dtype))
-        back = torch.empty(shape, dtype=dtype)
+        assert torch.equal(x, torch.full(shape, left + 1, dtype=dtype, device=heap.device))
+        back = torch.empty(shape, dtype=dtype, device=heap.device)
         heap.get(back, x, right)
-        assert torch.equal(back, torch.full(shape, me + 1, dtype=dtype))
+        assert torch.equal(back, torch.full(shape, me + 1, dtype=dtype, device=heap.device))
         view = heap.ptr(x, right)
         assert view is not None and view.shape == x.shape and view.dtype == dtype
-        assert torch.equal(view, torch.full(shape, me + 1, dtype=dtype))
+        assert torch.equal(view, torch.full(shape, me + 1, dtype=dtype, device=heap.device))
         heap.barrier_all()
         heap.free(x)
 
@@ -59,9 +60,10 @@ def test_ptr_store_is_seen_by_owner_and_slices_map_to_slices(heap):
     me, n = heap.my_pe, heap.n_pes
     x = heap.zeros((n, 8), torch.int32)
     for pe in range(n):
-        heap.ptr(x, pe)[me] = torch.arange(8, dtype=torch.int32) + 100 * me  # row me everywhere
+        heap.ptr(x, pe)[me] = torch.arange(8, dtype=torch.int32, device=heap.device) + 100 * me  # row me everywhere
     heap.barrier_all()
-    expected = torch.stack([torch.arange(8, dtype=torch.int32) + 100 * pe for pe in range(n)])
+    expected = torch.stack([torch.arange(8, dtype=torch.int32, device=heap.device) + 100 * pe
+                            for pe in range(n)])
     assert torch.equal(x, expected)
     column = x[:, 3]
     remote_column = heap.ptr(column, (me + 1) % n)
@@ -74,10 +76,10 @@ def test_ptr_store_is_seen_by_owner_and_slices_map_to_slices(heap):
 def test_put_nbi_get_nbi_complete_at_quiet(heap):
     me, n = heap.my_pe, heap.n_pes
     x = heap.zeros(4096, torch.float32)
-    heap.put_nbi(x, torch.full((4096,), float(me)), (me + 1) % n)
+    heap.put_nbi(x, torch.full((4096,), float(me), device=heap.device), (me + 1) % n)
     heap.quiet()
     heap.barrier_all()
-    out = torch.empty(4096)
+    out = torch.empty(4096, device=heap.device)
     heap.get_nbi(out, x, (me + 1) % n)
     heap.quiet()
     assert torch.all(out == me)
@@ -167,25 +169,26 @@ def test_freed_tensor_is_refused_even_after_its_offset_is_reused(heap):
     y = heap.malloc(256)
     assert offset_of(heap, y) == offset_of(heap, x)
     with pytest.raises(FreedTensorError):
-        heap.put(x, torch.zeros(256, dtype=torch.uint8), heap.my_pe)
+        heap.put(x, torch.zeros(256, dtype=torch.uint8, device=heap.device), heap.my_pe)
     with pytest.raises(FreedTensorError):  # a double free, the same on every PE
         heap.free(x)
-    heap.put(y, torch.ones(256, dtype=torch.uint8), heap.my_pe)
+    heap.put(y, torch.ones(256, dtype=torch.uint8, device=heap.device), heap.my_pe)
     assert int(y.sum()) == 256
 
 
 def test_realloc_keeps_contents(heap):
     x = heap.empty(100, torch.int32)
-    x.copy_(torch.arange(100, dtype=torch.int32))
+    expected = torch.arange(100, dtype=torch.int32, device=heap.device)
+    x.copy_(expected)
     same_class = heap.realloc(x, 120 * 4)  # 400 -> 480 bytes: the same 512-byte block
     assert offset_of(heap, same_class) == offset_of(heap, x)
-    assert torch.equal(same_class[:100], torch.arange(100, dtype=torch.int32))
+    assert torch.equal(same_class[:100], expected)
     with pytest.raises(FreedTensorError):
         heap.ptr(x, heap.my_pe)
     grown = heap.realloc(same_class, 100_000 * 4)
-    assert grown.shape == (100_000,) and torch.equal(grown[:100], torch.arange(100, dtype=torch.int32))
+    assert grown.shape == (100_000,) and torch.equal(grown[:100], expected)
     shrunk = heap.realloc(grown, 10 * 4)
-    assert torch.equal(shrunk, torch.arange(10, dtype=torch.int32))
+    assert torch.equal(shrunk, expected[:10])
 
 
 def test_heap_info_reports_usage(heap):
@@ -200,13 +203,13 @@ def test_heap_info_reports_usage(heap):
 
 
 def test_module_api_init_finalize_context_manager():
-    with shmemvm.init(heap_size="16M", backend="host", timeout=30) as heap:
+    with shmemvm.init(heap_size="16M", backend=TEST_BACKEND, timeout=30) as heap:
         assert shmemvm.my_pe() == comm.rank and shmemvm.n_pes() == comm.size
         x = shmemvm.zeros(8, torch.int64)
         right = (shmemvm.my_pe() + 1) % shmemvm.n_pes()
-        shmemvm.put(x, torch.arange(8), right)
+        shmemvm.put(x, torch.arange(8, device=heap.device), right)
         shmemvm.barrier_all()
-        out = torch.empty(8, dtype=torch.int64)
+        out = torch.empty(8, dtype=torch.int64)  # a host tensor: get copies across
         shmemvm.get(out, x, right)
         shmemvm.sync_all()
         assert torch.equal(out, torch.arange(8))
@@ -217,6 +220,8 @@ def test_module_api_init_finalize_context_manager():
     shmemvm.finalize()  # a second finalize is harmless
 
 
+@pytest.mark.skipif(TEST_BACKEND != "host", reason="memfd mappings are the host backend's; "
+                    "test_cuda_backend.py checks device memory is returned")
 def test_nothing_left_after_finalize():
     gc.collect()
     fds_before = open_fds()
