@@ -90,8 +90,10 @@ def check_dtype(dtype: torch.dtype) -> None:
 
 
 def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor:
-    """A contiguous tensor of `shape`/`dtype` whose first element is at `address`."""
+              device: torch.device, device_type: int | None = None) -> torch.Tensor:
+    """A contiguous tensor of `shape`/`dtype` whose first element is at `address`.
+    `device_type` overrides the DLPack device type (ROCm torch calls its devices
+    "cuda" but only accepts kDLROCM)."""
     check_dtype(dtype)
     code, bits = _DTYPES[dtype]
     ndim = len(shape)
@@ -102,7 +104,7 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
             _shape[i] = extent
         dl = _managed.dl_tensor
         dl.data = address
-        dl.device = _DLDevice(_DEVICE_TYPE[device.type], device.index or 0)
+        dl.device = _DLDevice(device_type or _DEVICE_TYPE[device.type], device.index or 0)
         dl.ndim = ndim
         dl.dtype = _DLDataType(code, bits, 1)
         dl.shape = ctypes.cast(_shape, ctypes.POINTER(ctypes.c_int64))

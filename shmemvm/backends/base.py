@@ -33,8 +33,9 @@ class VMMBackend(abc.ABC):
     #: the device tensors live on (torch.device("cpu") for host memory)
     device: torch.device = torch.device("cpu")
     #: True where access rights can only be set cumulatively from the base of
-    #: the reservation (ROCm): the backend then keeps the mapped prefix
-    #: gap-free itself and the heap prefers renewing to releasing.
+    #: the reservation (ROCm): such a backend sets access over everything mapped
+    #: from the base up, which fails (with an error naming the holes) where
+    #: that range has unmapped holes.
     cumulative_access: bool = False
 
     @staticmethod
