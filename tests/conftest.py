@@ -10,6 +10,19 @@ import pytest
 TEST_BACKEND = os.environ.get("SHMEMVM_TEST_BACKEND", "host")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Modules that run on TEST_BACKEND (they import it) skip where it cannot run."""
+    import shmemvm.backends
+
+    if TEST_BACKEND == "host" or shmemvm.backends.available(TEST_BACKEND):
+        return
+    skip = pytest.mark.skip(reason=f"SHMEMVM_TEST_BACKEND={TEST_BACKEND}: that backend cannot "
+                                   f"run here (no device, or its Python bindings are missing)")
+    for item in items:
+        if getattr(item.module, "TEST_BACKEND", None) is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def heap():
     """A fresh symmetric heap over COMM_WORLD (TEST_BACKEND), finalized after the test."""
