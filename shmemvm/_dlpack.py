@@ -75,9 +75,9 @@ _PyCapsule_New.restype = ctypes.py_object
 _PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
-_MAX_NDIM = 64
+MAX_NDIM = 64
 _managed = _DLManagedTensor()  # lives for the whole process, never freed
-_shape = (ctypes.c_int64 * _MAX_NDIM)()
+_shape = (ctypes.c_int64 * MAX_NDIM)()
 _lock = threading.Lock()
 
 
@@ -97,8 +97,8 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
     check_dtype(dtype)
     code, bits = _DTYPES[dtype]
     ndim = len(shape)
-    if ndim > _MAX_NDIM:
-        raise ValueError(f"at most {_MAX_NDIM} dimensions are supported, got {ndim}")
+    if ndim > MAX_NDIM:
+        raise ValueError(f"at most {MAX_NDIM} dimensions are supported, got {ndim}")
     with _lock:
         for i, extent in enumerate(shape):
             _shape[i] = extent

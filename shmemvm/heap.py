@@ -117,6 +117,7 @@ class SymmetricHeap:
         self._peer_paths = {pe: path for pe, _, path in node_info if pe != self.my_pe}
         self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
         self.local.release_listeners.append(self.peers.drop)
+        self.local.frees_collected = False  # only once every PE agrees (_collective)
         if len(self.node_pes) < self.n_pes:
             self.offnode = OffNodeWindow(self.comm, self.local)
         self._collective(_Call("barrier", text="init (peers ready)"))

@@ -52,6 +52,8 @@ def tensor_nbytes(shape, dtype: torch.dtype) -> tuple[tuple[int, ...], int]:
         raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
     _dlpack.check_dtype(dtype)
     dims = _shape_of(shape)
+    if len(dims) > _dlpack.MAX_NDIM:
+        raise ValueError(f"at most {_dlpack.MAX_NDIM} dimensions are supported, got {len(dims)}")
     return dims, math.prod(dims) * dtype.itemsize
 
 
@@ -86,6 +88,9 @@ class VMemPow2Allocator:
         self.closed = False
         #: called with each segment just before its physical memory is released
         self.release_listeners: list = []
+        #: free garbage-collected blocks at every call (False under a symmetric
+        #: heap, which frees them only once every PE agrees)
+        self.frees_collected = True
         log.debug("heap of %d bytes (VA %d) at %#x on %s", budget, self.va_size, self.base,
                   self.backend.name)
 
@@ -110,10 +115,13 @@ class VMemPow2Allocator:
     def free(self, tensor: torch.Tensor) -> None:
         with self._lock:
             self._check_open()
+            self._free_collected()
             self._free_block(self.block_of(tensor).offset)
 
     def owns_tensor(self, tensor: torch.Tensor) -> bool:
         """True when `tensor`'s memory lies in one live block of this heap."""
+        if not isinstance(tensor, torch.Tensor):
+            return False
         with self._lock:
             if self.closed or tensor.device.type != self.device.type:
                 return False
@@ -126,6 +134,7 @@ class VMemPow2Allocator:
     def get_allocation_segments(self) -> list[tuple[int, int, int, int]]:
         """(offset, size, va, generation) of every backed segment, live or cached."""
         with self._lock:
+            self._check_open()
             return [(s.offset, s.size, self.base + s.offset, s.generation)
                     for s in self._core.segments()]
 
@@ -135,7 +144,14 @@ class VMemPow2Allocator:
         return self.backend.import_external(tensor)
 
     def stats(self) -> dict:
+        """Bytes and counts of this heap; all zero but heap_size once closed."""
         with self._lock:
+            if self.closed:
+                return dict.fromkeys(("used", "requested", "mapped", "cached", "free",
+                                      "live_allocations", "segments"), 0) | {
+                    "heap_size": self._core.budget}
+            if self.frees_collected:
+                self._free_collected()
             core = self._core
             return {
                 "heap_size": core.budget,
@@ -152,6 +168,8 @@ class VMemPow2Allocator:
         """Release every cached segment now; returns the bytes given back."""
         with self._lock:
             self._check_open()
+            if self.frees_collected:
+                self._free_collected()
             freed = self._core.trim()
             self._unback_released()
             return freed
