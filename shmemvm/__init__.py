@@ -12,6 +12,12 @@ from .heap import SymmetricHeap
 from .api import (barrier_all, calloc, default_heap, empty, fence, finalize, free, get, get_nbi,
                   heap_info, init, malloc, my_pe, n_pes, ptr, put, put_nbi, quiet, realloc,
                   sync_all, zeros)
+from .api import (alltoall, atomic_add, atomic_and, atomic_compare_swap, atomic_fetch,
+                  atomic_fetch_add, atomic_fetch_and, atomic_fetch_inc, atomic_fetch_or,
+                  atomic_fetch_xor, atomic_inc, atomic_or, atomic_set, atomic_swap, atomic_xor,
+                  broadcast, fcollect, put_signal, reduce, signal_fetch, signal_wait_until, test,
+                  wait_until)
+from .atomics import SIGNAL_ADD, SIGNAL_SET
 
 __version__ = "0.1.0"
 
@@ -22,4 +28,9 @@ __all__ = [
     "barrier_all", "sync_all", "heap_info",
     "ShmemError", "HeapExhaustedError", "SymmetryError", "PeerTimeoutError",
     "UnsupportedError", "FreedTensorError",
+    "atomic_fetch", "atomic_set", "atomic_add", "atomic_inc", "atomic_fetch_add",
+    "atomic_fetch_inc", "atomic_swap", "atomic_compare_swap", "atomic_fetch_and",
+    "atomic_fetch_or", "atomic_fetch_xor", "atomic_and", "atomic_or", "atomic_xor",
+    "wait_until", "test", "put_signal", "signal_fetch", "signal_wait_until",
+    "SIGNAL_SET", "SIGNAL_ADD", "broadcast", "fcollect", "reduce", "alltoall",
 ]

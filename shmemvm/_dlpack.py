@@ -79,6 +79,13 @@ MAX_NDIM = 64
 _managed = _DLManagedTensor()  # lives for the whole process, never freed
 _shape = (ctypes.c_int64 * MAX_NDIM)()
 _lock = threading.Lock()
+# Made once (building ctypes objects per call was most of tensor_at's cost):
+# views into the one struct, its address, and the pointer to the shape array.
+_dl = _managed.dl_tensor
+_dl_device = _dl.device
+_dl_dtype = _dl.dtype
+_managed_address = ctypes.addressof(_managed)
+_shape_pointer = ctypes.cast(_shape, ctypes.POINTER(ctypes.c_int64))
 
 
 def check_dtype(dtype: torch.dtype) -> None:
@@ -102,14 +109,17 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
     with _lock:
         for i, extent in enumerate(shape):
             _shape[i] = extent
-        dl = _managed.dl_tensor
+        dl = _dl
         dl.data = address
-        dl.device = _DLDevice(device_type or _DEVICE_TYPE[device.type], device.index or 0)
+        _dl_device.device_type = device_type or _DEVICE_TYPE[device.type]
+        _dl_device.device_id = device.index or 0
         dl.ndim = ndim
-        dl.dtype = _DLDataType(code, bits, 1)
-        dl.shape = ctypes.cast(_shape, ctypes.POINTER(ctypes.c_int64))
+        _dl_dtype.code = code
+        _dl_dtype.bits = bits
+        _dl_dtype.lanes = 1
+        dl.shape = _shape_pointer
         dl.strides = None  # compact row-major
         dl.byte_offset = 0
         _managed.deleter = None
-        capsule = _PyCapsule_New(ctypes.addressof(_managed), b"dltensor", None)
+        capsule = _PyCapsule_New(_managed_address, b"dltensor", None)
         return torch.utils.dlpack.from_dlpack(capsule)

@@ -33,7 +33,11 @@ def finalize() -> None:
     global _heap
     if _heap is not None:
         heap, _heap = _heap, None
-        heap.finalize()
+        try:
+            heap.finalize()
+        finally:
+            if not heap.closed:  # a mismatched finalize (SymmetryError) did nothing
+                _heap = heap
 
 
 def default_heap() -> SymmetricHeap:
@@ -112,3 +116,102 @@ def sync_all() -> None:
 
 def heap_info() -> dict:
     return default_heap().heap_info()
+
+
+# -- atomics, point-to-point synchronization, signals (one-element int views) ------------
+def atomic_fetch(dest: torch.Tensor, pe: int) -> int:
+    return default_heap().atomic_fetch(dest, pe)
+
+
+def atomic_set(dest: torch.Tensor, value: int, pe: int) -> None:
+    default_heap().atomic_set(dest, value, pe)
+
+
+def atomic_add(dest: torch.Tensor, value: int, pe: int) -> None:
+    default_heap().atomic_add(dest, value, pe)
+
+
+def atomic_inc(dest: torch.Tensor, pe: int) -> None:
+    default_heap().atomic_inc(dest, pe)
+
+
+def atomic_fetch_add(dest: torch.Tensor, value: int, pe: int) -> int:
+    return default_heap().atomic_fetch_add(dest, value, pe)
+
+
+def atomic_fetch_inc(dest: torch.Tensor, pe: int) -> int:
+    return default_heap().atomic_fetch_inc(dest, pe)
+
+
+def atomic_swap(dest: torch.Tensor, value: int, pe: int) -> int:
+    return default_heap().atomic_swap(dest, value, pe)
+
+
+def atomic_compare_swap(dest: torch.Tensor, cond: int, value: int, pe: int) -> int:
+    return default_heap().atomic_compare_swap(dest, cond, value, pe)
+
+
+def atomic_fetch_and(dest: torch.Tensor, value: int, pe: int) -> int:
+    return default_heap().atomic_fetch_and(dest, value, pe)
+
+
+def atomic_fetch_or(dest: torch.Tensor, value: int, pe: int) -> int:
+    return default_heap().atomic_fetch_or(dest, value, pe)
+
+
+def atomic_fetch_xor(dest: torch.Tensor, value: int, pe: int) -> int:
+    return default_heap().atomic_fetch_xor(dest, value, pe)
+
+
+def atomic_and(dest: torch.Tensor, value: int, pe: int) -> None:
+    default_heap().atomic_and(dest, value, pe)
+
+
+def atomic_or(dest: torch.Tensor, value: int, pe: int) -> None:
+    default_heap().atomic_or(dest, value, pe)
+
+
+def atomic_xor(dest: torch.Tensor, value: int, pe: int) -> None:
+    default_heap().atomic_xor(dest, value, pe)
+
+
+def wait_until(ivar: torch.Tensor, cmp: str, value: int, timeout: float | None = None) -> int:
+    return default_heap().wait_until(ivar, cmp, value, timeout)
+
+
+def test(ivar: torch.Tensor, cmp: str, value: int) -> bool:
+    return default_heap().test(ivar, cmp, value)
+
+
+test.__test__ = False  # not a pytest test when imported into a test module
+
+
+def put_signal(dest: torch.Tensor, source: torch.Tensor, sig: torch.Tensor, value: int, op: str,
+               pe: int) -> None:
+    default_heap().put_signal(dest, source, sig, value, op, pe)
+
+
+def signal_fetch(sig: torch.Tensor) -> int:
+    return default_heap().signal_fetch(sig)
+
+
+def signal_wait_until(sig: torch.Tensor, cmp: str, value: int,
+                      timeout: float | None = None) -> int:
+    return default_heap().signal_wait_until(sig, cmp, value, timeout)
+
+
+# -- collectives on contiguous symmetric tensors --------------------------------------------
+def broadcast(dest: torch.Tensor, source: torch.Tensor, root: int) -> None:
+    default_heap().broadcast(dest, source, root)
+
+
+def fcollect(dest: torch.Tensor, source: torch.Tensor) -> None:
+    default_heap().fcollect(dest, source)
+
+
+def reduce(dest: torch.Tensor, source: torch.Tensor, op: str = "sum") -> None:
+    default_heap().reduce(dest, source, op)
+
+
+def alltoall(dest: torch.Tensor, source: torch.Tensor) -> None:
+    default_heap().alltoall(dest, source)

@@ -67,6 +67,19 @@ class FdChannel:
             raise PeerTimeoutError(f"could not hand memory to the PE at {path} within "
                                    f"{timeout:g} s (SHMEMVM_TIMEOUT): its mailbox stays full") from None
 
+    def try_send(self, path: str, payload: bytes, fds: list[int]) -> bool:
+        """send() without waiting: False while the mailbox at `path` is full (it
+        holds net.unix.max_dgram_qlen datagrams, 10 on many systems)."""
+        if len(fds) > _MAX_FDS:
+            raise ValueError(f"at most {_MAX_FDS} descriptors per message, got {len(fds)}")
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        self._sock.settimeout(0)
+        try:
+            self._sock.sendmsg([payload], ancillary, 0, path)
+        except BlockingIOError:
+            return False
+        return True
+
     def receive(self, deadline: float) -> Message:
         """The next datagram, with the sender's credentials as the kernel saw them."""
         while True:
@@ -84,7 +97,8 @@ class FdChannel:
                 elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                     cred = _UCRED.unpack(data[:_UCRED.size])
             if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC) or cred is None:
-                self.reject(Message(payload, fds, -1, -1), "truncated or without credentials")
+                pid, uid = cred[:2] if cred else (-1, -1)  # name the sender where known
+                self.reject(Message(payload, fds, pid, uid), "truncated or without credentials")
                 continue
             return Message(payload, fds, cred[0], cred[1])
 

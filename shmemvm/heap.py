@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from . import _dlpack
+from . import _dlpack, atomics, collectives
 from .allocator import Block, Segment
 from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
-                     SymmetryError)
+                     SymmetryError, UnsupportedError)
 from .fdpass import FdChannel, Message
 from .offnode import OffNodeWindow
 from .peers import PeerTable
@@ -41,7 +41,8 @@ from .vmem import VMemPow2Allocator, tensor_nbytes
 
 log = logging.getLogger("shmemvm")
 
-_OPS = ("init", "malloc", "free", "realloc", "barrier", "sync", "finalize", "trim")
+_OPS = ("init", "malloc", "free", "realloc", "barrier", "sync", "finalize", "trim",
+        "broadcast", "fcollect", "reduce", "alltoall")
 _OP_CODE = {name: i + 1 for i, name in enumerate(_OPS)}
 _INVALID = 99          # this PE could not even form the call (bad arguments)
 _N_ARGS = 4
@@ -63,7 +64,9 @@ class _Call:
     def vector(self) -> list[int]:
         if self.error is not None:
             return [_INVALID] + [0] * _N_ARGS
-        args = [int(a) & 0x7FFF_FFFF_FFFF_FFFF for a in self.args]
+        # Clamp, not mask: masking made 2**63 and 0 the same argument. Every value
+        # clamped together exceeds any heap, so each PE fails the same way.
+        args = [min(int(a), 0x7FFF_FFFF_FFFF_FFFF) for a in self.args]
         return [_OP_CODE[self.op]] + args + [0] * (_N_ARGS - len(args))
 
 
@@ -118,11 +121,34 @@ class SymmetricHeap:
         self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
         self.local.release_listeners.append(self.peers.drop)
         self.local.frees_collected = False  # only once every PE agrees (_collective)
-        if len(self.node_pes) < self.n_pes:
-            self.offnode = OffNodeWindow(self.comm, self.local)
+        self.offnode = self._open_window()
         self._collective(_Call("barrier", text="init (peers ready)"))
         log.debug("PE %d/%d ready: node PEs %s, backend %s", self.my_pe, self.n_pes,
                   self.node_pes, self.backend.name)
+
+    def _open_window(self) -> OffNodeWindow | None:
+        """The MPI window that carries off-node put/get and every atomic (on the
+        node too), or None where there is nothing for it to carry or the MPI
+        library cannot make one (the reason is kept for the error messages)."""
+        self._window_error = None
+        if self.device.type != "cpu" and len(self.node_pes) == self.n_pes:
+            self._window_error = (f"{self.device.type} memory is not handed to MPI (shmemvm does "
+                                  f"not assume a GPU-aware MPI)")
+            return None
+        try:
+            return OffNodeWindow(self.comm, self.local, healthy=lambda: not self._broken)
+        except MPI.Exception as exc:  # e.g. Open MPI without a usable osc component
+            self._window_error = f"MPI could not create a dynamic window: {exc}"
+            log.warning("shmemvm: %s; off-node access and atomics are unavailable",
+                        self._window_error)
+            return None
+
+    def window(self, what: str) -> OffNodeWindow:
+        """The MPI window, or UnsupportedError saying why `what` cannot use one."""
+        if self.offnode is None:
+            raise UnsupportedError(f"{what} needs the heap's MPI window, which is unavailable: "
+                                   f"{self._window_error}")
+        return self.offnode
 
     def _split_node(self, node_split: int | None) -> MPI.Comm:
         """PEs that share memory; SHMEMVM_NODE_SPLIT=N fakes nodes of N PEs each."""
@@ -235,6 +261,11 @@ class SymmetricHeap:
             try:
                 self._exchange(created, call)
                 exchange_failure = None
+            except PeerTimeoutError as exc:
+                # A PE is gone or stuck: agreeing on the failure would wait as long
+                # again (2x SHMEMVM_TIMEOUT). The heap is unusable from here on.
+                self._broken = self._broken or f"{call.text}: {exc}"
+                raise
             except (OSError, ShmemError) as exc:
                 exchange_failure = exc
             if not self._all_ok(exchange_failure is None, call, "mapping peers' new memory"):
@@ -268,6 +299,11 @@ class SymmetricHeap:
             raise call.error
         log.debug("PE %d: collective #%d %s", self.my_pe, self._seq, call.text)
 
+    def _agree(self, op: str, args: tuple = (), text: str = "",
+               error: BaseException | None = None) -> None:
+        """_collective for callers outside this module (collectives.py)."""
+        self._collective(_Call(op, args, text, error))
+
     def _wait(self, request: MPI.Request, call: _Call) -> None:
         """Complete an MPI request or raise PeerTimeoutError at the deadline."""
         if request.Test():
@@ -285,7 +321,12 @@ class SymmetricHeap:
                         f"(collective #{self._seq}) within {self.timeout:g} s (SHMEMVM_TIMEOUT): "
                         f"a PE has died, hangs, or is in a different call. This heap cannot be "
                         f"used any more; finalize() releases it")
-                time.sleep(0 if spins < 4096 else 0.0002)
+                # Yield the core, but do not sleep(0): on Linux that is a timed
+                # sleep of about the timer slack (50-100 us), not a yield.
+                if spins < 4096:
+                    os.sched_yield()
+                else:
+                    time.sleep(0.0002)
 
     def _all_ok(self, ok: bool, call: _Call, what: str) -> bool:
         flags = array.array("q", [1 if ok else 0])
@@ -322,27 +363,41 @@ class SymmetricHeap:
         payload = _HEADER.pack(_MAGIC, self.my_pe, self._seq, len(created)) + b"".join(
             _SEGMENT.pack(s.offset, s.size, s.generation) for s in created)
         fds = [self.local._export(segment) for segment in created]
+        # Send and receive interleaved: a mailbox holds only net.unix.max_dgram_qlen
+        # datagrams (often 10), so with more peers than that (or a flood from a rogue)
+        # PEs that only sent before receiving would wait on each other forever.
+        unsent, waiting = sorted(self._peer_paths), set(self._peer_paths)
+        deadline = time.monotonic() + self.timeout
         try:
-            for pe in sorted(self._peer_paths):
-                self.channel.send(self._peer_paths[pe], payload, fds, self.timeout)
+            while True:
+                unsent = [pe for pe in unsent
+                          if not self.channel.try_send(self._peer_paths[pe], payload, fds)]
+                if not unsent and not waiting:
+                    break
+                try:
+                    if not waiting:
+                        raise socket.timeout
+                    message = self.channel.receive(
+                        min(deadline, time.monotonic() + 0.001) if unsent else deadline)
+                except socket.timeout:
+                    if time.monotonic() < deadline:
+                        if not waiting:
+                            time.sleep(0.0005)  # only sends left: their mailboxes drain
+                        continue
+                    stuck = sorted(set(unsent) | waiting)
+                    self._broken = f"{call.text}: no memory exchanged with PE(s) {_pe_list(stuck)}"
+                    raise PeerTimeoutError(
+                        f"PE {self.my_pe}: {call.text} waited {self.timeout:g} s (SHMEMVM_TIMEOUT) "
+                        f"for the new memory of PE(s) {_pe_list(sorted(waiting)) or '-'}; "
+                        f"mailbox full at PE(s) {_pe_list(unsent) or '-'}") from None
+                source = self._accept(message, created, waiting)
+                if source is not None:
+                    for segment, fd in zip(created, message.fds):
+                        self.peers.map(source, segment, fd)
+                    waiting.discard(source)
         finally:
             for fd in fds:
                 os.close(fd)
-        waiting = set(self._peer_paths)
-        deadline = time.monotonic() + self.timeout
-        while waiting:
-            try:
-                message = self.channel.receive(deadline)
-            except socket.timeout:
-                self._broken = f"{call.text}: PE(s) {_pe_list(sorted(waiting))} sent no memory"
-                raise PeerTimeoutError(
-                    f"PE {self.my_pe}: {call.text} waited {self.timeout:g} s (SHMEMVM_TIMEOUT) "
-                    f"for the new memory of PE(s) {_pe_list(sorted(waiting))}") from None
-            source = self._accept(message, created, waiting)
-            if source is not None:
-                for segment, fd in zip(created, message.fds):
-                    self.peers.map(source, segment, fd)
-                waiting.discard(source)
 
     def _accept(self, message: Message, expected: list[Segment], waiting: set[int]) -> int | None:
         """The sending PE if `message` is the one we wait for from it, else None
@@ -393,7 +448,13 @@ class SymmetricHeap:
         if pe not in self.peers:
             return None
         self.peers.check(pe, block.segment)
-        return self.peers.view(pe, tensor.data_ptr() - self.local.base, tensor)
+        return self.peers.view(pe, self._offset(tensor), tensor)
+
+    def _offset(self, tensor: torch.Tensor) -> int:
+        """Heap offset of `tensor`'s first element (not from data_ptr(), which is 0
+        for a tensor without elements)."""
+        return (tensor.untyped_storage().data_ptr() - self.local.base
+                + tensor.storage_offset() * tensor.element_size())
 
     def _source_for(self, source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:
         if not isinstance(source, torch.Tensor):
@@ -401,10 +462,13 @@ class SymmetricHeap:
         if source.dtype != dest.dtype:
             raise TypeError(f"{op}: source dtype {source.dtype} differs from destination dtype "
                             f"{dest.dtype}; convert with .to({dest.dtype}) first")
+        shape = dest.shape
+        if source.shape == shape:  # the common case; the same shape has the same numel
+            return source
         if source.numel() != dest.numel():
             raise ValueError(f"{op}: source has {source.numel()} elements, destination "
                              f"{dest.numel()}; slice them to the same length")
-        return source if source.shape == dest.shape else source.reshape(dest.shape)
+        return source.reshape(shape)
 
     def put(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
         """Copy `source` (any tensor) into symmetric `dest` on PE `pe`."""
@@ -415,10 +479,10 @@ class SymmetricHeap:
             self.backend.copy(dest, source, _blocking)
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
-            remote = self.peers.view(pe, dest.data_ptr() - self.local.base, dest)
+            remote = self.peers.copy_view(pe, self._offset(dest), dest)
             self.backend.copy(remote, source, _blocking)
         else:
-            self.offnode.put(dest, source, pe, block)
+            self.window(f"put to PE {pe} on another node").put(dest, source, pe, block)
 
     def get(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
         """Copy symmetric `source` on PE `pe` into `dest` (any tensor)."""
@@ -427,15 +491,21 @@ class SymmetricHeap:
         if not isinstance(dest, torch.Tensor):
             raise TypeError(f"get: dest must be a torch.Tensor, got {type(dest).__name__}")
         self._source_for(dest, source, "get")  # same checks, other direction
-        target = dest if dest.shape == source.shape else dest.view(source.shape)
+        try:
+            target = dest if dest.shape == source.shape else dest.view(source.shape)
+        except RuntimeError:  # dest's strides cannot take source's shape: stage it
+            staged = torch.empty(source.shape, dtype=dest.dtype, device=dest.device)
+            self.get(staged, source, pe)
+            dest.copy_(staged.view(dest.shape))
+            return
         if pe == self.my_pe:
             self.backend.copy(target, source, _blocking)
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
-            remote = self.peers.view(pe, source.data_ptr() - self.local.base, source)
+            remote = self.peers.copy_view(pe, self._offset(source), source)
             self.backend.copy(target, remote, _blocking)
         else:
-            self.offnode.get(target, source, pe, block)
+            self.window(f"get from PE {pe} on another node").get(target, source, pe, block)
 
     def put_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
         """put that returns once the copy is enqueued; quiet() completes it."""
@@ -447,6 +517,8 @@ class SymmetricHeap:
 
     def quiet(self) -> None:
         """Complete every put/get issued by this PE."""
+        if self.closed:
+            self._check_usable()  # raises: finalized (its MPI window is gone)
         self.backend.synchronize()
         if self.offnode is not None:
             self.offnode.flush()
@@ -454,6 +526,8 @@ class SymmetricHeap:
     def fence(self) -> None:
         """Order this PE's puts to each PE. Copies on the node already complete
         in issue order (one stream); off the node the window is flushed."""
+        if self.closed:
+            self._check_usable()  # raises: finalized (its MPI window is gone)
         if self.offnode is not None:
             self.offnode.flush()
 
@@ -469,6 +543,8 @@ class SymmetricHeap:
             self._collective(_Call("sync", text="sync_all()"))
 
     def heap_info(self) -> dict:
+        if self.closed:  # stats of released memory would mislead; a broken heap still reports
+            raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
         stats = self.local.stats()
         stats.update(pe=self.my_pe, n_pes=self.n_pes, backend=self.backend.name,
                      device=str(self.device), node_pes=list(self.node_pes))
@@ -479,6 +555,77 @@ class SymmetricHeap:
         with self._lock:
             self._collective(_Call("trim", text="trim()"))
             return self.local.trim()
+
+    # -- atomics and signals (atomics.py): one-element int32/int64/uint64 views ------
+    def atomic_fetch(self, dest, pe) -> int:
+        return atomics.atomic_fetch(self, dest, pe)
+
+    def atomic_set(self, dest, value, pe) -> None:
+        atomics.atomic_set(self, dest, value, pe)
+
+    def atomic_add(self, dest, value, pe) -> None:
+        atomics.atomic_add(self, dest, value, pe)
+
+    def atomic_inc(self, dest, pe) -> None:
+        atomics.atomic_inc(self, dest, pe)
+
+    def atomic_fetch_add(self, dest, value, pe) -> int:
+        return atomics.atomic_fetch_add(self, dest, value, pe)
+
+    def atomic_fetch_inc(self, dest, pe) -> int:
+        return atomics.atomic_fetch_inc(self, dest, pe)
+
+    def atomic_swap(self, dest, value, pe) -> int:
+        return atomics.atomic_swap(self, dest, value, pe)
+
+    def atomic_compare_swap(self, dest, cond, value, pe) -> int:
+        return atomics.atomic_compare_swap(self, dest, cond, value, pe)
+
+    def atomic_fetch_and(self, dest, value, pe) -> int:
+        return atomics.atomic_fetch_and(self, dest, value, pe)
+
+    def atomic_fetch_or(self, dest, value, pe) -> int:
+        return atomics.atomic_fetch_or(self, dest, value, pe)
+
+    def atomic_fetch_xor(self, dest, value, pe) -> int:
+        return atomics.atomic_fetch_xor(self, dest, value, pe)
+
+    def atomic_and(self, dest, value, pe) -> None:
+        atomics.atomic_and(self, dest, value, pe)
+
+    def atomic_or(self, dest, value, pe) -> None:
+        atomics.atomic_or(self, dest, value, pe)
+
+    def atomic_xor(self, dest, value, pe) -> None:
+        atomics.atomic_xor(self, dest, value, pe)
+
+    def wait_until(self, ivar, cmp: str, value, timeout: float | None = None) -> int:
+        return atomics.wait_until(self, ivar, cmp, value, timeout)
+
+    def test(self, ivar, cmp: str, value) -> bool:
+        return atomics.test(self, ivar, cmp, value)
+
+    def put_signal(self, dest, source, sig, value, op: str, pe) -> None:
+        atomics.put_signal(self, dest, source, sig, value, op, pe)
+
+    def signal_fetch(self, sig) -> int:
+        return atomics.signal_fetch(self, sig)
+
+    def signal_wait_until(self, sig, cmp: str, value, timeout: float | None = None) -> int:
+        return atomics.signal_wait_until(self, sig, cmp, value, timeout)
+
+    # -- collectives (collectives.py): contiguous symmetric tensors ----------------------
+    def broadcast(self, dest, source, root: int) -> None:
+        collectives.broadcast(self, dest, source, root)
+
+    def fcollect(self, dest, source) -> None:
+        collectives.fcollect(self, dest, source)
+
+    def reduce(self, dest, source, op: str = "sum") -> None:
+        collectives.reduce(self, dest, source, op)
+
+    def alltoall(self, dest, source) -> None:
+        collectives.alltoall(self, dest, source)
 
     # -- lifetime -----------------------------------------------------------------
     def _check_usable(self) -> None:
@@ -497,8 +644,12 @@ class SymmetricHeap:
                 with self._lock:
                     self.quiet()
                     self._collective(_Call("finalize", text="finalize()"))
-        finally:
+        except SymmetryError:
+            raise  # other PEs are in another call: as the error says, nothing was done
+        except BaseException:
             self._teardown()
+            raise
+        self._teardown()
 
     close = finalize
 

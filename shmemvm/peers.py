@@ -15,6 +15,8 @@ from .allocator import Segment
 from .backends import VMMBackend
 from .errors import ShmemError
 
+_COPY_VIEWS = 1024  # cached put/get views; all dropped when full
+
 
 class PeerTable:
     def __init__(self, backend: VMMBackend, va_size: int, peers: list[int]):
@@ -23,6 +25,7 @@ class PeerTable:
         self.windows: dict[int, int] = {}
         self._imports: dict[int, dict[int, Segment]] = {}   # pe -> offset -> segment
         self._heap_tensors: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self._copy_views: dict[tuple, torch.Tensor] = {}     # see copy_view()
         try:
             for pe in peers:
                 self.windows[pe] = backend.reserve(va_size, backend.granularity)
@@ -66,7 +69,9 @@ class PeerTable:
     def check(self, pe: int, segment: Segment) -> None:
         """Raise unless `segment` (offset and generation) is what is mapped for `pe`."""
         mapped = self._imports[pe].get(segment.offset)
-        if mapped != segment:
+        # Mostly the very object (the heap maps the allocator's segments), which
+        # skips the dataclass __eq__; a merely equal one is just as valid.
+        if mapped is not segment and mapped != segment:
             raise ShmemError(
                 f"PE {pe}'s memory at heap offset {segment.offset:#x} (generation "
                 f"{segment.generation}) is not mapped here (have {mapped}); the PEs' heaps "
@@ -83,10 +88,24 @@ class PeerTable:
             self._heap_tensors[key] = heap
         return torch.as_strided(heap, like.shape, like.stride(), offset // like.dtype.itemsize)
 
+    def copy_view(self, pe: int, offset: int, like: torch.Tensor) -> torch.Tensor:
+        """view(), cached, for put/get to copy through: making a view costs more
+        than a small copy. Such views never leave shmemvm (a caller could reshape
+        one in place). A view is only an address in the peer's window; whether
+        memory is mapped there is for check() to say before every use."""
+        key = (pe, offset, like.dtype, like.shape, like.stride())
+        view = self._copy_views.get(key)
+        if view is None:
+            if len(self._copy_views) >= _COPY_VIEWS:
+                self._copy_views.clear()
+            view = self._copy_views[key] = self.view(pe, offset, like)
+        return view
+
     def mapped(self, pe: int) -> list[Segment]:
         return sorted(self._imports[pe].values(), key=lambda s: s.offset)
 
     def close(self) -> None:
+        self._copy_views.clear()
         self._heap_tensors.clear()
         for pe, window in list(self.windows.items()):
             for offset in list(self._imports.get(pe, ())):
