@@ -1,0 +1,102 @@
+"""Run by tests/test_reliability_peer_death.py as its own small MPI job:
+
+    mpiexec -disable-auto-cleanup -n 3 python peer_death.py SCENARIO TIMEOUT OUTDIR
+
+TIMEOUT is seconds for timeout=, or "env" to leave it to SHMEMVM_TIMEOUT.
+
+One PE (the last) dies at the point SCENARIO names; every other PE
+records, in OUTDIR/pe<N>.json, which exception its pending collective raised
+and after how long, what a further call raised, and whether finalize()
+returned. Survivors leave with os._exit so that MPI's own finalization (which
+would wait for the dead PE) cannot hang the job.
+
+The victim leaves with os._exit(3), not by a signal: hydra's proxy SIGKILLs
+every process of the job at its next event once a child has died *by a
+signal*, whatever -disable-auto-cleanup says (pmip.c, main loop); for the
+other PEs the two look the same (a process gone without a word: no MPI
+finalize, its socket closed). Before dying it writes OUTDIR/pe<N>.json with
+its channel directory, which os._exit leaves behind, for the test to remove.
+
+Scenarios:
+  before-malloc   the PE dies before a collective malloc: the others wait in
+                  the agreement (the allreduce)
+  mid-malloc      the PE dies inside a malloc that creates a new segment, after
+                  the agreement and before it hands its memory to the others:
+                  the others wait for its file descriptors
+  mid-barrier     the PE dies while the others are already in barrier_all()
+"""
+
+import faulthandler
+import json
+import os
+import sys
+import time
+
+import torch
+from mpi4py import MPI
+
+from shmemvm import SymmetricHeap
+
+
+def die(heap: SymmetricHeap, outdir: str) -> None:
+    record = {"pe": heap.my_pe, "died": True, "directory": heap.channel.directory}
+    with open(os.path.join(outdir, f"pe{heap.my_pe}.json"), "w") as out:
+        json.dump(record, out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(3)
+
+
+def main() -> None:
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang shows where, in the job's log
+    scenario, timeout, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
+    heap = SymmetricHeap(MPI.COMM_WORLD, heap_size="16M", backend="host",
+                         timeout=None if timeout == "env" else float(timeout))
+    me, victim = heap.my_pe, heap.n_pes - 1
+    warm = heap.malloc(100)                     # the heap works before anyone dies
+    heap.put(warm, torch.full((100,), me, dtype=torch.uint8), (me + 1) % heap.n_pes)
+    heap.barrier_all()
+    record = {"pe": me, "scenario": scenario, "timeout": heap.timeout,
+              "warm_ok": bool((warm == (me - 1) % heap.n_pes).all())}
+
+    if me == victim:
+        if scenario == "before-malloc":
+            die(heap, outdir)
+        elif scenario == "mid-malloc":
+            heap.local._export = lambda segment: die(heap, outdir)  # after agreeing, before sending fds
+        elif scenario == "mid-barrier":
+            time.sleep(0.5)                             # let the others enter the barrier
+            die(heap, outdir)
+
+    start = time.monotonic()
+    try:
+        if scenario == "mid-barrier":
+            heap.barrier_all()
+        else:
+            heap.malloc(1 << 20)                        # a new segment: fds are exchanged
+        record.update(error=None)
+    except Exception as exc:  # recorded for the test to judge
+        record.update(error=type(exc).__name__, message=str(exc))
+    record["elapsed"] = time.monotonic() - start
+
+    start = time.monotonic()
+    try:
+        heap.malloc(10)
+        record.update(second_error=None)
+    except Exception as exc:
+        record.update(second_error=type(exc).__name__, second_message=str(exc))
+    record["second_elapsed"] = time.monotonic() - start
+
+    start = time.monotonic()
+    heap.finalize()
+    record["finalize_elapsed"] = time.monotonic() - start
+    record["closed"] = heap.closed
+    with open(os.path.join(outdir, f"pe{me}.json.tmp"), "w") as out:
+        json.dump(record, out)
+    os.rename(os.path.join(outdir, f"pe{me}.json.tmp"), os.path.join(outdir, f"pe{me}.json"))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

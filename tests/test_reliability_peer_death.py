@@ -1,0 +1,142 @@
+"""A PE that dies in the middle of a collective: the others raise
+PeerTimeoutError within the configured time instead of hanging.
+
+MPICH's mpiexec (hydra) takes the whole job down when one process dies, so
+this is not an `mpi` test: it starts its own small jobs,
+
+    mpiexec -disable-auto-cleanup -n 3 python tests/helpers/peer_death.py SCENARIO TIMEOUT OUTDIR
+
+in which the last PE leaves abruptly (os._exit, see the helper for why not
+SIGKILL) at the point SCENARIO names, and every other PE writes down what its
+pending call raised and after how long. It runs in the single-process pass of
+tests/run_all.sh. The scenarios run side by side to keep the test short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+HELPER = REPO / "tests" / "helpers" / "peer_death.py"
+N_PES = 3
+TIMEOUT = 3.0          # SHMEMVM_TIMEOUT given to the jobs
+MARGIN = 2.0           # scheduling slack on 2 cores with 9 processes
+JOB_LIMIT = 150        # seconds: a job that takes longer than this hangs
+
+
+def _mpiexec() -> str:
+    candidates = [os.environ.get("MPIEXEC"), str(Path(sys.executable).parent / "mpiexec"),
+                  shutil.which("mpiexec")]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.skip("no mpiexec found (set MPIEXEC)")
+
+
+def _is_hydra(mpiexec: str) -> bool:
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "HYDRA" in out.stdout + out.stderr
+
+
+def _clean_env(timeout_env: str | None) -> dict[str, str]:
+    """Our environment minus what an enclosing MPI launch put there (a nested
+    mpiexec would take it for its own)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPI_LOCALRANKID",
+                                "MPI_LOCALNRANKS", "OMPI_", "SHMEMVM_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    if timeout_env is not None:
+        env["SHMEMVM_TIMEOUT"] = timeout_env
+    return env
+
+
+# scenario -> how the survivors are given the timeout: "arg" (timeout=) or "env" (SHMEMVM_TIMEOUT)
+SCENARIOS = {"before-malloc": "arg", "mid-malloc": "arg", "mid-barrier": "env"}
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    mpiexec = _mpiexec()
+    if not _is_hydra(mpiexec):
+        pytest.skip(f"{mpiexec} is not MPICH's hydra; this test relies on -disable-auto-cleanup")
+    root = Path(tempfile.mkdtemp(prefix="shmemvm-peer-death-"))
+    jobs = {}
+    try:
+        for scenario, how in SCENARIOS.items():
+            outdir = root / scenario
+            outdir.mkdir()
+            timeout_arg = f"{TIMEOUT:g}" if how == "arg" else "env"
+            env = _clean_env(f"{TIMEOUT:g}" if how == "env" else None)
+            log = open(outdir / "job.log", "w")
+            command = [mpiexec, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
+                       str(HELPER), scenario, timeout_arg, str(outdir)]
+            jobs[scenario] = (subprocess.Popen(command, env=env, stdout=log,
+                                               stderr=subprocess.STDOUT, cwd=REPO,
+                                               start_new_session=True), log, time.monotonic())
+        results = {}
+        for scenario, (job, log, started) in jobs.items():
+            try:
+                returncode = job.wait(timeout=max(1.0, JOB_LIMIT - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, 9)
+                job.wait()
+                returncode = None
+            log.close()
+            outdir = root / scenario
+            records = {}
+            for pe in range(N_PES):
+                path = outdir / f"pe{pe}.json"
+                if path.exists():
+                    records[pe] = json.loads(path.read_text())
+            results[scenario] = {"returncode": returncode, "records": records,
+                                 "log": (outdir / "job.log").read_text()[-4000:]}
+        yield results
+    finally:
+        for job, log, _ in jobs.values():
+            if job.poll() is None:
+                os.killpg(job.pid, 9)
+                job.wait()
+            log.close()
+        for result in locals().get("results", {}).values():
+            for record in result["records"].values():
+                directory = record.get("directory", "")
+                if Path(directory).name.startswith("shmemvm-"):
+                    shutil.rmtree(directory, ignore_errors=True)  # left by the dead PE
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_survivors_raise_peer_timeout_within_the_timeout(outcomes, scenario):
+    result = outcomes[scenario]
+    context = f"{scenario}: {result}"
+    assert result["returncode"] is not None, f"the job hung past {JOB_LIMIT} s: {context}"
+    records = result["records"]
+    victim = N_PES - 1
+    assert records.get(victim, {}).get("died"), context
+    survivors = [records.get(pe) for pe in range(N_PES - 1)]
+    assert all(r is not None for r in survivors), f"a surviving PE did not report: {context}"
+    for record in survivors:
+        assert record["warm_ok"], context
+        assert record["timeout"] == TIMEOUT, context        # timeout= or SHMEMVM_TIMEOUT
+        assert record["error"] == "PeerTimeoutError", context
+        assert "SHMEMVM_TIMEOUT" in record["message"], context
+        assert "malloc(1048576)" in record["message"] or "barrier_all()" in record["message"]
+        # waited the configured time, not (much) longer and not forever
+        assert TIMEOUT - 0.1 <= record["elapsed"] <= TIMEOUT + MARGIN, context
+        # the heap refuses further collectives at once and still finalizes
+        assert record["second_error"] == "PeerTimeoutError", context
+        assert "unusable" in record["second_message"], context
+        assert record["second_elapsed"] < 1.0, context
+        assert record["closed"] and record["finalize_elapsed"] < 5.0, context
