@@ -138,7 +138,9 @@ class SymmetricHeap:
         try:
             return OffNodeWindow(self.comm, self.local, healthy=lambda: not self._broken)
         except MPI.Exception as exc:  # e.g. Open MPI without a usable osc component
-            self._window_error = f"MPI could not create a dynamic window: {exc}"
+            self._window_error = (f"MPI could not create a dynamic window: {exc} (Open MPI 4.1: "
+                                  f"run with -mca osc pt2pt and MPI4PY_RC_THREAD_LEVEL="
+                                  f"serialized; docs/multinode.md)")
             log.warning("shmemvm: %s; off-node access and atomics are unavailable",
                         self._window_error)
             return None
