@@ -45,12 +45,7 @@ class PeerTable:
         handle = self.backend.import_fd(fd, segment.size)  # owns fd from here on
         va = self.windows[pe] + segment.offset
         try:
-            self.backend.map(va, segment.size, handle)
-            try:
-                self.backend.set_access(va, segment.size)
-            except BaseException:
-                self.backend.unmap(va, segment.size)
-                raise
+            self.backend.map_accessible(va, segment.size, handle)
         finally:
             # The mapping keeps the memory alive; the handle is not needed again.
             self.backend.release(handle)

@@ -284,12 +284,7 @@ class VMemPow2Allocator:
         handle = self.backend.create(segment.size)
         va = self.base + segment.offset
         try:
-            self.backend.map(va, segment.size, handle)
-            try:
-                self.backend.set_access(va, segment.size)
-            except BaseException:
-                self.backend.unmap(va, segment.size)
-                raise
+            self.backend.map_accessible(va, segment.size, handle)
         except BaseException:
             self.backend.release(handle)
             raise

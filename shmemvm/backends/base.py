@@ -84,6 +84,15 @@ class VMMBackend(abc.ABC):
         """Make a freshly mapped range readable and writable from this process's
         device. Backends with `cumulative_access` widen from their base."""
 
+    def map_accessible(self, va: int, size: int, handle: Handle) -> None:
+        """map() then set_access(); nothing is left mapped if either fails."""
+        self.map(va, size, handle)
+        try:
+            self.set_access(va, size)
+        except BaseException:
+            self.unmap(va, size)
+            raise
+
     # -- data ---------------------------------------------------------------
     def tensor(self, va: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A zero-copy tensor over mapped memory at `va`."""
