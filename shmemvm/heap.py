@@ -17,7 +17,9 @@ agreed on and undone everywhere.
 from __future__ import annotations
 
 import array
+import functools
 import logging
+import operator
 import os
 import socket
 import struct
@@ -70,6 +72,7 @@ class _Call:
         return [_OP_CODE[self.op]] + args + [0] * (_N_ARGS - len(args))
 
 
+@functools.lru_cache(maxsize=1024)  # programs allocate few distinct shapes, often
 def _shape_code(dims: tuple[int, ...]) -> int:
     return zlib.crc32(repr(dims).encode())
 
@@ -427,14 +430,17 @@ class SymmetricHeap:
 
     # -- one-sided access ------------------------------------------------------------
     def _check_pe(self, pe) -> int:
-        if isinstance(pe, bool) or not isinstance(pe, int):
+        """`pe` as an int (NumPy and other integer types too), or a clear error."""
+        if isinstance(pe, bool) or not hasattr(type(pe), "__index__") or isinstance(pe, torch.Tensor):
             raise TypeError(f"pe must be an int, got {type(pe).__name__} {pe!r}")
+        pe = operator.index(pe)
         if not 0 <= pe < self.n_pes:
             raise ValueError(f"pe {pe} is out of range: there are {self.n_pes} PEs (0..{self.n_pes - 1})")
         return pe
 
     def _symmetric(self, tensor: torch.Tensor, role: str) -> Block:
-        self._check_usable()
+        if self.closed or self._broken:  # the call only where it raises (put/get fast path)
+            self._check_usable()
         try:
             return self.local.block_of(tensor)
         except FreedTensorError as exc:
@@ -474,21 +480,25 @@ class SymmetricHeap:
 
     def put(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
         """Copy `source` (any tensor) into symmetric `dest` on PE `pe`."""
-        pe = self._check_pe(pe)
+        if type(pe) is not int or not 0 <= pe < self.n_pes:  # else it is valid as it is
+            pe = self._check_pe(pe)
         block = self._symmetric(dest, "destination")
         source = self._source_for(source, dest, "put")
         if pe == self.my_pe:
             self.backend.copy(dest, source, _blocking)
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
-            remote = self.peers.copy_view(pe, self._offset(dest), dest)
+            # = self._offset(dest): block_of() found dest's storage at block.offset
+            offset = block.offset + dest.storage_offset() * dest.element_size()
+            remote = self.peers.copy_view(pe, offset, dest)
             self.backend.copy(remote, source, _blocking)
         else:
             self.window(f"put to PE {pe} on another node").put(dest, source, pe, block)
 
     def get(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
         """Copy symmetric `source` on PE `pe` into `dest` (any tensor)."""
-        pe = self._check_pe(pe)
+        if type(pe) is not int or not 0 <= pe < self.n_pes:  # else it is valid as it is
+            pe = self._check_pe(pe)
         block = self._symmetric(source, "source")
         if not isinstance(dest, torch.Tensor):
             raise TypeError(f"get: dest must be a torch.Tensor, got {type(dest).__name__}")
@@ -504,7 +514,8 @@ class SymmetricHeap:
             self.backend.copy(target, source, _blocking)
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
-            remote = self.peers.copy_view(pe, self._offset(source), source)
+            offset = block.offset + source.storage_offset() * source.element_size()  # _offset()
+            remote = self.peers.copy_view(pe, offset, source)
             self.backend.copy(target, remote, _blocking)
         else:
             self.window(f"get from PE {pe} on another node").get(target, source, pe, block)

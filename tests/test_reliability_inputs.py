@@ -211,7 +211,8 @@ def _pe_cases(n):
         ("pe=bool", False, TypeError, r"pe must be an int, got bool"),
         ("pe=None", None, TypeError, r"pe must be an int, got NoneType"),
         ("pe=str", "0", TypeError, r"pe must be an int, got str"),
-        ("pe=numpy", np.int64(0), TypeError, r"pe must be an int, got int64"),
+        ("pe=numpy-float", np.float64(0), TypeError, r"pe must be an int, got float64"),
+        ("pe=tensor", torch.tensor(0), TypeError, r"pe must be an int, got Tensor"),
     ]
 
 
@@ -473,3 +474,14 @@ def test_sizes_beyond_64_bits_do_not_alias(heap):
                                r"realloc\(tensor at heap offset 0x[0-9a-f]+, 9223372036854775808\)")
     _symmetry_error_everywhere(heap, lambda: heap.malloc((1 << 64) + 64 if me == 0 else 64))
     heap.free(y)
+
+
+def test_numpy_integer_pe_numbers_are_accepted(heap):
+    x = heap.zeros(8, torch.int64)
+    right = np.int64((heap.my_pe + 1) % heap.n_pes)
+    heap.put(x, torch.full((8,), heap.my_pe, dtype=torch.int64), right)
+    heap.barrier_all()
+    out = torch.empty(8, dtype=torch.int64)
+    heap.get(out, x, np.int32(heap.my_pe))
+    assert torch.equal(out, torch.full((8,), (heap.my_pe - 1) % heap.n_pes, dtype=torch.int64))
+    assert heap.ptr(x, np.int16(heap.my_pe)) is x
