@@ -1,0 +1,66 @@
+"""Allocation latency against the number of live allocations.
+
+The heap holds N live allocations of mixed sizes (64 B .. 40 KB, all below
+the segment granularity, so they share chunks) while PEs time collective
+malloc (and free) of 1 KiB. Counts are visited going up, then again going
+down (freeing back), and each count's figure is taken over both visits,
+so slow drift of the machine does not read as a trend. The baseline of each
+count is the smallest count, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+from .common import Bench, KiB
+
+HELD_SIZES = (64, 200, 1024, 3000, 8192, 40000)
+PROBE = 1 * KiB
+
+
+def run(bench: Bench) -> None:
+    heap = bench.heap
+    counts = sorted(set(bench.options.live))
+    iterations = 100 if bench.options.quick else 1000
+    held = []
+    samples: dict[int, dict[str, list[float]]] = {n: {"malloc": [], "free": []} for n in counts}
+    visits = counts + counts[-2::-1]
+    for i, count in enumerate(visits):
+        bench.progress("malloc with %d live allocations (%d/%d)", count, i + 1, len(visits))
+        while len(held) < count:
+            held.append(heap.malloc(HELD_SIZES[len(held) % len(HELD_SIZES)]))
+        while len(held) > count:
+            heap.free(held.pop())
+        gc.collect()
+        _measure(bench, iterations, samples[count])
+    for tensor in reversed(held):
+        heap.free(tensor)
+    held.clear()
+    base = counts[0]
+    base_malloc = bench.summary(samples[base]["malloc"]) * 1e6
+    base_free = bench.summary(samples[base]["free"]) * 1e6
+    for count in counts:
+        params = {"bytes": PROBE, "live": count}
+        bench.record("malloc.live_latency", params, bench.summary(samples[count]["malloc"]) * 1e6,
+                     "us", f"malloc with {base} live", base_malloc)
+        bench.record("free.live_latency", params, bench.summary(samples[count]["free"]) * 1e6,
+                     "us", f"free with {base} live", base_free)
+
+
+def _measure(bench: Bench, iterations: int, into: dict[str, list[float]]) -> None:
+    heap, perf = bench.heap, time.perf_counter
+    heap.free(heap.malloc(PROBE))
+    for _ in range(max(1, bench.options.repeat // 2 + 1)):
+        bench.comm.Barrier()
+        t_malloc = t_free = 0.0
+        for _ in range(iterations):
+            a = perf()
+            x = heap.malloc(PROBE)
+            b = perf()
+            heap.free(x)
+            c = perf()
+            t_malloc += b - a
+            t_free += c - b
+        into["malloc"].append(bench.max_over_pes(t_malloc / iterations))
+        into["free"].append(bench.max_over_pes(t_free / iterations))

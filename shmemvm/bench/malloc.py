@@ -1,0 +1,116 @@
+"""Collective malloc/free latency.
+
+Cached size: malloc then free of a size whose memory the heap still holds
+(a small block in a cached chunk, or a cached segment), against
+`MPI.Barrier` on the same communicator in the same repeat.
+Fresh segment: malloc, free and trim() every time, so each malloc creates,
+exports, passes and maps a new segment on every PE; against the raw backend
+calls for one fresh segment (create + map + set_access, and unmap + release)
+on a private reservation, and against MPI.Barrier.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .common import Bench, KiB, MiB, format_size, loop_time
+
+BARRIER = "MPI.Barrier"
+RAW_BACK = "backend create+map+set_access"
+RAW_UNBACK = "backend unmap+release"
+RAW_CYCLE = "backend create+map+set_access+unmap+release"
+
+
+def run(bench: Bench) -> None:
+    quick = bench.options.quick
+    cached(bench, [1 * KiB, 1 * MiB], 200 if quick else 2000)
+    fresh(bench, [1 * MiB] if quick else [64 * KiB, 1 * MiB, 64 * MiB], 20 if quick else 200)
+
+
+def barrier_time(bench: Bench, iterations: int) -> float:
+    bench.comm.Barrier()
+    return bench.max_over_pes(loop_time(bench.comm.Barrier, iterations))
+
+
+def cached(bench: Bench, sizes: list[int], iterations: int) -> None:
+    heap, comm = bench.heap, bench.comm
+    perf = time.perf_counter
+    for size in sizes:
+        bench.progress("malloc/free, cached %s (%d calls x %d)", format_size(size), iterations,
+                       bench.options.repeat)
+        heap.free(heap.malloc(size))  # now cached
+        barrier, malloc, free = [], [], []
+        for _ in range(bench.options.repeat):
+            barrier.append(barrier_time(bench, iterations))
+            comm.Barrier()
+            t_malloc = t_free = 0.0
+            for _ in range(iterations):
+                a = perf()
+                x = heap.malloc(size)
+                b = perf()
+                heap.free(x)
+                c = perf()
+                t_malloc += b - a
+                t_free += c - b
+            malloc.append(bench.max_over_pes(t_malloc / iterations))
+            free.append(bench.max_over_pes(t_free / iterations))
+        b_us = bench.summary(barrier) * 1e6
+        params = {"bytes": size, "kind": "cached"}
+        bench.record("malloc.latency", params, bench.summary(malloc) * 1e6, "us", BARRIER, b_us)
+        bench.record("free.latency", params, bench.summary(free) * 1e6, "us", BARRIER, b_us)
+
+
+def fresh(bench: Bench, sizes: list[int], iterations: int) -> None:
+    heap, comm, backend = bench.heap, bench.comm, bench.heap.backend
+    perf = time.perf_counter
+    granularity = backend.granularity
+    for size in sizes:
+        bench.progress("malloc/free, fresh segment %s (%d calls x %d)", format_size(size),
+                       iterations, bench.options.repeat)
+        span = max(size, granularity)
+        va = backend.reserve(span, granularity)
+        try:
+            barrier, malloc, free, back, unback = [], [], [], [], []
+            heap.trim()
+            for _ in range(bench.options.repeat):
+                barrier.append(barrier_time(bench, iterations))
+                comm.Barrier()
+                t_malloc = t_free = 0.0
+                for _ in range(iterations):
+                    a = perf()
+                    x = heap.malloc(size)
+                    b = perf()
+                    heap.free(x)
+                    heap.trim()
+                    c = perf()
+                    t_malloc += b - a
+                    t_free += c - b
+                malloc.append(bench.max_over_pes(t_malloc / iterations))
+                free.append(bench.max_over_pes(t_free / iterations))
+                comm.Barrier()
+                t_back = t_unback = 0.0
+                for _ in range(iterations):
+                    a = perf()
+                    handle = backend.create(span)
+                    backend.map(va, span, handle)
+                    backend.set_access(va, span)
+                    b = perf()
+                    backend.unmap(va, span)
+                    backend.release(handle)
+                    c = perf()
+                    t_back += b - a
+                    t_unback += c - b
+                back.append(bench.max_over_pes(t_back / iterations))
+                unback.append(bench.max_over_pes(t_unback / iterations))
+        finally:
+            backend.unreserve(va, span)
+        params = {"bytes": size, "kind": "fresh segment"}
+        m_us, f_us = bench.summary(malloc) * 1e6, bench.summary(free) * 1e6
+        bench.record("malloc.latency", params, m_us, "us", RAW_BACK, bench.summary(back) * 1e6)
+        bench.record("malloc.latency", params, m_us, "us", BARRIER, bench.summary(barrier) * 1e6)
+        bench.record("free+trim.latency", params, f_us, "us", RAW_UNBACK,
+                     bench.summary(unback) * 1e6)
+        cycle = [b + u for b, u in zip(back, unback)]
+        bench.record("malloc+free+trim.latency", params,
+                     bench.summary([m + f for m, f in zip(malloc, free)]) * 1e6, "us", RAW_CYCLE,
+                     bench.summary(cycle) * 1e6)
