@@ -203,7 +203,7 @@ def test_fetch_add_hammer_loses_nothing(mheap):
 
 @pytest.mark.mpi(min_size=2)
 def test_compare_swap_loops_from_every_pe(mheap):
-    h, me, n = mheap, mheap.my_pe, mheap.n_pes
+    h, n = mheap, mheap.n_pes
     counter = h.zeros((1,), torch.uint64)
     h.barrier_all()
     for _ in range(40):

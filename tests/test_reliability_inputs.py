@@ -410,7 +410,7 @@ def test_mismatch_different_dtype_or_shape(heap):
 
 @pytest.mark.mpi(min_size=2)
 def test_mismatch_different_operations(heap):
-    me, n = heap.my_pe, heap.n_pes
+    me = heap.my_pe
     x = heap.malloc(64)
     ops = [lambda: heap.malloc(64), lambda: heap.free(x), heap.barrier_all]
     _symmetry_error_everywhere(heap, ops[me % 3], r"PE 0(, \d+)*: malloc\(64\)",
@@ -439,7 +439,7 @@ def test_mismatch_freeing_different_tensors(heap):
     old = heap.malloc(64)
     heap.free(old)
     z = heap.malloc(64)
-    message = _symmetry_error_everywhere(heap, lambda: heap.free(old if me == 0 else z),
+    _symmetry_error_everywhere(heap, lambda: heap.free(old if me == 0 else z),
                                          r"PE 0: free\(tensor\) \[rejected here: .*not a live "
                                          r"allocation")
     heap.free(y)

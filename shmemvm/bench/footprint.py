@@ -72,7 +72,6 @@ def workload(m: Model) -> list[tuple]:
         alloc("ids", b, s, itemsize=8)
         alloc("x0", b, s, d)
         for l in range(m.layers):
-            x = f"x{l}"
             alloc(f"{l}.ln1", b, s, d), alloc(f"{l}.ln1.mean", b, s), alloc(f"{l}.ln1.rstd", b, s)
             alloc(f"{l}.qkv", b, s, 3 * d)
             alloc("scores", b, h, s, s)

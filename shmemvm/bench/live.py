@@ -11,9 +11,9 @@ count is the smallest count, measured in the same run.
 from __future__ import annotations
 
 import gc
-import time
 
 from .common import Bench, KiB
+from .malloc import malloc_free_time
 
 HELD_SIZES = (64, 200, 1024, 3000, 8192, 40000)
 PROBE = 1 * KiB
@@ -49,18 +49,8 @@ def run(bench: Bench) -> None:
 
 
 def _measure(bench: Bench, iterations: int, into: dict[str, list[float]]) -> None:
-    heap, perf = bench.heap, time.perf_counter
-    heap.free(heap.malloc(PROBE))
+    bench.heap.free(bench.heap.malloc(PROBE))
     for _ in range(max(1, bench.options.repeat // 2 + 1)):
-        bench.comm.Barrier()
-        t_malloc = t_free = 0.0
-        for _ in range(iterations):
-            a = perf()
-            x = heap.malloc(PROBE)
-            b = perf()
-            heap.free(x)
-            c = perf()
-            t_malloc += b - a
-            t_free += c - b
-        into["malloc"].append(bench.max_over_pes(t_malloc / iterations))
-        into["free"].append(bench.max_over_pes(t_free / iterations))
+        m, f = malloc_free_time(bench, PROBE, iterations)
+        into["malloc"].append(m)
+        into["free"].append(f)

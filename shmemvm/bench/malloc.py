@@ -32,9 +32,28 @@ def barrier_time(bench: Bench, iterations: int) -> float:
     return bench.max_over_pes(loop_time(bench.comm.Barrier, iterations))
 
 
+def malloc_free_time(bench: Bench, size: int, iterations: int,
+                     trim: bool = False) -> tuple[float, float]:
+    """Mean seconds per collective malloc and per free (+trim) of `size`, on the
+    slowest PE, over `iterations` calls started together."""
+    heap, perf = bench.heap, time.perf_counter
+    bench.comm.Barrier()
+    t_malloc = t_free = 0.0
+    for _ in range(iterations):
+        a = perf()
+        x = heap.malloc(size)
+        b = perf()
+        heap.free(x)
+        if trim:
+            heap.trim()
+        c = perf()
+        t_malloc += b - a
+        t_free += c - b
+    return bench.max_over_pes(t_malloc / iterations), bench.max_over_pes(t_free / iterations)
+
+
 def cached(bench: Bench, sizes: list[int], iterations: int) -> None:
-    heap, comm = bench.heap, bench.comm
-    perf = time.perf_counter
+    heap = bench.heap
     for size in sizes:
         bench.progress("malloc/free, cached %s (%d calls x %d)", format_size(size), iterations,
                        bench.options.repeat)
@@ -42,18 +61,9 @@ def cached(bench: Bench, sizes: list[int], iterations: int) -> None:
         barrier, malloc, free = [], [], []
         for _ in range(bench.options.repeat):
             barrier.append(barrier_time(bench, iterations))
-            comm.Barrier()
-            t_malloc = t_free = 0.0
-            for _ in range(iterations):
-                a = perf()
-                x = heap.malloc(size)
-                b = perf()
-                heap.free(x)
-                c = perf()
-                t_malloc += b - a
-                t_free += c - b
-            malloc.append(bench.max_over_pes(t_malloc / iterations))
-            free.append(bench.max_over_pes(t_free / iterations))
+            m, f = malloc_free_time(bench, size, iterations)
+            malloc.append(m)
+            free.append(f)
         b_us = bench.summary(barrier) * 1e6
         params = {"bytes": size, "kind": "cached"}
         bench.record("malloc.latency", params, bench.summary(malloc) * 1e6, "us", BARRIER, b_us)
@@ -74,19 +84,9 @@ def fresh(bench: Bench, sizes: list[int], iterations: int) -> None:
             heap.trim()
             for _ in range(bench.options.repeat):
                 barrier.append(barrier_time(bench, iterations))
-                comm.Barrier()
-                t_malloc = t_free = 0.0
-                for _ in range(iterations):
-                    a = perf()
-                    x = heap.malloc(size)
-                    b = perf()
-                    heap.free(x)
-                    heap.trim()
-                    c = perf()
-                    t_malloc += b - a
-                    t_free += c - b
-                malloc.append(bench.max_over_pes(t_malloc / iterations))
-                free.append(bench.max_over_pes(t_free / iterations))
+                m, f = malloc_free_time(bench, size, iterations, trim=True)
+                malloc.append(m)
+                free.append(f)
                 comm.Barrier()
                 t_back = t_unback = 0.0
                 for _ in range(iterations):
