@@ -265,22 +265,24 @@ class SymmetricHeap:
                                  f"was allocated on any PE") from failure
             try:
                 self._exchange(created, call)
+                if self.offnode is not None:
+                    for segment in created:
+                        self.offnode.attach(segment)
                 exchange_failure = None
             except PeerTimeoutError as exc:
                 # A PE is gone or stuck: agreeing on the failure would wait as long
                 # again (2x SHMEMVM_TIMEOUT). The heap is unusable from here on.
                 self._broken = self._broken or f"{call.text}: {exc}"
                 raise
-            except (OSError, ShmemError) as exc:
+            except (OSError, ShmemError, MPI.Exception) as exc:
                 exchange_failure = exc
-            if not self._all_ok(exchange_failure is None, call, "mapping peers' new memory"):
+            # Undoing releases the new segments, which unmaps peers' copies and
+            # detaches them from the window (release listeners).
+            if not self._all_ok(exchange_failure is None, call, "sharing the new memory"):
                 self.local._undo_allocation(block, created)
-                raise ShmemError(f"{call.text} failed while PEs mapped each other's new memory "
+                raise ShmemError(f"{call.text} failed while PEs shared the new memory "
                                  f"({exchange_failure or 'see the other PEs'}); undone on every "
                                  f"PE") from exchange_failure
-            if self.offnode is not None:
-                for segment in created:
-                    self.offnode.attach(segment)
         return block
 
     # -- the agreement ------------------------------------------------------------

@@ -83,7 +83,7 @@ class VMemPow2Allocator:
         self.base = self.backend.reserve(self.va_size, granularity)
         self._handles: dict[int, object] = {}        # segment offset -> physical handle
         self._live: dict[int, _Live] = {}            # block offset -> live block
-        self._collected: deque[int] = deque()        # serials of GC'd blocks
+        self._collected: deque[tuple[int, int]] = deque()  # (offset, serial) of GC'd blocks
         self._lock = threading.RLock()
         self.closed = False
         #: called with each segment just before its physical memory is released
@@ -252,7 +252,7 @@ class VMemPow2Allocator:
     def _tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
         storage = tensor.untyped_storage()
-        finalizer = weakref.finalize(storage, self._collected.append, block.serial)
+        finalizer = weakref.finalize(storage, self._collected.append, (block.offset, block.serial))
         finalizer.atexit = False
         self._live[block.offset] = _Live(block, weakref.ref(storage), finalizer)
         return tensor
@@ -269,12 +269,15 @@ class VMemPow2Allocator:
         return self._core.free(offset)
 
     def _take_collected(self) -> list[int]:
-        """Offsets of live blocks whose tensors were garbage-collected."""
-        serials = set()
+        """Offsets of live blocks whose tensors were garbage-collected (the
+        serial tells a collected block from a later one at the same offset)."""
+        offsets = set()
         while self._collected:
-            serials.add(self._collected.popleft())
-        return sorted(live.block.offset for live in self._live.values()
-                      if live.block.serial in serials) if serials else []
+            offset, serial = self._collected.popleft()
+            live = self._live.get(offset)
+            if live is not None and live.block.serial == serial:
+                offsets.add(offset)
+        return sorted(offsets)
 
     def _free_collected(self) -> None:
         for offset in self._take_collected():

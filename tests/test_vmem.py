@@ -15,7 +15,7 @@ import torch
 import shmemvm
 from shmemvm import VMemPow2Allocator
 from shmemvm.backends.host import HostBackend
-from util import mapping_count, open_fds, shmemvm_mappings
+from util import open_fds, shmemvm_mappings
 
 G = 64 * 1024           # default host granularity (SHMEMVM_HOST_GRANULARITY)
 
@@ -577,7 +577,8 @@ def test_close_leaks_no_fd_or_mapping():
     assert any("memfd:shmemvm" in line for line in maps_during)
 
     assert fds_after == fds_before
-    assert len(maps_after) == len(maps_before) == mapping_count()
+    # (the total count of mappings is not compared: Python's own allocator maps
+    # and unmaps arenas at will; the heap's span and memfds are what we own)
     assert shmemvm_mappings() == []
     lo, hi = span
     for line in maps_after:

@@ -23,7 +23,3 @@ def shmemvm_mappings() -> list[str]:
     with open("/proc/self/maps") as maps:
         return [line for line in maps if "memfd:shmemvm" in line]
 
-
-def mapping_count() -> int:
-    with open("/proc/self/maps") as maps:
-        return sum(1 for _ in maps)

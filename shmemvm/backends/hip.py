@@ -9,14 +9,34 @@ File descriptors travel through hipMemExportToShareableHandle and
 hipMemImportFromShareableHandle.
 
 ROCm constraint (DESIGN.md): hipMemSetAccess only works when called from the
-base of the reservation over the whole mapped prefix; a sub-range fails with
-hipErrorInvalidValue (1). So this backend is `cumulative_access`: it tracks,
-per reservation, every mapped piece and the highest mapped end (the "high
-water"), and set_access(va, size) always sets access over
-[reservation base, high water). A hole inside that prefix (a piece unmapped in
-the middle and not yet renewed) makes ROCm refuse the call; the heap keeps the
-prefix gap-free by renewing physical memory at reuse time, and when HIP
-refuses anyway the error names the holes.
+base of the reservation over the whole mapped prefix; a sub-range, or a range
+with an unmapped hole, fails with hipErrorInvalidValue (1). So this backend is
+`cumulative_access`: per reservation it tracks every mapped piece and the
+highest mapped end (the "high water"), and set_access(va, size) always sets
+access over [reservation base, high water).
+
+The heap leaves holes below the high water all the time (buddy offsets: a
+small-block segment at 0, the next segment at 1 MiB; peer segments mapped into
+a window in any order; pieces unmapped in the middle), so the backend keeps
+[base, high water) gap-free itself with a *filler*: one physical piece of
+`granularity` bytes, created on first need (not exportable), mapped at offset
+0 into every granule of a hole, the same piece at many addresses.
+  - map(): filler granules inside the new piece are unmapped first, then the
+    piece is mapped, then the granules between the old high water and the
+    piece (if it lies above) get the filler;
+  - unmap(): a piece below another one is replaced by filler granules; when
+    the topmost piece goes, the high water drops to the end of the highest
+    remaining piece and the filler granules above it are unmapped;
+  - unreserve() unmaps a reservation's fillers, close() every remaining
+    filler and then releases the filler piece.
+The filler is one granule of device memory per backend, outside the heap's
+budget (SHMEMVM_HEAP_SIZE). Every hole reads and writes the same granule, so
+its contents are garbage shared between holes; no live block ever lies in a
+hole, so nothing in shmemvm reads or writes there. Each filler granule is its
+own hipMemMap and is unmapped with its own hipMemUnmap (a hole of n granules
+costs n calls; ROCm has had trouble freeing VA after one hipMemUnmap spanning
+several mappings). If HIP refuses a filler map, the error names the filler,
+and a later set_access refused over a hole names the hole.
 
 hip-python is imported on first use (`_import_hip`), not when this module is
 imported, so that `shmemvm.backends.available("hip")` costs nothing without
@@ -47,8 +67,15 @@ Not verified (no AMD GPU anywhere we could run):
     and that hipMemAddressReserve honours alignments above the granularity
     (checked after the call: a misaligned result is an error);
   - that hipMemSetAccess over [base, high water) succeeds after every map
-    (including maps of imported peer pieces), and what it costs as the heap
-    grows (it re-sets the whole prefix each time);
+    (including maps of imported peer pieces) when that range is made of
+    separate mappings, some of them filler granules that all map one physical
+    piece, and what it costs as the heap grows (it re-sets the whole prefix
+    each time); the tests only check this against a stand-in that enforces
+    the base-and-no-holes rule as DESIGN.md states it;
+  - that ROCm lets one physical piece be mapped at many addresses of one or
+    several reservations (the VMM API allows it and ROCm documents virtual
+    aliases; not run here), and what many filler mappings cost in page tables
+    and call time;
   - that the importer may close its fd right after hipMemImportFromShareableHandle
     (true for CUDA and for dma-buf imports in general; assumed here), and
     that fstat() of the exported fd reports the piece's size (dma-buf does;
@@ -163,6 +190,8 @@ class _Reservation:
     pieces: dict[int, int] = field(default_factory=dict)
     #: highest mapped end; == base while nothing is mapped
     high_water: int = 0
+    #: granule addresses where the filler piece is mapped (holes below high_water)
+    fillers: set[int] = field(default_factory=set)
 
     def __post_init__(self):
         self.high_water = self.base
@@ -171,13 +200,18 @@ class _Reservation:
     def end(self) -> int:
         return self.base + self.size
 
-    def holes(self) -> list[tuple[int, int]]:
-        """Unmapped [start, end) ranges below the high water."""
+    def fillers_in(self, start: int, end: int) -> list[int]:
+        return sorted(v for v in self.fillers if start <= v < end)
+
+    def holes(self, granularity: int) -> list[tuple[int, int]]:
+        """Ranges [start, end) below the high water mapped to nothing, not even
+        the filler (only after a failed filler map)."""
+        mapped = dict.fromkeys(self.fillers, granularity) | self.pieces
         gaps, cursor = [], self.base
-        for start in sorted(self.pieces):
+        for start in sorted(mapped):
             if start > cursor:
                 gaps.append((cursor, start))
-            cursor = max(cursor, start + self.pieces[start])
+            cursor = max(cursor, start + mapped[start])
         if cursor < self.high_water:
             gaps.append((cursor, self.high_water))
         return gaps
@@ -231,6 +265,7 @@ class HipBackend(VMMBackend):
         self._reservations: dict[int, _Reservation] = {}
         self._bases: list[int] = []           # sorted reservation bases
         self._pending_streams: dict = {}      # streams with unfinished non-blocking copies
+        self._filler = None                   # the filler piece, made on first need
 
         requested = setting("SHMEMVM_DEVICE", device)
         try:
@@ -263,6 +298,8 @@ class HipBackend(VMMBackend):
         handle_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
         self._handle_type = handle_type
         self._prop = self._allocation_prop(index, handle_type)
+        self._filler_prop = self._allocation_prop(
+            index, hip.hipMemAllocationHandleType.hipMemHandleTypeNone)
         self._access = hip.hipMemAccessDesc()
         self._access.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
         self._access.location.id = index
@@ -396,6 +433,7 @@ class HipBackend(VMMBackend):
             if res.pieces:
                 raise ValueError(f"unreserve at {va:#x}: {len(res.pieces)} piece(s) are still "
                                  f"mapped in it (first at {min(res.pieces):#x}); unmap them first")
+            self._unfill(res, res.fillers_in(res.base, res.end))
             self._call(self._hip.hipMemAddressFree(va, res.size), "hipMemAddressFree",
                        va=va, size=res.size)
             del self._reservations[va]
@@ -447,6 +485,7 @@ class HipBackend(VMMBackend):
 
     # -- mappings -------------------------------------------------------------
     def map(self, va: int, size: int, handle) -> None:
+        """Map `handle` at `va`, keeping [base, high water) gap-free (module docstring)."""
         self._check_open()
         self._check_aligned(va, size, "map")
         with self._lock:
@@ -455,12 +494,24 @@ class HipBackend(VMMBackend):
                 if start < va + size and va < start + length:
                     raise ValueError(f"map of {size} bytes at {va:#x} overlaps the piece "
                                      f"already mapped at {start:#x} ({length} bytes)")
-            self._call(self._hip.hipMemMap(va, size, 0, handle, 0), "hipMemMap",
-                       va=va, size=size, handle=handle)
+            old_high = res.high_water
+            try:
+                self._unfill(res, res.fillers_in(va, va + size))
+                self._call(self._hip.hipMemMap(va, size, 0, handle, 0), "hipMemMap",
+                           va=va, size=size, handle=handle)
+            except BaseException:
+                self._fill(res, va, min(va + size, old_high))  # put the fillers back
+                raise
+            try:
+                self._fill(res, old_high, va)  # the gap below a piece mapped above
+            except BaseException:
+                self._call(self._hip.hipMemUnmap(va, size), "hipMemUnmap", va=va, size=size)
+                raise
             res.pieces[va] = size
-            res.high_water = max(res.high_water, va + size)
+            res.high_water = max(old_high, va + size)
 
     def unmap(self, va: int, size: int) -> None:
+        """Unmap whole pieces; a hole left below the high water gets the filler."""
         with self._lock:
             res = self._reservation(va, size, "unmap")
             covered = sorted(s for s in res.pieces if va <= s < va + size)
@@ -481,11 +532,16 @@ class HipBackend(VMMBackend):
             self._call(self._hip.hipMemUnmap(va, size), "hipMemUnmap", va=va, size=size)
             for start in covered:
                 del res.pieces[start]
-            res.high_water = max((s + n for s, n in res.pieces.items()), default=res.base)
+            top = max((s + n for s, n in res.pieces.items()), default=res.base)
+            if va + size <= top:
+                self._fill(res, va, va + size)  # a hole below a remaining piece
+            else:  # the topmost piece went: so do the fillers between it and the new top
+                res.high_water = top
+                self._unfill(res, res.fillers_in(top, va))
 
     def set_access(self, va: int, size: int) -> None:
         """Read/write access from this device, set over [reservation base, high
-        water) as ROCm requires; [va, va+size) must be mapped."""
+        water) as ROCm requires (fillers included); [va, va+size) must be mapped."""
         self._check_open()
         with self._lock:
             res = self._reservation(va, size, "set_access")
@@ -494,18 +550,53 @@ class HipBackend(VMMBackend):
                                  f"{res.high_water - res.base} bytes from {res.base:#x} are "
                                  f"mapped; map the range first")
             span = res.high_water - res.base
-            holes = res.holes()
-            if holes:
-                log.debug("set_access over %#x+%d with holes %s", res.base, span, holes)
+            result = self._hip.hipMemSetAccess(res.base, span, self._access, 1)
             hint = ("ROCm sets access only from the reservation base over the whole mapped "
                     "prefix")
+            holes = res.holes(self.granularity) if int(result[0]) != 0 else []
             if holes:
-                hint += ("; the prefix has holes at " +
+                hint += ("; the prefix has holes (a filler map failed earlier) at " +
                          ", ".join(f"{a:#x}..{b:#x}" for a, b in holes) +
-                         ": map (renew) them before setting access")
-            self._call(self._hip.hipMemSetAccess(res.base, span, self._access, 1),
-                       "hipMemSetAccess", hint, va=res.base, size=span, device=self.index,
-                       flags="ProtReadWrite", requested=f"{va:#x}+{size}")
+                         ": map them before setting access")
+            self._call(result, "hipMemSetAccess", hint, va=res.base, size=span,
+                       device=self.index, flags="ProtReadWrite", requested=f"{va:#x}+{size}")
+
+    # -- the filler -----------------------------------------------------------
+    def _fill(self, res: _Reservation, start: int, end: int) -> None:
+        """Map the filler into every granule of [start, end) that has none;
+        all or nothing. [start, end) must hold no real piece."""
+        if self._closed:
+            return  # nothing sets access after close(); its fillers are gone
+        g = self.granularity
+        todo = [v for v in range(start, end, g) if v not in res.fillers]
+        if not todo:
+            return
+        if self._filler is None:
+            with self._on_device():
+                self._filler = self._call(
+                    self._hip.hipMemCreate(g, self._filler_prop, 0), "hipMemCreate",
+                    "creating the filler piece that keeps the mapped prefix gap-free; the "
+                    "device is out of memory", size=g, device=self.index, handle_type="None")
+        done = []
+        try:
+            for v in todo:
+                self._call(self._hip.hipMemMap(v, g, 0, self._filler, 0), "hipMemMap",
+                           "mapping the filler piece into a hole below the high water "
+                           "(ROCm needs [base, high water) gap-free)",
+                           va=v, size=g, handle=self._filler, piece="filler")
+                res.fillers.add(v)
+                done.append(v)
+        except BaseException:
+            self._unfill(res, done)
+            raise
+
+    def _unfill(self, res: _Reservation, vas) -> None:
+        """Unmap the filler granules at `vas`, one call each."""
+        g = self.granularity
+        for v in vas:
+            self._call(self._hip.hipMemUnmap(v, g), "hipMemUnmap",
+                       "unmapping a filler granule", va=v, size=g, piece="filler")
+            res.fillers.discard(v)
 
     def mapped_prefix(self, va: int) -> tuple[int, int]:
         """(base, high water) of the reservation holding `va` (for tests and debugging)."""
@@ -538,9 +629,17 @@ class HipBackend(VMMBackend):
             stream.synchronize()
 
     def close(self) -> None:
+        """Unmap every filler granule left (reservations still alive keep their
+        real pieces) and release the filler piece."""
         if not self._closed:
             self.synchronize()
-            self._closed = True
+            with self._lock:
+                for res in self._reservations.values():
+                    self._unfill(res, res.fillers_in(res.base, res.end))
+                if self._filler is not None:
+                    self.release(self._filler)
+                    self._filler = None
+                self._closed = True
 
     def describe(self) -> dict:
         info = super().describe()
