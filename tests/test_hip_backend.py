@@ -16,6 +16,7 @@ import ctypes
 import enum
 import errno
 import os
+import random
 import sys
 import types
 
@@ -26,7 +27,10 @@ import shmemvm.backends
 from shmemvm import _dlpack
 from shmemvm.backends import hip as hipmod
 from shmemvm.backends.hip import HipBackend, HipError
-from shmemvm.errors import ShmemError, UnsupportedError
+from shmemvm.allocator import Segment
+from shmemvm.errors import HeapExhaustedError, ShmemError, UnsupportedError
+from shmemvm.peers import PeerTable
+from shmemvm.vmem import VMemPow2Allocator
 
 KiB, MiB = 1 << 10, 1 << 20
 G = 2 * MiB  # the fake's default granularity
@@ -141,7 +145,8 @@ class FakeHip:
         self.next_handle = 0x1000
         self.reservations: dict[int, int] = {}     # base -> size
         self.mapped: dict[int, tuple[int, int]] = {}  # va -> (size, handle)
-        self.handles: dict[int, int] = {}           # handle -> size
+        self.handles: dict[int, int] = {}           # handle -> size (live allocations)
+        self.exportable: set[int] = set()           # handles created for export or imported
         self.created_on: dict[int, int] = {}        # handle -> current device at creation
         self.access: list[tuple[int, int, int, int]] = []  # (va, size, device, flags)
 
@@ -218,7 +223,7 @@ class FakeHip:
         err = self._enter("hipMemAddressFree", ptr, size)
         if err:
             return (err,)
-        if self.reservations.get(ptr) != size:
+        if self.reservations.get(ptr) != size or any(ptr <= v < ptr + size for v in self.mapped):
             return (INVALID,)
         del self.reservations[ptr]
         return (SUCCESS,)
@@ -228,11 +233,13 @@ class FakeHip:
         if err:
             return (err, None)
         if (int(prop.type) != 1 or int(prop.location.type) != 1 or size % self.granularity[0]
-                or self._handle_type_of(prop) != 1 or flags != 0):
+                or self._handle_type_of(prop) not in (0, 1) or flags != 0):
             return (INVALID, None)
         handle = self.next_handle
         self.next_handle += 1
         self.handles[handle] = size
+        if self._handle_type_of(prop) == 1:
+            self.exportable.add(handle)
         self.created_on[handle] = self.current
         return (SUCCESS, handle)
 
@@ -240,13 +247,14 @@ class FakeHip:
         err = self._enter("hipMemRelease", handle)
         if err:
             return (err,)
+        self.exportable.discard(handle)
         return (SUCCESS,) if self.handles.pop(handle, None) is not None else (INVALID,)
 
     def hipMemExportToShareableHandle(self, address, handle, handle_type, flags):
         err = self._enter("hipMemExportToShareableHandle", address, handle, handle_type, flags)
         if err:
             return (err,)
-        if int(handle_type) != 1 or handle not in self.handles:
+        if int(handle_type) != 1 or handle not in self.exportable:
             return (INVALID,)
         fd = os.memfd_create("fake-hip-export", os.MFD_CLOEXEC)
         os.ftruncate(fd, self.handles[handle])
@@ -262,6 +270,7 @@ class FakeHip:
         handle = self.next_handle
         self.next_handle += 1
         self.handles[handle] = os.fstat(os_handle).st_size
+        self.exportable.add(handle)
         self.created_on[handle] = self.current
         return (SUCCESS, handle)
 
@@ -269,6 +278,11 @@ class FakeHip:
         err = self._enter("hipMemMap", ptr, size, offset, handle, flags)
         if err:
             return (err,)
+        inside = any(b <= ptr and ptr + size <= b + n for b, n in self.reservations.items())
+        overlaps = any(v < ptr + size and ptr < v + n for v, (n, _) in self.mapped.items())
+        if (not inside or overlaps or offset != 0 or flags != 0
+                or size > self.handles.get(handle, 0)):
+            return (INVALID,)
         self.mapped[ptr] = (size, handle)
         return (SUCCESS,)
 
@@ -547,12 +561,16 @@ class TestCumulativeAccess:
         assert fake.args_of("hipMemSetAccess")[-1][:2] == (base, 4 * G)
         assert fake.access[-1][:2] == (base, 4 * G)
 
-    def test_hole_in_the_prefix_is_named_when_rocm_refuses(self, backend, fake):
+    def test_failed_filler_map_is_named_and_the_hole_too(self, backend, fake):
         base = backend.reserve(16 * G, G)
         for i in range(4):
             _map_new(backend, base + i * G)
         backend.set_access(base, 4 * G)
-        backend.unmap(base + G, G)
+        fake.fail["hipMemMap"] = hipError_t.hipErrorOutOfMemory
+        with pytest.raises(HipError, match="filler") as info:
+            backend.unmap(base + G, G)
+        assert info.value.call == "hipMemMap" and f"va={base + G:#x}" in str(info.value)
+        del fake.fail["hipMemMap"]
         with pytest.raises(HipError) as info:
             backend.set_access(base + 3 * G, G)
         # The call was still made from the base over the whole prefix.
@@ -561,16 +579,22 @@ class TestCumulativeAccess:
         assert "hipMemSetAccess" in message and "hipErrorInvalidValue" in message
         assert f"{base + G:#x}..{base + 2 * G:#x}" in message
         assert info.value.call == "hipMemSetAccess" and info.value.code == 1
+        # Renewing the piece closes the hole.
+        _map_new(backend, base + G)
+        backend.set_access(base + G, G)
+        assert fake.access[-1][:2] == (base, 4 * G)
 
     def test_out_of_order_maps(self, backend, fake):
         base = backend.reserve(16 * G, G)
         _map_new(backend, base)
         _map_new(backend, base + 2 * G)
-        with pytest.raises(HipError, match="holes"):
-            backend.set_access(base + 2 * G, G)
+        backend.set_access(base + 2 * G, G)  # granule 1 holds the filler
+        assert fake.access[-1][:2] == (base, 3 * G)
+        assert _fillers(fake, backend) == [base + G]
         _map_new(backend, base + G)
         backend.set_access(base + G, G)
         assert fake.access[-1][:2] == (base, 3 * G)
+        assert _fillers(fake, backend) == []
 
     def test_unmapping_the_top_lowers_the_high_water(self, backend, fake):
         base = backend.reserve(16 * G, G)
@@ -643,6 +667,222 @@ class TestCumulativeAccess:
         assert fake.reservations == {}
         with pytest.raises(ValueError, match="not the start of a range"):
             backend.unreserve(base, 8 * G)
+
+
+# -- the filler: holes below the high water -----------------------------------------
+def _fillers(fake, be):
+    """Addresses where the fake has the backend's filler piece mapped."""
+    return sorted(va for va, (_, h) in fake.mapped.items() if h == be._filler)
+
+
+def _assert_gap_free(fake, be, base):
+    """[base, high water) is tiled by fake mappings, each granule of a hole is
+    the filler, and nothing is mapped above the high water."""
+    _, high = be.mapped_prefix(base)
+    res = be._reservations[base]
+    cursor = base
+    while cursor < high:
+        size, handle = fake.mapped[cursor]
+        if handle == be._filler:
+            assert size == be.granularity and cursor in res.fillers
+        else:
+            assert res.pieces.get(cursor) == size
+        cursor += size
+    assert cursor == high
+    assert not any(high <= va < base + res.size for va in fake.mapped)
+    assert res.fillers == {va for va in _fillers(fake, be) if base <= va < base + res.size}
+
+
+class TestFiller:
+    def test_buddy_pattern(self, backend, fake):
+        base = backend.reserve(64 * G, G)
+        _map_new(backend, base)
+        backend.set_access(base, G)
+        _map_new(backend, base + 16 * G, 16 * G)
+        backend.set_access(base + 16 * G, 16 * G)
+        assert fake.access[-1][:2] == (base, 32 * G)
+        assert _fillers(fake, backend) == [base + i * G for i in range(1, 16)]
+        # One filler piece, not exportable, mapped at offset 0 at every granule.
+        filler = backend._filler
+        assert fake.handles[filler] == G and filler not in fake.exportable
+        assert {a[1:] for a in fake.args_of("hipMemMap") if a[3] == filler} == {(G, 0, filler, 0)}
+        _assert_gap_free(fake, backend, base)
+
+    def test_unmapping_a_middle_piece_refills_it(self, backend, fake):
+        base = backend.reserve(64 * G, G)
+        handles = [_map_new(backend, base + i * 4 * G, 4 * G) for i in range(3)]
+        backend.set_access(base, 12 * G)
+        backend.unmap(base + 4 * G, 4 * G)
+        backend.release(handles[1])
+        assert backend.mapped_prefix(base) == (base, base + 12 * G)
+        assert _fillers(fake, backend) == [base + i * G for i in range(4, 8)]
+        backend.set_access(base + 8 * G, 4 * G)
+        assert fake.access[-1][:2] == (base, 12 * G)
+        _assert_gap_free(fake, backend, base)
+
+    def test_unmapping_the_top_lowers_high_water_and_drops_trailing_fillers(self, backend, fake):
+        base = backend.reserve(64 * G, G)
+        _map_new(backend, base)
+        _map_new(backend, base + 4 * G, 4 * G)
+        _map_new(backend, base + 16 * G, 16 * G)
+        assert len(_fillers(fake, backend)) == 3 + 8
+        backend.unmap(base + 16 * G, 16 * G)
+        assert backend.mapped_prefix(base) == (base, base + 8 * G)
+        assert _fillers(fake, backend) == [base + i * G for i in range(1, 4)]
+        backend.set_access(base, G)
+        assert fake.access[-1][:2] == (base, 8 * G)
+        backend.unmap(base + 4 * G, 4 * G)
+        assert backend.mapped_prefix(base) == (base, base + G)
+        assert _fillers(fake, backend) == []
+        _assert_gap_free(fake, backend, base)
+        # Each filler granule is unmapped by a call of its own.
+        assert all(size == G for va, size in fake.args_of("hipMemUnmap") if va < base + 4 * G
+                   and va != base)
+
+    def test_remapping_over_filler_granules(self, backend, fake):
+        base = backend.reserve(64 * G, G)
+        _map_new(backend, base)
+        _map_new(backend, base + 16 * G, 16 * G)
+        _map_new(backend, base + 4 * G, 4 * G)  # lands on fillers 4..7
+        backend.set_access(base + 4 * G, 4 * G)
+        assert fake.access[-1][:2] == (base, 32 * G)
+        assert _fillers(fake, backend) == [base + i * G for i in (1, 2, 3, *range(8, 16))]
+        _assert_gap_free(fake, backend, base)
+        _map_new(backend, base + 2 * G, 2 * G)
+        _map_new(backend, base + G)
+        _map_new(backend, base + 8 * G, 8 * G)
+        assert _fillers(fake, backend) == []
+        backend.set_access(base, G)
+        _assert_gap_free(fake, backend, base)
+
+    def test_failed_map_puts_the_fillers_back(self, backend, fake):
+        base = backend.reserve(64 * G, G)
+        _map_new(backend, base + 8 * G)
+        handle = backend.create(4 * G)
+        real_map = fake.hipMemMap
+
+        def map_failing_for_the_piece(ptr, size, offset, h, flags):
+            if h == handle:
+                return (hipError_t.hipErrorOutOfMemory,)
+            return real_map(ptr, size, offset, h, flags)
+
+        fake.hipMemMap = map_failing_for_the_piece
+        with pytest.raises(HipError, match="hipMemMap"):
+            backend.map(base + 2 * G, 4 * G, handle)
+        assert _fillers(fake, backend) == [base + i * G for i in range(8)]
+        _assert_gap_free(fake, backend, base)
+        backend.set_access(base + 8 * G, G)
+
+    def test_failed_gap_fill_unmaps_the_piece(self, backend, fake):
+        base = backend.reserve(64 * G, G)
+        _map_new(backend, base)
+        handle = backend.create(G)
+        real_map = fake.hipMemMap
+
+        def map_failing_on_the_third_filler(ptr, size, offset, h, flags):
+            if h == backend._filler and ptr == base + 3 * G:
+                return (hipError_t.hipErrorOutOfMemory,)
+            return real_map(ptr, size, offset, h, flags)
+
+        fake.hipMemMap = map_failing_on_the_third_filler
+        with pytest.raises(HipError, match="filler") as info:
+            backend.map(base + 8 * G, G, handle)
+        assert f"va={base + 3 * G:#x}" in str(info.value)
+        assert backend.mapped_prefix(base) == (base, base + G)
+        assert sorted(fake.mapped) == [base]  # the piece and fillers 1, 2 are gone
+        _assert_gap_free(fake, backend, base)
+
+    def test_unreserve_and_close_leave_nothing(self, fake):
+        be = HipBackend()
+        a, b = be.reserve(64 * G, G), be.reserve(64 * G, G)
+        pieces = [(a, G), (a + 16 * G, 16 * G), (b + 8 * G, 8 * G), (b + 32 * G, 4 * G)]
+        handles = [_map_new(be, va, size) for va, size in pieces]
+        be.set_access(a + 16 * G, 16 * G)
+        be.set_access(b + 32 * G, 4 * G)
+        filler = be._filler
+        assert filler in fake.handles
+        for (va, size), handle in zip(pieces[:2], handles[:2]):
+            be.unmap(va, size)
+            be.release(handle)
+        be.unreserve(a, 64 * G)
+        assert not any(a <= va < a + 64 * G for va in fake.mapped)
+        # b still holds pieces and fillers at close(): the fillers go, then the filler piece.
+        be.close()
+        assert _fillers(fake, be) == [] and filler not in fake.handles
+        assert sorted(fake.mapped) == [b + 8 * G, b + 32 * G]
+        for (va, size), handle in zip(pieces[2:], handles[2:]):
+            be.unmap(va, size)  # after close: nothing is filled again
+            be.release(handle)
+        be.unreserve(b, 64 * G)
+        assert fake.mapped == {} and fake.handles == {} and fake.reservations == {}
+
+    def test_unreserve_still_refuses_real_pieces(self, backend, fake):
+        base = backend.reserve(16 * G, G)
+        _map_new(backend, base + 4 * G)
+        with pytest.raises(ValueError, match="still mapped"):
+            backend.unreserve(base, 16 * G)
+        assert _fillers(fake, backend) == [base + i * G for i in range(4)]
+
+    def test_no_filler_without_holes(self, backend, fake):
+        base = backend.reserve(16 * G, G)
+        for i in range(4):
+            _map_new(backend, base + i * G)
+        backend.unmap(base + 3 * G, G)
+        assert backend._filler is None and len(fake.handles) == 4
+
+    def test_heap_random_workload(self, fake):
+        be = HipBackend()
+        # CPU tensors at the fake addresses: never read, only their addresses matter.
+        be.tensor = lambda va, shape, dtype: _dlpack.tensor_at(va, shape, dtype,
+                                                               torch.device("cpu"))
+        heap = VMemPow2Allocator(64 * G, backend=be)
+        rng = random.Random(1234)
+        live, exhausted = [], 0
+        for _ in range(300):
+            action = rng.random()
+            if action < 0.55 or not live:
+                nbytes = rng.choice([rng.randint(1, 4 * KiB), rng.randint(1, G),
+                                     rng.randint(1, 6 * G)])
+                try:
+                    live.append(heap.allocate(nbytes))
+                except HeapExhaustedError:
+                    exhausted += 1
+            elif action < 0.95:
+                heap.free(live.pop(rng.randrange(len(live))))
+            else:
+                heap.trim()
+            _assert_gap_free(fake, be, heap.base)
+        assert len(fake.access) > 10 and be._filler is not None
+        assert _fillers(fake, be)  # the workload did leave holes
+        heap.close()
+        assert fake.mapped == {} and fake.handles == {} and fake.reservations == {}
+
+    def test_peer_table_out_of_order_and_drops(self, backend, fake):
+        peers = PeerTable(backend, 64 * G, [1, 2])
+        exporter = [backend.create(size) for size in (G, 16 * G, 4 * G, 8 * G)]
+        segments = [Segment(40 * G, G, 1), Segment(16 * G, 16 * G, 1),
+                    Segment(4 * G, 4 * G, 1), Segment(8 * G, 8 * G, 1)]
+        for pe in (1, 2):
+            order = segments if pe == 1 else segments[::-1]
+            for segment in order:
+                handle = exporter[segments.index(segment)]
+                peers.map(pe, segment, backend.export_fd(handle))
+                _assert_gap_free(fake, backend, peers.windows[pe])
+        assert fake.access[-1][:2] == (peers.windows[2], 41 * G)
+        assert len(fake.access) == 8  # every map_accessible set access, none refused
+        peers.drop(segments[1])   # the middle: refilled
+        peers.drop(segments[0])   # the top: high water falls to 16 G
+        for pe in (1, 2):
+            window = peers.windows[pe]
+            assert backend.mapped_prefix(window) == (window, window + 16 * G)
+            _assert_gap_free(fake, backend, window)
+        peers.map(1, Segment(16 * G, 16 * G, 2), backend.export_fd(exporter[1]))
+        assert fake.access[-1][:2] == (peers.windows[1], 32 * G)
+        peers.close()
+        for handle in exporter:
+            backend.release(handle)
+        backend.close()
+        assert fake.mapped == {} and fake.handles == {} and fake.reservations == {}
 
 
 # -- errors -----------------------------------------------------------------------
@@ -829,7 +1069,8 @@ class TestAgainstHipPythonBindings:
             be.unmap(base + i * G, G)
             be.release(handle)
         be.unreserve(base, 8 * G)
-        assert fake.reservations == {} and fake.handles == {}
+        be.close()  # the filler (granules 0 and 1 were filled in turn) goes here
+        assert fake.reservations == {} and fake.handles == {} and fake.mapped == {}
         assert fake.access[-1][2:] == (1, 3)  # device 1, ProtReadWrite
 
     def test_handle_type_written_into_the_union(self, fake):

@@ -33,9 +33,9 @@ class VMMBackend(abc.ABC):
     #: the device tensors live on (torch.device("cpu") for host memory)
     device: torch.device = torch.device("cpu")
     #: True where access rights can only be set cumulatively from the base of
-    #: the reservation (ROCm): such a backend sets access over everything mapped
-    #: from the base up, which fails (with an error naming the holes) where
-    #: that range has unmapped holes.
+    #: the reservation (ROCm): such a backend keeps [base, highest mapped end)
+    #: gap-free itself (hip.py maps a filler piece into holes) and sets access
+    #: over all of it, so pieces may be mapped and unmapped in any order.
     cumulative_access: bool = False
 
     @staticmethod
