@@ -37,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--elements", type=int, default=1 << 20)
     args = parser.parse_args()
-    with shmemvm.init(heap_size="256M") as heap:
+    with shmemvm.init(heap_size=max(256 << 20, 2 * 4 * args.elements)) as heap:
         me, n = heap.my_pe, heap.n_pes
         count = args.elements - args.elements % n
         data = torch.randn(count, generator=torch.Generator().manual_seed(me)).to(heap.device)

@@ -553,8 +553,12 @@ class SymmetricHeap:
             self._collective(_Call("barrier", text="barrier_all()"))
 
     def sync_all(self) -> None:
-        """Wait for every PE without completing outstanding nbi copies (collective)."""
+        """Wait for every PE (collective). This PE's own stores are complete
+        first, including device work queued on the current stream (a kernel
+        writing symmetric memory), since a host-side barrier that let them run
+        on would order nothing; off-node nbi operations are not flushed."""
         with self._lock:
+            self.backend.synchronize()
             self._collective(_Call("sync", text="sync_all()"))
 
     def heap_info(self) -> dict:
@@ -676,6 +680,11 @@ class SymmetricHeap:
                     part.close()
                 except Exception:  # keep releasing the rest
                     log.exception("shmemvm: error while releasing %s", type(part).__name__)
+        if self._broken:
+            # A timed-out collective is still pending on these communicators;
+            # freeing them under it crashed Open MPI at exit. They are left to
+            # MPI_Finalize.
+            return
         for comm in (getattr(self, "node", None), self.comm):
             if comm is not None and comm != MPI.COMM_NULL:
                 comm.Free()

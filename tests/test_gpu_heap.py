@@ -109,6 +109,29 @@ def test_put_nbi_from_many_sources_completes_at_quiet(gpu_heap):
     assert torch.equal(x, expect.expand(16, 4096))
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("sync", ["sync_all", "barrier_all"])
+def test_kernels_queued_before_a_barrier_are_seen_by_peers(gpu_heap, sync):
+    """A host barrier must not let queued kernels run on past it: a peer that
+    reads right after sync_all()/barrier_all() sees every store before it (the
+    ring all-reduce example read half-written chunks before sync_all waited).
+    PE 0 queues a long chain of kernels; the others queue nothing and read at once."""
+    me = gpu_heap.my_pe
+    x = gpu_heap.zeros(64 * MiB, torch.float32)  # 256 MiB: the chain takes milliseconds
+    # Load the kernels both sides use now: a first launch (module loading) is
+    # slow enough to hide the race this test is about.
+    x.add_(0.0)
+    assert torch.all(x == 0.0)
+    gpu_heap.barrier_all()
+    if me == 0:
+        for _ in range(50):
+            x.add_(1.0)  # queued on the stream; the host returns long before it runs
+    getattr(gpu_heap, sync)()
+    if me != 0:
+        assert torch.all(gpu_heap.ptr(x, 0) == 50.0)
+    gpu_heap.barrier_all()
+
+
 def test_finalize_returns_device_memory():
     index = local_rank() % torch.cuda.device_count()
     torch.cuda.set_device(index)
