@@ -32,7 +32,6 @@ import torch
 from mpi4py import MPI
 
 from .errors import ShmemError
-from .offnode import heap_offset
 
 #: reduction operators of reduce(): name -> torch function with out=
 REDUCE_OPS = {
@@ -54,7 +53,7 @@ def _symmetric_contiguous(heap, tensor, role: str, what: str) -> int:
                          f"{tuple(tensor.stride())}, which is not contiguous; collectives "
                          f"work on contiguous symmetric tensors (a whole tensor or a slice "
                          f"of its first dimension)")
-    return heap_offset(tensor, heap.local.base)
+    return heap.local.offset_of(tensor)
 
 
 def _pair(heap, what: str, dest, source, factor: int, *, identical_ok: bool):
@@ -126,14 +125,7 @@ def _vector(tensor: torch.Tensor, counts, displs):
 
 
 def _wait(heap, request, op: str, text: str) -> None:
-    heap._wait(request, _CallText(op, text))
-
-
-class _CallText:
-    """What heap._wait names in a timeout (it reads .op and .text)."""
-
-    def __init__(self, op: str, text: str):
-        self.op, self.text = op, text
+    heap._wait_for(request, op, text)
 
 
 def _chunks(numel: int, parts: int) -> tuple[list[int], list[int]]:
@@ -160,7 +152,7 @@ def broadcast(heap, dest, source, root) -> None:
         if source.numel() == 0:
             return
         me, text = heap.my_pe, f"broadcast(root={root})"
-        same = heap_offset(dest, 0) == heap_offset(source, 0)
+        same = heap.local.offset_of(dest) == heap.local.offset_of(source)
         if _all_on_node(heap):
             if me != root:
                 dest.view(-1).copy_(heap.ptr(source, root).view(-1))

@@ -311,6 +311,10 @@ class SymmetricHeap:
         """_collective for callers outside this module (collectives.py)."""
         self._collective(_Call(op, args, text, error))
 
+    def _wait_for(self, request: MPI.Request, op: str, text: str) -> None:
+        """_wait for callers outside this module (collectives.py)."""
+        self._wait(request, _Call(op, text=text))
+
     def _wait(self, request: MPI.Request, call: _Call) -> None:
         """Complete an MPI request or raise PeerTimeoutError at the deadline."""
         if request.Test():
@@ -458,13 +462,7 @@ class SymmetricHeap:
         if pe not in self.peers:
             return None
         self.peers.check(pe, block.segment)
-        return self.peers.view(pe, self._offset(tensor), tensor)
-
-    def _offset(self, tensor: torch.Tensor) -> int:
-        """Heap offset of `tensor`'s first element (not from data_ptr(), which is 0
-        for a tensor without elements)."""
-        return (tensor.untyped_storage().data_ptr() - self.local.base
-                + tensor.storage_offset() * tensor.element_size())
+        return self.peers.view(pe, self.local.offset_of(tensor), tensor)
 
     def _source_for(self, source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:
         if not isinstance(source, torch.Tensor):
@@ -490,7 +488,7 @@ class SymmetricHeap:
             self.backend.copy(dest, source, _blocking)
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
-            # = self._offset(dest): block_of() found dest's storage at block.offset
+            # = local.offset_of(dest): block_of() found dest's storage at block.offset
             offset = block.offset + dest.storage_offset() * dest.element_size()
             remote = self.peers.copy_view(pe, offset, dest)
             self.backend.copy(remote, source, _blocking)
@@ -516,7 +514,7 @@ class SymmetricHeap:
             self.backend.copy(target, source, _blocking)
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
-            offset = block.offset + source.storage_offset() * source.element_size()  # _offset()
+            offset = block.offset + source.storage_offset() * source.element_size()  # offset_of()
             remote = self.peers.copy_view(pe, offset, source)
             self.backend.copy(target, remote, _blocking)
         else:

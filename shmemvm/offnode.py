@@ -73,7 +73,7 @@ class OffNodeWindow:
 
     def displacement(self, tensor: torch.Tensor, pe: int) -> int:
         """Where `tensor` (a symmetric tensor of this PE) lies in PE `pe`'s window."""
-        return self.bases[pe] + heap_offset(tensor, self.local.base)
+        return self.bases[pe] + self.local.offset_of(tensor)
 
     def check_host(self, pe: int, what: str) -> None:
         if self.device_memory:
@@ -147,13 +147,6 @@ class OffNodeWindow:
             log.warning("shmemvm: the heap is broken (a PE timed out), so its MPI window is "
                         "left allocated instead of freed collectively (which could hang)")
             self.win = MPI.WIN_NULL
-
-
-def heap_offset(tensor: torch.Tensor, base: int) -> int:
-    """Offset of `tensor`'s first element from `base` (computed from the storage:
-    data_ptr() is 0 for a tensor without elements)."""
-    return (tensor.untyped_storage().data_ptr() - base
-            + tensor.storage_offset() * tensor.element_size())
 
 
 def _strided_type(tensor: torch.Tensor, op: str, writing: bool) -> MPI.Datatype:

@@ -218,6 +218,12 @@ class VMemPow2Allocator:
                 f"({self.base:#x}..{self.base + self.va_size:#x} on {self.device})")
         return live.block
 
+    def offset_of(self, tensor: torch.Tensor) -> int:
+        """Heap offset of `tensor`'s first element (from the storage: data_ptr()
+        is 0 for a tensor without elements)."""
+        return (tensor.untyped_storage().data_ptr() - self.base
+                + tensor.storage_offset() * tensor.element_size())
+
     # -- internals shared with the symmetric heap --------------------------------
     def _check_open(self) -> None:
         if self.closed:
