@@ -24,13 +24,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def heap():
-    """A fresh symmetric heap over COMM_WORLD (TEST_BACKEND), finalized after the test."""
+def heap(request):
+    """A fresh symmetric heap over COMM_WORLD, finalized after the test: 64 MiB on
+    TEST_BACKEND, 30 s timeout, unless the test module's HEAP_OPTIONS say otherwise
+    (the reliability tests pin backend="host")."""
     from mpi4py import MPI
 
     from shmemvm import SymmetricHeap
 
-    h = SymmetricHeap(MPI.COMM_WORLD, heap_size="64M", backend=TEST_BACKEND, timeout=30)
+    options = {"heap_size": "64M", "backend": TEST_BACKEND, "timeout": 30}
+    options.update(getattr(request.module, "HEAP_OPTIONS", {}))
+    h = SymmetricHeap(MPI.COMM_WORLD, **options)
     yield h
     gc.collect()
     h.finalize()

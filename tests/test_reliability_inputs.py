@@ -26,12 +26,7 @@ pytestmark = pytest.mark.mpi
 world = MPI.COMM_WORLD
 
 
-@pytest.fixture
-def heap():
-    h = SymmetricHeap(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
-    yield h
-    gc.collect()
-    h.finalize()
+HEAP_OPTIONS = {"backend": "host"}  # the conftest heap fixture, pinned to host memory
 
 
 def assert_heap_usable(heap: SymmetricHeap) -> None:

@@ -17,7 +17,6 @@ SHMEMVM_TEST_SEED and SHMEMVM_RANDOM_STEPS change the seed and the length.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 from collections import Counter
@@ -281,12 +280,7 @@ class Run:
         assert self.heap.heap_info()["mapped"] == 0
 
 
-@pytest.fixture
-def heap():
-    h = SymmetricHeap(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=60)
-    yield h
-    gc.collect()
-    h.finalize()
+HEAP_OPTIONS = {"backend": "host", "timeout": 60}  # the conftest heap fixture, pinned to host memory
 
 
 def test_random_steps_match_the_model(heap):

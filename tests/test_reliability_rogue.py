@@ -39,12 +39,7 @@ ROGUE = Path(__file__).resolve().parent / "helpers" / "rogue_sender.py"
 ROGUE_NAME = "memfd:shmemvm-rogue"
 
 
-@pytest.fixture
-def heap():
-    h = SymmetricHeap(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
-    yield h
-    gc.collect()
-    h.finalize()
+HEAP_OPTIONS = {"backend": "host"}  # the conftest heap fixture, pinned to host memory
 
 
 def run_rogue(path: str, *kinds: str) -> dict:

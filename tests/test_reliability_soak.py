@@ -32,12 +32,7 @@ WARMUP = 500
 HEAP = 64 << 20
 
 
-@pytest.fixture
-def heap():
-    h = SymmetricHeap(MPI.COMM_WORLD, heap_size=HEAP, backend="host", timeout=60)
-    yield h
-    gc.collect()
-    h.finalize()
+HEAP_OPTIONS = {"backend": "host", "heap_size": HEAP, "timeout": 60}  # the conftest heap fixture, pinned to host memory
 
 
 def random_size(rng: random.Random) -> int:
