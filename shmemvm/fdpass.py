@@ -21,8 +21,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from .errors import PeerTimeoutError
-
 log = logging.getLogger("shmemvm")
 
 _MAX_FDS = 250  # SCM_MAX_FD is 253
@@ -55,21 +53,10 @@ class FdChannel:
             raise
         self.rejected = 0  # messages refused so far (for tests and logs)
 
-    def send(self, path: str, payload: bytes, fds: list[int], timeout: float) -> None:
-        """Send `payload` and duplicates of `fds` to the channel at `path`."""
-        if len(fds) > _MAX_FDS:
-            raise ValueError(f"at most {_MAX_FDS} descriptors per message, got {len(fds)}")
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        self._sock.settimeout(timeout)
-        try:
-            self._sock.sendmsg([payload], ancillary, 0, path)
-        except socket.timeout:
-            raise PeerTimeoutError(f"could not hand memory to the PE at {path} within "
-                                   f"{timeout:g} s (SHMEMVM_TIMEOUT): its mailbox stays full") from None
-
     def try_send(self, path: str, payload: bytes, fds: list[int]) -> bool:
-        """send() without waiting: False while the mailbox at `path` is full (it
-        holds net.unix.max_dgram_qlen datagrams, 10 on many systems)."""
+        """Send `payload` and duplicates of `fds` to the channel at `path` without
+        waiting: False while its mailbox is full (it holds net.unix.max_dgram_qlen
+        datagrams, 10 on many systems); the caller retries and keeps the deadline."""
         if len(fds) > _MAX_FDS:
             raise ValueError(f"at most {_MAX_FDS} descriptors per message, got {len(fds)}")
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
