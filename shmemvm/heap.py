@@ -106,8 +106,10 @@ class SymmetricHeap:
     def _setup(self, heap_size, backend, va_factor) -> None:
         call = _Call("init", text="init")
         try:
+            # Blocks nothing views any more are released only once every PE
+            # agrees (_collective), so release_dead=False.
             self.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
-                                           local_rank=self.node.Get_rank())
+                                           release_dead=False, local_rank=self.node.Get_rank())
             self.backend = self.local.backend
             call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
                          zlib.crc32(self.backend.name.encode()))
@@ -123,7 +125,7 @@ class SymmetricHeap:
         self._peer_paths = {pe: path for pe, _, path in node_info if pe != self.my_pe}
         self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
         self.local.release_listeners.append(self.peers.drop)
-        self.local.frees_collected = False  # only once every PE agrees (_collective)
+        self.local.close_listeners.append(self.peers.close)
         self.offnode = self._open_window()
         self._collective(_Call("barrier", text="init (peers ready)"))
         log.debug("PE %d/%d ready: node PEs %s, backend %s", self.my_pe, self.n_pes,
@@ -190,7 +192,7 @@ class SymmetricHeap:
         with self._lock:
             self._collective(call)
             block = self._allocate_collectively(nbytes, call)
-            return self.local._tensor_for(block, dims, dtype)
+            return self.local.tensor_for(block, dims, dtype)
 
     def zeros(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A zero-filled symmetric tensor (collective, like shmem_calloc). It is
@@ -204,51 +206,68 @@ class SymmetricHeap:
     calloc = zeros
 
     def free(self, tensor: torch.Tensor) -> None:
-        """Free a symmetric tensor (collective); every view of it becomes invalid."""
+        """Free a symmetric tensor (collective). `tensor` itself becomes empty;
+        views of it made before (slices, ptr() views, on any PE) keep the old
+        memory and data, and the block is reused only once all of them are gone."""
         call = _Call("free", text="free(tensor)")
+        retirement = None
         try:
-            block = self.local.block_of(tensor)
-            call.args = (block.offset,)
-            call.text = f"free(tensor at heap offset {block.offset:#x})"
-        except (TypeError, FreedTensorError) as exc:
-            call.error = exc
-        with self._lock:
-            self.quiet()
-            self._collective(call)
-            self.local._free_block(block.offset)
+            with self._lock:
+                try:
+                    retirement = self.local.retire(tensor)
+                    call.args = (retirement.block.offset,)
+                    call.text = f"free(tensor at heap offset {retirement.block.offset:#x})"
+                except (TypeError, FreedTensorError) as exc:
+                    call.error = exc
+                self.quiet()
+                alone_everywhere = self._collective(
+                    call, flag=retirement is not None and retirement.alone)
+                self.local.finish_free(retirement, release_now=alone_everywhere)
+        except BaseException:
+            if retirement is not None and retirement.storage is not None:
+                retirement.restore()  # nothing was done: the tensor stays usable
+            raise
 
     def realloc(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         """A symmetric tensor of `nbytes` holding `tensor`'s leading bytes, as a
-        1-D tensor of its dtype; `tensor` is freed (collective)."""
+        1-D tensor of its dtype; `tensor` is freed as by free() (collective).
+        The block is kept in place only when nothing else views it on any PE."""
         call = _Call("realloc", text=f"realloc(tensor, {nbytes!r})")
+        retirement = None
         try:
-            block = self.local.block_of(tensor)
-            dtype = tensor.dtype
-            (count,), new_bytes = tensor_nbytes(_whole_elements(nbytes, dtype), dtype)
-            call.args = (block.offset, new_bytes, _DTYPE_CODE[dtype])
-            call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
-        except (TypeError, ValueError, FreedTensorError) as exc:
-            call.error = exc
-        with self._lock:
-            self.quiet()
-            self._collective(call)
-            if self.local._core.size_class(new_bytes) == block.size:  # fits where it is
-                return self.local._resize_block(block.offset, new_bytes, (count,), dtype)
-            new_block = self._allocate_collectively(new_bytes, call)
-            result = self.local._tensor_for(new_block, (count,), dtype)
-            keep = min(block.nbytes, new_bytes)
-            if keep:
-                source = self.backend.tensor(self.local.base + block.offset, (keep,), torch.uint8)
-                result.view(torch.uint8)[:keep].copy_(source)
-            self.local._free_block(block.offset)
-            self.backend.synchronize()
-            return result
+            with self._lock:
+                try:
+                    dtype = tensor.dtype
+                    (count,), new_bytes = tensor_nbytes(_whole_elements(nbytes, dtype), dtype)
+                    retirement = self.local.retire(tensor)
+                    block = retirement.block
+                    call.args = (block.offset, new_bytes, _DTYPE_CODE[dtype])
+                    call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
+                except (TypeError, ValueError, FreedTensorError, AttributeError) as exc:
+                    call.error = exc
+                self.quiet()
+                alone_everywhere = self._collective(
+                    call, flag=retirement is not None and retirement.alone)
+                if alone_everywhere and self.local.size_class(new_bytes) == block.size:
+                    return self.local.resize(retirement, new_bytes, (count,), dtype)
+                new_block = self._allocate_collectively(new_bytes, call)
+                result = self.local.tensor_for(new_block, (count,), dtype)
+                keep = min(block.nbytes, new_bytes)
+                if keep:
+                    result.view(torch.uint8)[:keep].copy_(retirement.old_bytes()[:keep])
+                self.backend.synchronize()
+                self.local.finish_free(retirement, release_now=alone_everywhere)
+                return result
+        except BaseException:
+            if retirement is not None and retirement.storage is not None:
+                retirement.restore()
+            raise
 
     def _allocate_collectively(self, nbytes: int, call: _Call) -> Block:
         """Allocate the block every PE agreed on; back, export and import new segments."""
         failure = None
         try:
-            block, created = self.local._allocate_block(nbytes)
+            block, created = self.local.allocate_block(nbytes)
         except HeapExhaustedError:
             raise  # same state everywhere, so every PE raises it
         except Exception as exc:  # a local backend failure: the others must undo too
@@ -259,7 +278,7 @@ class SymmetricHeap:
         if created_anywhere:
             if not self._all_ok(failure is None, call, "backing new memory"):
                 if failure is None:
-                    self.local._undo_allocation(block, created)
+                    self.local.undo_allocation(block, created)
                 raise ShmemError(f"{call.text} failed: a PE could not back the new memory "
                                  f"({failure or 'see the error on the other PEs'}); nothing "
                                  f"was allocated on any PE") from failure
@@ -279,32 +298,34 @@ class SymmetricHeap:
             # Undoing releases the new segments, which unmaps peers' copies and
             # detaches them from the window (release listeners).
             if not self._all_ok(exchange_failure is None, call, "sharing the new memory"):
-                self.local._undo_allocation(block, created)
+                self.local.undo_allocation(block, created)
                 raise ShmemError(f"{call.text} failed while PEs shared the new memory "
                                  f"({exchange_failure or 'see the other PEs'}); undone on every "
                                  f"PE") from exchange_failure
         return block
 
     # -- the agreement ------------------------------------------------------------
-    def _collective(self, call: _Call) -> None:
-        """Agree that every PE makes this same call and free the blocks every PE
-        has let the garbage collector take. The same outcome on every PE."""
+    def _collective(self, call: _Call, flag: bool = True) -> bool:
+        """Agree that every PE makes this same call and release the blocks that
+        nothing views any more on any PE. The same outcome on every PE; returns
+        whether `flag` (a per-PE fact, not compared) holds on every PE."""
         self._check_usable()
-        self._pending.update(self.local._take_collected())
+        self._pending.update(self.local.take_dead())
         self._seq += 1
-        vector = call.vector() + [self._seq, len(self._pending)]
+        vector = call.vector() + [self._seq, len(self._pending), int(flag)]
         send = array.array("q", vector + [-v for v in vector])
         recv = array.array("q", bytes(8 * len(send)))
         self._wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), call)
         n = len(vector)
-        highest, lowest = recv[:n - 1], [-v for v in recv[n:2 * n - 1]]
+        highest, lowest = recv[:n - 2], [-v for v in recv[n:2 * n - 2]]
         if list(highest) != lowest:
             self._raise_mismatch(call)
-        if -recv[2 * n - 1] > 0:  # every PE has something pending
+        if -recv[2 * n - 2] > 0:  # every PE has something pending
             self._agree_on_collected()
         if call.error is not None:
             raise call.error
         log.debug("PE %d: collective #%d %s", self.my_pe, self._seq, call.text)
+        return -recv[2 * n - 1] > 0
 
     def _agree(self, op: str, args: tuple = (), text: str = "",
                error: BaseException | None = None) -> None:
@@ -363,7 +384,7 @@ class SymmetricHeap:
         lists = self.comm.allgather(sorted(self._pending))
         agreed = set(lists[0]).intersection(*lists[1:])
         for offset in sorted(agreed):
-            self.local._free_block(offset)
+            self.local.release(offset)
         self._pending -= agreed
 
     # -- fd exchange on the node ----------------------------------------------------
@@ -373,7 +394,7 @@ class SymmetricHeap:
             return
         payload = _HEADER.pack(_MAGIC, self.my_pe, self._seq, len(created)) + b"".join(
             _SEGMENT.pack(s.offset, s.size, s.generation) for s in created)
-        fds = [self.local._export(segment) for segment in created]
+        fds = [self.local.export(segment) for segment in created]
         # Send and receive interleaved: a mailbox holds only net.unix.max_dgram_qlen
         # datagrams (often 10), so with more peers than that (or a flood from a rogue)
         # PEs that only sent before receiving would wait on each other forever.
@@ -461,8 +482,9 @@ class SymmetricHeap:
             return tensor
         if pe not in self.peers:
             return None
-        self.peers.check(pe, block.segment)
-        return self.peers.view(pe, self.local.offset_of(tensor), tensor)
+        with self._lock:  # a view registered while no collective can release the block
+            self.peers.check(pe, block.segment)
+            return self.local.hold(block, self.peers.block_view(pe, block, tensor))
 
     def _source_for(self, source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:
         if not isinstance(source, torch.Tensor):
@@ -672,7 +694,9 @@ class SymmetricHeap:
 
     def _teardown(self) -> None:
         self.closed = True
-        for part in (self.offnode, self.peers, self.channel, self.local):
+        # The peer table goes with the allocator (a close listener): memory that
+        # tensors or ptr() views still view stays mapped until they die.
+        for part in (self.offnode, self.channel, self.local):
             if part is not None:
                 try:
                     part.close()

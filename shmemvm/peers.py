@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .allocator import Segment
+from .allocator import Block, Segment
 from .backends import VMMBackend
 from .errors import ShmemError
 
@@ -72,9 +72,21 @@ class PeerTable:
                 f"{segment.generation}) is not mapped here (have {mapped}); the PEs' heaps "
                 f"have diverged, which points to a collective call made on some PEs only")
 
-    def view(self, pe: int, offset: int, like: torch.Tensor) -> torch.Tensor:
-        """`like`'s counterpart on `pe`: same shape, strides and dtype, its first
-        element at heap offset `offset` of the peer."""
+    def block_view(self, pe: int, block: Block, like: torch.Tensor) -> torch.Tensor:
+        """`like` (a view of our `block`) as it lies on `pe`: same shape, strides
+        and dtype, in a storage of its own that covers exactly the block's bytes
+        there, as `like`'s storage does here (so torch.save, pickling, printing
+        read only mapped memory)."""
+        nbytes = like.untyped_storage().nbytes()
+        storage = self.backend.tensor(self.windows[pe] + block.offset, (nbytes,),
+                                      torch.uint8).untyped_storage()
+        return torch.empty(0, dtype=like.dtype, device=like.device).set_(
+            storage, like.storage_offset(), like.shape, like.stride())
+
+    def _window_view(self, pe: int, offset: int, like: torch.Tensor) -> torch.Tensor:
+        """`like`'s counterpart on `pe` inside one tensor spanning the peer's
+        whole window: cheap to make, for shmemvm's own copies only (it spans
+        unmapped holes, so it must never reach a user)."""
         key = (pe, like.dtype)
         heap = self._heap_tensors.get(key)
         if heap is None:
@@ -84,16 +96,15 @@ class PeerTable:
         return torch.as_strided(heap, like.shape, like.stride(), offset // like.dtype.itemsize)
 
     def copy_view(self, pe: int, offset: int, like: torch.Tensor) -> torch.Tensor:
-        """view(), cached, for put/get to copy through: making a view costs more
-        than a small copy. Such views never leave shmemvm (a caller could reshape
-        one in place). A view is only an address in the peer's window; whether
+        """A window view, cached, for put/get to copy through: making a view costs
+        more than a small copy. Such views never leave shmemvm. A view is only an address in the peer's window; whether
         memory is mapped there is for check() to say before every use."""
         key = (pe, offset, like.dtype, like.shape, like.stride())
         view = self._copy_views.get(key)
         if view is None:
             if len(self._copy_views) >= _COPY_VIEWS:
                 self._copy_views.clear()
-            view = self._copy_views[key] = self.view(pe, offset, like)
+            view = self._copy_views[key] = self._window_view(pe, offset, like)
         return view
 
     def mapped(self, pe: int) -> list[Segment]:

@@ -2,11 +2,27 @@
 
 It owns one VA reservation, creates/maps physical pieces for the segments the
 allocator creates, unmaps/releases the ones it evicts, and hands out tensors
-that view the blocks without copying. A tensor frees its block when its
-storage is garbage-collected: the finalizer only appends to a deque (no lock,
-no I/O, safe from any thread) and the block is released at the next call.
-The symmetric heap (heap.py) builds on the same object but decides collectively
-when a collected block may go.
+that view the blocks without copying.
+
+Ownership. A block's memory is reused only when nothing views it any more:
+every tensor handed out (and every view torch makes of it, which shares its
+storage) and every registered extra view (the symmetric heap's ptr() views)
+keeps the block allocated. The death of each such storage is observed with a
+weakref finalizer on the storage's Python object, which torch keeps alive for
+exactly as long as the storage itself lives. Finalizers only append to a
+deque (no lock, no I/O, safe from any thread and from the garbage collector);
+the bookkeeping runs at the next call. A finalizer is not run at interpreter
+exit (atexit=False), so nothing calls back into a half-torn-down interpreter;
+this is why no DLPack deleter (which would need a compiled callback) is used.
+
+free(t) detaches `t` itself (it becomes an empty tensor) and releases the
+block at once when no other view exists; otherwise the block is *deferred*:
+the other views keep reading and writing its old memory, and it is released
+when the last of them dies. close() releases everything nothing views and
+keeps the rest mapped (and the VA reserved) until its last view dies.
+
+The symmetric heap (heap.py) builds on the same object but releases a block
+only when every PE agrees that nothing views it (release_dead=False).
 """
 
 from __future__ import annotations
@@ -16,7 +32,7 @@ import math
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -27,6 +43,8 @@ from .config import parse_size, setting
 from .errors import FreedTensorError, ShmemError
 
 log = logging.getLogger("shmemvm")
+
+_OWN, _VIEW = 0, 1   # what died: the block's own storage, or a registered view
 
 
 def _shape_of(shape) -> tuple[int, ...]:
@@ -57,18 +75,100 @@ def tensor_nbytes(shape, dtype: torch.dtype) -> tuple[tuple[int, ...], int]:
     return dims, math.prod(dims) * dtype.itemsize
 
 
-@dataclass
-class _Live:
+def _use_count(storage: torch.UntypedStorage) -> int | None:
+    counter = getattr(torch._C, "_storage_Use_Count", None)
+    return None if counter is None else counter(storage._cdata)
+
+
+def _only_holder(storage: torch.UntypedStorage) -> bool:
+    """True when the caller's reference is the only thing keeping `storage`
+    alive (no tensor views it). Unknown counts say False: the block is then
+    deferred, which is always safe."""
+    return _use_count(storage) == _HELD_ALONE
+
+
+def _calibrate() -> int | None:
+    # Use counts include torch's own reference from the storage's Python
+    # object; measure what "held by one Python reference only" reads as here.
+    tensor = torch.empty(1, dtype=torch.uint8)
+    storage = tensor.untyped_storage()
+    tensor.set_()
+    return _use_count(storage)
+
+
+_HELD_ALONE = _calibrate()
+
+
+class _Mailbox:
+    """Where finalizers report dead storages. Kept apart from the allocator so
+    that a finalizer never keeps the allocator alive; after close() it also
+    drives the release of memory that was still viewed then."""
+
+    def __init__(self):
+        self.events: deque[tuple[int, int, int]] = deque()
+        self.after_close = None   # called after each post once the allocator is closed
+
+    def post(self, offset: int, serial: int, kind: int) -> None:
+        self.events.append((offset, serial, kind))
+        if self.after_close is not None:
+            self.after_close()
+
+
+@dataclass(eq=False)
+class _Record:
+    """An allocated block and what views it on this process."""
     block: Block
-    storage: weakref.ref
-    finalizer: weakref.finalize = field(repr=False)
+    storage: weakref.ref          # the block's own storage
+    finalizer: weakref.finalize
+    own_alive: bool = True
+    views: int = 0                # registered extra views alive (ptr views)
+    freed: bool = False           # free()d: no longer a symmetric tensor, maybe still viewed
+
+    @property
+    def viewed(self) -> bool:
+        return self.own_alive or self.views > 0
+
+
+class Retirement:
+    """First half of freeing a tensor: the tensor is detached from its block
+    (it becomes empty) and `alone` says whether anything else here still views
+    the block. restore() undoes the detaching (a collective free that failed)."""
+
+    def __init__(self, block: Block, tensor: torch.Tensor, record: _Record):
+        self.block = block
+        self.tensor = tensor
+        self.storage = tensor.untyped_storage()
+        self._geometry = (tensor.storage_offset(), tensor.shape, tensor.stride())
+        try:
+            tensor.set_()
+            tensor._shmemvm_freed = block.offset   # for the error if it is used again
+            self.detached = True
+        except RuntimeError:  # e.g. a tensor that requires grad: leave it as it is
+            self.detached = False
+        self.alone = self.detached and record.views == 0 and _only_holder(self.storage)
+
+    def restore(self) -> None:
+        if self.detached and self.storage is not None:
+            self.tensor.set_(self.storage, *self._geometry)
+            del self.tensor._shmemvm_freed
+            self.detached = False
+
+    def old_bytes(self) -> torch.Tensor:
+        """The block's bytes as they were (for realloc's copy)."""
+        return torch.empty(0, dtype=torch.uint8, device=self.tensor.device).set_(self.storage)
 
 
 class VMemPow2Allocator:
-    """Power-of-two allocator over a VMM heap of `heap_size` physical bytes."""
+    """Power-of-two allocator over a VMM heap of `heap_size` physical bytes.
+
+    `release_dead=False` leaves blocks that nothing views any more allocated
+    until the owner calls release() (the symmetric heap does so once every PE
+    agrees); by default they are released at the next call.
+    """
 
     def __init__(self, heap_size: int | str | None = None, backend: str | VMMBackend | None = "host",
-                 *, va_factor: int | None = None, min_block: int = 64, **backend_options):
+                 *, va_factor: int | None = None, min_block: int = 64, release_dead: bool = True,
+                 **backend_options):
         self.backend = create_backend(backend, **backend_options)
         granularity = self.backend.granularity
         requested = parse_size(setting("SHMEMVM_HEAP_SIZE", heap_size))
@@ -82,15 +182,17 @@ class VMemPow2Allocator:
         self._core = Pow2Allocator(budget, granularity, self.va_size, min_block)
         self.base = self.backend.reserve(self.va_size, granularity)
         self._handles: dict[int, object] = {}        # segment offset -> physical handle
-        self._live: dict[int, _Live] = {}            # block offset -> live block
-        self._collected: deque[tuple[int, int]] = deque()  # (offset, serial) of GC'd blocks
-        self._lock = threading.RLock()
+        self._records: dict[int, _Record] = {}       # block offset -> allocated block
+        self._dead: set[int] = set()                 # offsets nothing here views any more
+        self._mailbox = _Mailbox()
+        self._lock = threading.RLock()               # allocator, records, handles
+        self._drain_lock = threading.Lock()          # after close: one drainer at a time
+        self.release_dead = release_dead
         self.closed = False
         #: called with each segment just before its physical memory is released
         self.release_listeners: list = []
-        #: free garbage-collected blocks at every call (False under a symmetric
-        #: heap, which frees them only once every PE agrees)
-        self.frees_collected = True
+        #: called once everything is released (after close and the last view's death)
+        self.close_listeners: list = []
         log.debug("heap of %d bytes (VA %d) at %#x on %s", budget, self.va_size, self.base,
                   self.backend.name)
 
@@ -108,15 +210,18 @@ class VMemPow2Allocator:
         dims, nbytes = tensor_nbytes(shape, dtype)
         with self._lock:
             self._check_open()
-            self._free_collected()
-            block, created = self._allocate_block(nbytes)
-            return self._tensor_for(block, dims, dtype)
+            self._release_dead()
+            block, _ = self.allocate_block(nbytes)
+            return self.tensor_for(block, dims, dtype)
 
     def free(self, tensor: torch.Tensor) -> None:
+        """Free `tensor`'s block; `tensor` becomes empty. Other views of the
+        block keep its memory (and data) until they die, then it is released."""
         with self._lock:
             self._check_open()
-            self._free_collected()
-            self._free_block(self.block_of(tensor).offset)
+            self._release_dead()
+            retirement = self.retire(tensor)
+            self.finish_free(retirement, release_now=retirement.alone)
 
     def owns_tensor(self, tensor: torch.Tensor) -> bool:
         """True when `tensor`'s memory lies in one live block of this heap."""
@@ -144,15 +249,17 @@ class VMemPow2Allocator:
         return self.backend.import_external(tensor)
 
     def stats(self) -> dict:
-        """Bytes and counts of this heap; all zero but heap_size once closed."""
+        """Bytes and counts of this heap; all zero but heap_size once closed.
+        `used` counts deferred blocks (freed, still viewed) too; they are also
+        reported on their own."""
         with self._lock:
             if self.closed:
                 return dict.fromkeys(("used", "requested", "mapped", "cached", "free",
-                                      "live_allocations", "segments"), 0) | {
-                    "heap_size": self._core.budget}
-            if self.frees_collected:
-                self._free_collected()
+                                      "live_allocations", "segments", "deferred_allocations",
+                                      "deferred_bytes"), 0) | {"heap_size": self._core.budget}
+            self._release_dead()
             core = self._core
+            deferred = [r.block for r in self._records.values() if r.freed]
             return {
                 "heap_size": core.budget,
                 "used": core.block_bytes,
@@ -160,34 +267,41 @@ class VMemPow2Allocator:
                 "mapped": core.backed_bytes,
                 "cached": core.cached_bytes,
                 "free": core.budget - core.backed_bytes + core.cached_bytes,
-                "live_allocations": core.live_blocks,
+                "live_allocations": core.live_blocks - len(deferred),
                 "segments": len(self._handles),
+                "deferred_allocations": len(deferred),
+                "deferred_bytes": sum(b.size for b in deferred),
             }
 
     def trim(self) -> int:
         """Release every cached segment now; returns the bytes given back."""
         with self._lock:
             self._check_open()
-            if self.frees_collected:
-                self._free_collected()
+            self._release_dead()
             freed = self._core.trim()
             self._unback_released()
             return freed
 
     def close(self) -> None:
-        """Unmap and release everything; tensors from this heap must not be used after."""
+        """Unmap and release everything nothing views. Memory that tensors
+        still view stays mapped, its VA reserved, until the last of them dies:
+        such tensors keep their old data and never see memory of a later heap."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
-            for live in self._live.values():
-                live.finalizer.detach()
-            self._live.clear()
-            self._collected.clear()
+            self._absorb_events()
+            kept = self._viewed_segments()
             for segment in self._core.segments():
-                self._unback(segment)
-            self.backend.unreserve(self.base, self.va_size)
-            self.backend.close()
+                if segment.offset not in kept:
+                    self._unback(segment)
+            if kept:
+                log.debug("heap at %#x closed with %d segment(s) still viewed; they are "
+                          "released when their last view dies", self.base, len(kept))
+                self._mailbox.after_close = self._drain_after_close
+            else:
+                self._finish_close()
+        self._drain_after_close()  # views that died meanwhile
 
     def __enter__(self):
         return self
@@ -200,15 +314,20 @@ class VMemPow2Allocator:
         """The live block `tensor` views, or FreedTensorError.
 
         A tensor counts as ours when its storage is the storage we created for
-        a still-live block: a freed block's old tensors fail even after the
-        offset is reused, because the storage object differs.
+        a still-live block: a freed block's old views fail even while they keep
+        its memory, and after the offset is reused, because the storage differs.
         """
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         storage = tensor.untyped_storage()
         offset = storage.data_ptr() - self.base
-        live = self._live.get(offset)
-        if live is None or live.storage() is not storage:
+        record = self._records.get(offset)
+        if record is None or record.freed or record.storage() is not storage:
+            freed_at = getattr(tensor, "_shmemvm_freed", None)
+            if freed_at is not None:
+                raise FreedTensorError(
+                    f"this tensor was freed (free() or realloc() of the block at heap offset "
+                    f"{freed_at:#x} left it empty); it is not a live allocation any more")
             if 0 <= offset < self.va_size and tensor.device.type == self.device.type:
                 raise FreedTensorError(
                     f"tensor at {tensor.data_ptr():#x} views heap offset {offset:#x}, which is "
@@ -216,7 +335,7 @@ class VMemPow2Allocator:
             raise FreedTensorError(
                 f"tensor at {tensor.data_ptr():#x} on {tensor.device} is not in this heap "
                 f"({self.base:#x}..{self.base + self.va_size:#x} on {self.device})")
-        return live.block
+        return record.block
 
     def offset_of(self, tensor: torch.Tensor) -> int:
         """Heap offset of `tensor`'s first element (from the storage: data_ptr()
@@ -224,70 +343,175 @@ class VMemPow2Allocator:
         return (tensor.untyped_storage().data_ptr() - self.base
                 + tensor.storage_offset() * tensor.element_size())
 
-    # -- internals shared with the symmetric heap --------------------------------
+    def size_class(self, nbytes: int) -> int:
+        return self._core.size_class(nbytes)
+
+    def allocator_state(self) -> tuple:
+        """Everything that decides the allocator's future answers (for comparing PEs)."""
+        with self._lock:
+            return self._core.state()
+
+    # -- the interface the symmetric heap builds on -----------------------------
+    def allocate_block(self, nbytes: int) -> tuple[Block, list[Segment]]:
+        """Allocate and back a block; on a backend failure nothing is left behind."""
+        with self._lock:
+            try:
+                block, created = self._core.allocate(nbytes)
+            finally:
+                self._unback_released()
+            try:
+                for segment in created:
+                    self._back(segment)
+            except BaseException:
+                self.undo_allocation(block, created)
+                raise
+            return block, created
+
+    def undo_allocation(self, block: Block, created: list[Segment]) -> None:
+        """Return a block just allocated and evict the segments made for it.
+        Deterministic, so PEs whose backing succeeded can mirror a PE whose
+        backing failed and stay identical."""
+        with self._lock:
+            record = self._records.pop(block.offset, None)
+            if record is not None:
+                record.finalizer.detach()
+            self._core.free(block.offset)
+            for segment in created:
+                if self._core.is_cached(segment.offset):
+                    self._core.evict(segment.offset)
+            self._unback_released()
+
+    def tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The block's own tensor; its storage's life decides the block's."""
+        tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
+        storage = tensor.untyped_storage()
+        finalizer = weakref.finalize(storage, self._mailbox.post, block.offset, block.serial, _OWN)
+        finalizer.atexit = False
+        with self._lock:
+            self._records[block.offset] = _Record(block, weakref.ref(storage), finalizer)
+        return tensor
+
+    def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor:
+        """Let `view` (memory at this block's offset elsewhere, e.g. a peer's
+        copy) keep the block from being released until its storage dies."""
+        finalizer = weakref.finalize(view.untyped_storage(), self._mailbox.post, block.offset,
+                                     block.serial, _VIEW)
+        finalizer.atexit = False
+        with self._lock:
+            self._records[block.offset].views += 1
+        return view
+
+    def retire(self, tensor: torch.Tensor) -> Retirement:
+        """Detach `tensor` from its live block (first half of a free)."""
+        with self._lock:
+            block = self.block_of(tensor)
+            return Retirement(block, tensor, self._records[block.offset])
+
+    def finish_free(self, retirement: Retirement, release_now: bool) -> None:
+        """Second half of a free: release the block now (nothing views it, here
+        or, for the symmetric heap, on any PE), or defer it to its views' death."""
+        offset = retirement.block.offset
+        with self._lock:
+            self._records[offset].freed = True
+            if release_now:
+                self.release(offset)           # its finalizer is detached first
+                retirement.storage = None
+            else:
+                retirement.storage = None      # our reference: the storage may die here
+                self._absorb_events()
+
+    def resize(self, retirement: Retirement, nbytes: int, dims, dtype) -> torch.Tensor:
+        """A new tensor over the retired block, which now holds `nbytes` (same
+        size class, same place); only when nothing viewed the old tensor anywhere."""
+        offset = retirement.block.offset
+        with self._lock:
+            self._records.pop(offset).finalizer.detach()
+            retirement.storage = None
+            return self.tensor_for(self._core.resize(offset, nbytes), dims, dtype)
+
+    def take_dead(self) -> list[int]:
+        """Offsets of blocks nothing here views any more (GC'd, or freed and
+        their last view gone), handed over to be released (release())."""
+        with self._lock:
+            self._absorb_events()
+            dead, self._dead = sorted(self._dead), set()
+            return dead
+
+    def release(self, offset: int) -> Block:
+        """Give the block back to the allocator (its segment is cached)."""
+        with self._lock:
+            record = self._records.pop(offset)
+            record.finalizer.detach()
+            self._dead.discard(offset)
+            return self._core.free(offset)
+
+    def export(self, segment: Segment) -> int:
+        """A new fd for a backed segment, owned by the caller."""
+        return self.backend.export_fd(self._handles[segment.offset])
+
+    # -- internals -----------------------------------------------------------------
     def _check_open(self) -> None:
         if self.closed:
             raise ShmemError("this heap is closed (finalize()/close() was called); "
                              "create a new one to allocate again")
 
-    def _allocate_block(self, nbytes: int) -> tuple[Block, list[Segment]]:
-        """Allocate and back a block; on a backend failure nothing is left behind."""
-        try:
-            block, created = self._core.allocate(nbytes)
-        finally:
-            self._unback_released()
-        try:
-            for segment in created:
-                self._back(segment)
-        except BaseException:
-            self._undo_allocation(block, created)
-            raise
-        return block, created
+    def _absorb_events(self) -> None:
+        """Apply the finalizers' reports (under the lock)."""
+        events = self._mailbox.events
+        while events:
+            offset, serial, kind = events.popleft()
+            record = self._records.get(offset)
+            if record is None or record.block.serial != serial:
+                continue  # a block released since (explicit free with no other view)
+            if kind == _OWN:
+                record.own_alive = False
+            else:
+                record.views -= 1
+            if not record.viewed:
+                self._dead.add(offset)
 
-    def _undo_allocation(self, block: Block, created: list[Segment]) -> None:
-        """Return a block just allocated and evict the segments made for it.
-        Deterministic, so PEs whose backing succeeded can mirror a PE whose
-        backing failed and stay identical."""
-        self._live.pop(block.offset, None)
-        self._core.free(block.offset)
-        for segment in created:
-            if self._core.is_cached(segment.offset):
-                self._core.evict(segment.offset)
-        self._unback_released()
+    def _release_dead(self) -> None:
+        if self.release_dead:
+            for offset in self.take_dead():
+                self.release(offset)
 
-    def _tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
-        storage = tensor.untyped_storage()
-        finalizer = weakref.finalize(storage, self._collected.append, (block.offset, block.serial))
-        finalizer.atexit = False
-        self._live[block.offset] = _Live(block, weakref.ref(storage), finalizer)
-        return tensor
+    def _viewed_segments(self) -> set[int]:
+        return {r.block.segment.offset for r in self._records.values() if r.viewed}
 
-    def _resize_block(self, offset: int, nbytes: int, dims, dtype) -> torch.Tensor:
-        """A new tensor over the same block; the old tensor counts as freed."""
-        old = self._live.pop(offset)
-        old.finalizer.detach()
-        return self._tensor_for(self._core.resize(offset, nbytes), dims, dtype)
+    def _drain_after_close(self) -> None:
+        """After close: release what the views that died leave unviewed. Runs
+        from finalizers, in any thread; a drainer already at work (this thread
+        inside the garbage collector, or another) picks the events up."""
+        if self._mailbox.after_close is None:
+            return
+        while self._mailbox.events and self._drain_lock.acquire(blocking=False):
+            try:
+                with self._lock:
+                    if self._mailbox.after_close is None:
+                        return
+                    self._absorb_events()
+                    for offset in [o for o, r in self._records.items() if not r.viewed]:
+                        del self._records[offset]
+                    kept = self._viewed_segments()
+                    for segment in self._core.segments():
+                        if segment.offset not in kept and segment.offset in self._handles:
+                            self._unback(segment)
+                    if not kept:
+                        self._mailbox.after_close = None
+                        self._finish_close()
+            finally:
+                self._drain_lock.release()
 
-    def _free_block(self, offset: int) -> Block:
-        live = self._live.pop(offset)
-        live.finalizer.detach()
-        return self._core.free(offset)
-
-    def _take_collected(self) -> list[int]:
-        """Offsets of live blocks whose tensors were garbage-collected (the
-        serial tells a collected block from a later one at the same offset)."""
-        offsets = set()
-        while self._collected:
-            offset, serial = self._collected.popleft()
-            live = self._live.get(offset)
-            if live is not None and live.block.serial == serial:
-                offsets.add(offset)
-        return sorted(offsets)
-
-    def _free_collected(self) -> None:
-        for offset in self._take_collected():
-            self._free_block(offset)
+    def _finish_close(self) -> None:
+        for record in self._records.values():
+            record.finalizer.detach()
+        self._records.clear()
+        self._dead.clear()
+        self._mailbox.events.clear()
+        for listener in self.close_listeners:
+            listener()
+        self.backend.unreserve(self.base, self.va_size)
+        self.backend.close()
 
     def _back(self, segment: Segment) -> None:
         handle = self.backend.create(segment.size)
@@ -307,10 +531,6 @@ class VMemPow2Allocator:
             return  # never backed (its creation failed)
         self.backend.unmap(self.base + segment.offset, segment.size)
         self.backend.release(handle)
-
-    def _export(self, segment: Segment) -> int:
-        """A new fd for a backed segment, owned by the caller."""
-        return self.backend.export_fd(self._handles[segment.offset])
 
     def _unback_released(self) -> list[Segment]:
         released = self._core.take_released()

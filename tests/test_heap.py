@@ -165,9 +165,11 @@ def test_renewal_bumps_generation_and_peers_see_new_memory(heap):
 
 def test_freed_tensor_is_refused_even_after_its_offset_is_reused(heap):
     x = heap.malloc(256)
+    offset = offset_of(heap, x)
     heap.free(x)
+    assert x.numel() == 0  # free() detaches the tensor from its block
     y = heap.malloc(256)
-    assert offset_of(heap, y) == offset_of(heap, x)
+    assert offset_of(heap, y) == offset
     with pytest.raises(FreedTensorError):
         heap.put(x, torch.zeros(256, dtype=torch.uint8, device=heap.device), heap.my_pe)
     with pytest.raises(FreedTensorError):  # a double free, the same on every PE
@@ -180,8 +182,9 @@ def test_realloc_keeps_contents(heap):
     x = heap.empty(100, torch.int32)
     expected = torch.arange(100, dtype=torch.int32, device=heap.device)
     x.copy_(expected)
+    offset = offset_of(heap, x)
     same_class = heap.realloc(x, 120 * 4)  # 400 -> 480 bytes: the same 512-byte block
-    assert offset_of(heap, same_class) == offset_of(heap, x)
+    assert offset_of(heap, same_class) == offset
     assert torch.equal(same_class[:100], expected)
     with pytest.raises(FreedTensorError):
         heap.ptr(x, heap.my_pe)
@@ -236,6 +239,10 @@ def test_nothing_left_after_finalize():
     assert oct(os.stat(socket_dir).st_mode & 0o777) == "0o700"
     heap.finalize()
     del tensors
+    gc.collect()
+    assert int(t.sum()) == t.numel()  # the last one (`t`) outlives the heap: memory kept
+    assert shmemvm_mappings() != []
+    del t
     gc.collect()
     assert open_fds() == fds_before
     assert shmemvm_mappings() == []

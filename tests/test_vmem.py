@@ -149,15 +149,17 @@ def test_free_releases_block_and_offset_is_reused(vheap):
 
 def test_free_of_freed_tensor_raises(vheap):
     t = vheap.allocate(16, torch.int64)
+    offset = offset_of(vheap, t)
     vheap.free(t)
+    assert t.numel() == 0                     # free() detaches the tensor from its block
     with pytest.raises(shmemvm.FreedTensorError) as info:
         vheap.free(t)
     assert isinstance(info.value, shmemvm.ShmemError) and isinstance(info.value, ValueError)
     assert "not a live allocation" in str(info.value)
     # still an error once the same offset belongs to a new allocation
     u = vheap.allocate(16, torch.int64)
-    assert offset_of(vheap, u) == offset_of(vheap, t)
-    with pytest.raises(shmemvm.FreedTensorError):
+    assert offset_of(vheap, u) == offset
+    with pytest.raises(shmemvm.FreedTensorError, match="was freed"):
         vheap.free(t)
     with pytest.raises(shmemvm.FreedTensorError):
         vheap.free(t[3:])
@@ -225,9 +227,10 @@ def test_copy_made_by_reshape_does_not_keep_block(vheap):
 
 def test_explicit_free_then_drop_does_not_free_twice(vheap):
     t = vheap.allocate(64)
+    offset = offset_of(vheap, t)
     vheap.free(t)
     u = vheap.allocate(64)                    # takes the same offset
-    assert offset_of(vheap, u) == offset_of(vheap, t)
+    assert offset_of(vheap, u) == offset
     del t
     stats = collect(vheap)
     assert stats["live_allocations"] == 1    # dropping the freed tensor did not free `u`
@@ -494,24 +497,31 @@ def test_get_allocation_segments_raises_and_stats_are_zero_after_close():
     assert stats["mapped"] == stats["used"] == stats["live_allocations"] == 0
 
 
-def test_finalizers_disabled_after_close(monkeypatch):
+def test_close_keeps_viewed_memory_until_its_views_die(monkeypatch):
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    fds_before = open_fds()
     h = VMemPow2Allocator(4 * G, backend="host", granularity=G)
     t = h.allocate(100)
+    t.fill_(7)
     v = t[10:]
     h.close()
-    queue = h._collected           # where finalizers report collected blocks (vmem.py)
-    # the finalizers no longer reference the heap: it can be collected while
-    # its (now unusable) tensors are still alive
+    with pytest.raises(shmemvm.ShmemError, match="closed"):
+        h.free(t)
     ref = weakref.ref(h)
     del h
     gc.collect()
-    assert ref() is None
-    del t, v                                  # dropping them after close does nothing
+    assert bool((v == 7).all()) and bool((t == 7).all())
+    assert shmemvm_mappings()
+    del t
+    gc.collect()
+    assert bool((v == 7).all())               # the view alone keeps it
+    del v                                     # the last view: everything is released
     gc.collect()
     assert unraisable == []
-    assert len(queue) == 0
+    assert shmemvm_mappings() == []
+    assert open_fds() == fds_before
+    assert ref() is None                      # nothing holds the closed heap any more
 
 
 def test_explicit_free_disarms_the_finalizer(vheap):
@@ -519,7 +529,7 @@ def test_explicit_free_disarms_the_finalizer(vheap):
     vheap.free(t)
     del t
     gc.collect()
-    assert len(vheap._collected) == 0          # nothing queued for a block already freed
+    assert len(vheap._mailbox.events) == 0    # nothing queued for a block already freed
 
 
 def test_context_manager_closes():

@@ -123,6 +123,8 @@ class CudaBackend(VMMBackend):
         self.device = torch.device("cuda", index)
         self._closed = False
         self._local = threading.local()
+        self._streams_lock = threading.Lock()
+        self._pending_streams: dict[int, torch.cuda.Stream] = {}  # with unfinished nbi copies
 
         # Let torch create (or pick up) the device's primary context first, then
         # take our own reference to that same context.
@@ -250,13 +252,25 @@ class CudaBackend(VMMBackend):
 
     # -- data -----------------------------------------------------------------
     def copy(self, dst: torch.Tensor, src: torch.Tensor, blocking: bool) -> None:
-        # Copy engine, ordered on the current stream of this device.
+        """Copy engine, ordered on the current stream of this device. A
+        non-blocking copy records its stream, so that synchronize() (quiet,
+        barriers, free) completes it whatever stream is current then."""
+        stream = torch.cuda.current_stream(self.device)
         dst.copy_(src, non_blocking=True)
         if blocking:
-            torch.cuda.current_stream(self.device).synchronize()
+            stream.synchronize()
+        else:
+            with self._streams_lock:
+                self._pending_streams[stream.stream_id] = stream
 
     def synchronize(self) -> None:
+        """Wait for the current stream and every stream a non-blocking copy used."""
+        with self._streams_lock:
+            streams = list(self._pending_streams.values())
+            self._pending_streams.clear()
         torch.cuda.current_stream(self.device).synchronize()
+        for stream in streams:
+            stream.synchronize()
 
     def import_external(self, tensor: torch.Tensor) -> tuple[int, int]:
         """Memory from torch's caching allocator cannot become a heap piece.

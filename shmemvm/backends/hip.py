@@ -622,9 +622,11 @@ class HipBackend(VMMBackend):
                 self._pending_streams[(stream.device_index, stream.stream_id)] = stream
 
     def synchronize(self) -> None:
+        """Wait for the current stream and every stream a non-blocking copy used."""
         with self._lock:
             streams = list(self._pending_streams.values())
             self._pending_streams.clear()
+        self._current_stream().synchronize()
         for stream in streams:
             stream.synchronize()
 
