@@ -10,14 +10,15 @@ from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, Shm
 from .vmem import VMemPow2Allocator
 from .heap import SymmetricHeap
 from .api import (barrier_all, calloc, default_heap, empty, fence, finalize, free, get, get_nbi,
-                  heap_info, init, malloc, my_pe, n_pes, ptr, put, put_nbi, quiet, realloc,
-                  sync_all, zeros)
+                  heap_info, init, malloc, my_pe, n_pes, ptr, put, put_nbi, query_thread, quiet,
+                  realloc, sync_all, zeros)
 from .api import (alltoall, atomic_add, atomic_and, atomic_compare_swap, atomic_fetch,
                   atomic_fetch_add, atomic_fetch_and, atomic_fetch_inc, atomic_fetch_or,
                   atomic_fetch_xor, atomic_inc, atomic_or, atomic_set, atomic_swap, atomic_xor,
                   broadcast, fcollect, put_signal, reduce, signal_fetch, signal_wait_until, test,
                   wait_until)
 from .atomics import SIGNAL_ADD, SIGNAL_SET
+from .thread_levels import THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED, THREAD_SINGLE
 
 __version__ = "0.1.0"
 
@@ -25,7 +26,8 @@ __all__ = [
     "Pow2Allocator", "VMemPow2Allocator", "SymmetricHeap",
     "init", "finalize", "default_heap", "my_pe", "n_pes", "malloc", "empty", "zeros", "calloc",
     "realloc", "free", "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
-    "barrier_all", "sync_all", "heap_info",
+    "barrier_all", "sync_all", "heap_info", "query_thread",
+    "THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED", "THREAD_MULTIPLE",
     "ShmemError", "HeapExhaustedError", "SymmetryError", "PeerTimeoutError",
     "UnsupportedError", "FreedTensorError",
     "atomic_fetch", "atomic_set", "atomic_add", "atomic_inc", "atomic_fetch_add",

@@ -47,6 +47,12 @@ def default_heap() -> SymmetricHeap:
     return _heap
 
 
+def query_thread() -> int:
+    """The thread level of the default heap (shmemvm.THREAD_SINGLE .. THREAD_MULTIPLE);
+    request one with init(thread_level=...)."""
+    return default_heap().query_thread()
+
+
 def my_pe() -> int:
     return default_heap().my_pe
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from . import _dlpack, atomics, collectives
+from . import _dlpack, atomics, collectives, thread_levels
 from .allocator import Block, Segment
 from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
@@ -82,9 +82,10 @@ class SymmetricHeap:
 
     def __init__(self, comm: MPI.Comm | None = None, heap_size: int | str | None = None,
                  backend=None, *, timeout: float | None = None, node_split: int | None = None,
-                 va_factor: int | None = None):
+                 va_factor: int | None = None, thread_level: int | None = None):
         if setting("SHMEMVM_DEBUG") not in ("", "0"):
             log.setLevel(logging.DEBUG)
+        self.thread_level = thread_levels.provide(thread_level)
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.my_pe = self.comm.Get_rank()
@@ -168,6 +169,10 @@ class SymmetricHeap:
         return self.comm.Split_type(MPI.COMM_TYPE_SHARED, self.my_pe)
 
     # -- properties ---------------------------------------------------------------
+    def query_thread(self) -> int:
+        """The thread level this heap provides (shmemvm.THREAD_SINGLE .. THREAD_MULTIPLE)."""
+        return self.thread_level
+
     @property
     def device(self) -> torch.device:
         return self.backend.device
@@ -237,13 +242,14 @@ class SymmetricHeap:
         try:
             with self._lock:
                 try:
+                    self.local.block_of(tensor)  # a live symmetric tensor, or the error
                     dtype = tensor.dtype
                     (count,), new_bytes = tensor_nbytes(_whole_elements(nbytes, dtype), dtype)
                     retirement = self.local.retire(tensor)
                     block = retirement.block
                     call.args = (block.offset, new_bytes, _DTYPE_CODE[dtype])
                     call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
-                except (TypeError, ValueError, FreedTensorError, AttributeError) as exc:
+                except (TypeError, ValueError, FreedTensorError) as exc:
                     call.error = exc
                 self.quiet()
                 alone_everywhere = self._collective(
@@ -482,9 +488,10 @@ class SymmetricHeap:
             return tensor
         if pe not in self.peers:
             return None
-        with self._lock:  # a view registered while no collective can release the block
-            self.peers.check(pe, block.segment)
-            return self.local.hold(block, self.peers.block_view(pe, block, tensor))
+        # A live block cannot be released by a collective in another thread
+        # (nothing here is dead), and hold() checks it is still live.
+        self.peers.check(pe, block.segment)
+        return self.local.hold(block, self.peers.block_view(pe, block, tensor))
 
     def _source_for(self, source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:
         if not isinstance(source, torch.Tensor):

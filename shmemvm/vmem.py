@@ -326,8 +326,8 @@ class VMemPow2Allocator:
             freed_at = getattr(tensor, "_shmemvm_freed", None)
             if freed_at is not None:
                 raise FreedTensorError(
-                    f"this tensor was freed (free() or realloc() of the block at heap offset "
-                    f"{freed_at:#x} left it empty); it is not a live allocation any more")
+                    f"this tensor is not a live allocation (freed: free() or realloc() of the "
+                    f"block at heap offset {freed_at:#x} left it empty)")
             if 0 <= offset < self.va_size and tensor.device.type == self.device.type:
                 raise FreedTensorError(
                     f"tensor at {tensor.data_ptr():#x} views heap offset {offset:#x}, which is "
@@ -394,11 +394,15 @@ class VMemPow2Allocator:
     def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor:
         """Let `view` (memory at this block's offset elsewhere, e.g. a peer's
         copy) keep the block from being released until its storage dies."""
-        finalizer = weakref.finalize(view.untyped_storage(), self._mailbox.post, block.offset,
-                                     block.serial, _VIEW)
-        finalizer.atexit = False
         with self._lock:
-            self._records[block.offset].views += 1
+            record = self._records.get(block.offset)
+            if record is None or record.block.serial != block.serial or record.freed:
+                raise FreedTensorError(f"the block at heap offset {block.offset:#x} was freed "
+                                       f"while a view of it was being made")
+            finalizer = weakref.finalize(view.untyped_storage(), self._mailbox.post,
+                                         block.offset, block.serial, _VIEW)
+            finalizer.atexit = False
+            record.views += 1
         return view
 
     def retire(self, tensor: torch.Tensor) -> Retirement:

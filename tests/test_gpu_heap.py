@@ -132,6 +132,58 @@ def test_kernels_queued_before_a_barrier_are_seen_by_peers(gpu_heap, sync):
     gpu_heap.barrier_all()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_put_nbi_on_a_side_stream_completes_before_free(gpu_heap):
+    """free() waits for non-blocking copies on every stream they were issued
+    on, not only the current one: else the copies run on into the block the
+    next malloc hands out (here: the right neighbour zeroes its new block
+    while our puts, milliseconds long, would still be writing into it)."""
+    me, n = gpu_heap.my_pe, gpu_heap.n_pes
+    right = (me + 1) % n
+    x = gpu_heap.malloc(256 * MiB)
+    offset = x.untyped_storage().data_ptr() - gpu_heap.local.base
+    source = torch.full((256 * MiB,), me + 1, dtype=torch.uint8, device=gpu_heap.device)
+    gpu_heap.barrier_all()
+    side = torch.cuda.Stream(gpu_heap.device)
+    side.wait_stream(torch.cuda.current_stream(gpu_heap.device))
+    with torch.cuda.stream(side):
+        for _ in range(8):                      # ~5 ms of copy-engine work on `side`
+            gpu_heap.put_nbi(x, source, right)
+    gpu_heap.free(x)
+    y = gpu_heap.malloc(256 * MiB)
+    assert y.untyped_storage().data_ptr() - gpu_heap.local.base == offset  # the same block
+    y.zero_()
+    gpu_heap.barrier_all()
+    assert int(y.count_nonzero()) == 0
+
+
+@pytest.mark.mpi(min_size=2)
+def test_views_keep_device_memory_after_free_and_finalize():
+    me, n = comm.rank, comm.size
+    heap = SymmetricHeap(comm, heap_size="64M", backend="cuda", timeout=60)
+    x = heap.zeros(4 * MiB, torch.uint8)
+    x.fill_(me + 1)
+    heap.barrier_all()
+    stale = x[:1024]
+    peer = heap.ptr(x, (me + 1) % n)
+    assert peer.untyped_storage().nbytes() == x.untyped_storage().nbytes()
+    heap.free(x)
+    y = heap.zeros(4 * MiB, torch.uint8)    # not x's block: views of it are alive
+    assert y.untyped_storage().data_ptr() != stale.untyped_storage().data_ptr()
+    y.fill_(200)
+    heap.barrier_all()
+    assert bool((stale == me + 1).all()) and bool((peer == (me + 1) % n + 1).all())
+    heap.finalize()
+    z_heap = SymmetricHeap(comm, heap_size="64M", backend="cuda", timeout=60)
+    z = z_heap.malloc(4 * MiB)
+    z.fill_(99)
+    torch.cuda.synchronize()
+    assert bool((stale == me + 1).all()) and bool((peer == (me + 1) % n + 1).all())
+    z_heap.finalize()
+    del stale, peer, y, z
+    gc.collect()
+
+
 def test_finalize_returns_device_memory():
     index = local_rank() % torch.cuda.device_count()
     torch.cuda.set_device(index)
@@ -149,6 +201,7 @@ def test_finalize_returns_device_memory():
     tensors = [heap.malloc(n) for n in (100, 3 * MiB, 64 * MiB, 256 * MiB)]
     for t in tensors:
         t.fill_(7)
+    del t  # a tensor alive after finalize() keeps its memory
     heap.barrier_all()
     torch.cuda.synchronize()
     during = device_used(index)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import errno
+import gc
 import os
 import random
 import sys
@@ -855,6 +856,9 @@ class TestFiller:
         assert len(fake.access) > 10 and be._filler is not None
         assert _fillers(fake, be)  # the workload did leave holes
         heap.close()
+        assert live and fake.mapped  # memory the live tensors view stays mapped for them
+        live.clear()
+        gc.collect()                 # the last views die: everything is released
         assert fake.mapped == {} and fake.handles == {} and fake.reservations == {}
 
     def test_peer_table_out_of_order_and_drops(self, backend, fake):
@@ -1026,11 +1030,11 @@ class TestData:
         assert torch.equal(dst, src) and Stream.synced == 0
         backend.copy(dst, src * 2, blocking=False)
         backend.synchronize()
-        assert Stream.synced == 1  # one stream, synchronized once
+        assert Stream.synced == 1  # one stream (current and used), synchronized once
         backend.synchronize()
-        assert Stream.synced == 1
+        assert Stream.synced == 2  # the current stream, for kernels queued on it
         backend.copy(dst, src, blocking=True)
-        assert Stream.synced == 2 and torch.equal(dst, src)
+        assert Stream.synced == 3 and torch.equal(dst, src)
 
     def test_describe(self, backend):
         info = backend.describe()

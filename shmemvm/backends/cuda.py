@@ -266,10 +266,11 @@ class CudaBackend(VMMBackend):
     def synchronize(self) -> None:
         """Wait for the current stream and every stream a non-blocking copy used."""
         with self._streams_lock:
-            streams = list(self._pending_streams.values())
+            streams = dict(self._pending_streams)
             self._pending_streams.clear()
-        torch.cuda.current_stream(self.device).synchronize()
-        for stream in streams:
+        current = torch.cuda.current_stream(self.device)
+        streams.setdefault(current.stream_id, current)
+        for stream in streams.values():
             stream.synchronize()
 
     def import_external(self, tensor: torch.Tensor) -> tuple[int, int]:

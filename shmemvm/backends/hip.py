@@ -621,20 +621,27 @@ class HipBackend(VMMBackend):
             with self._lock:
                 self._pending_streams[(stream.device_index, stream.stream_id)] = stream
 
-    def synchronize(self) -> None:
-        """Wait for the current stream and every stream a non-blocking copy used."""
+    def _take_pending_streams(self) -> dict:
         with self._lock:
-            streams = list(self._pending_streams.values())
+            streams = dict(self._pending_streams)
             self._pending_streams.clear()
-        self._current_stream().synchronize()
-        for stream in streams:
+        return streams
+
+    def synchronize(self) -> None:
+        """Wait for the current stream (kernels writing symmetric memory) and
+        every stream a non-blocking copy used, each once."""
+        streams = self._take_pending_streams()
+        current = self._current_stream()
+        streams.setdefault((current.device_index, current.stream_id), current)
+        for stream in streams.values():
             stream.synchronize()
 
     def close(self) -> None:
         """Unmap every filler granule left (reservations still alive keep their
         real pieces) and release the filler piece."""
         if not self._closed:
-            self.synchronize()
+            for stream in self._take_pending_streams().values():
+                stream.synchronize()
             with self._lock:
                 for res in self._reservations.values():
                     self._unfill(res, res.fillers_in(res.base, res.end))

@@ -63,7 +63,7 @@ def main() -> None:
         if scenario == "before-malloc":
             die(heap, outdir)
         elif scenario == "mid-malloc":
-            heap.local._export = lambda segment: die(heap, outdir)  # after agreeing, before sending fds
+            heap.local.export = lambda segment: die(heap, outdir)  # after agreeing, before sending fds
         elif scenario == "mid-barrier":
             time.sleep(0.5)                             # let the others enter the barrier
             die(heap, outdir)
