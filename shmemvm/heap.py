@@ -3,8 +3,8 @@
 Every PE runs the same deterministic allocator (allocator.py), so the same
 sequence of collective calls gives the same offsets everywhere; a collective
 therefore only has to *agree* that every PE made the same call, which is one
-small allreduce. Only segments that a call creates are exported and passed to
-the other PEs of the node; a segment released on one PE is released at the
+small allreduce (agreement.py). Only segments that a call creates are exported and passed to
+the other PEs of the node (exchange.py); a segment released on one PE is released at the
 same call on all of them, so each PE drops its imports of it without being
 told.
 
@@ -16,66 +16,28 @@ agreed on and undone everywhere.
 
 from __future__ import annotations
 
-import array
-import functools
 import logging
 import operator
 import os
-import socket
-import struct
 import threading
-import time
 import zlib
-from dataclasses import dataclass, field
 
 import torch
 from mpi4py import MPI
 
-from . import _dlpack, atomics, collectives, thread_levels
-from .allocator import Block, Segment
+from . import atomics, collectives, thread_levels
+from .agreement import DTYPE_CODE, Agreement, Call, shape_code
+from .allocator import Block
 from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
                      SymmetryError, UnsupportedError)
-from .fdpass import FdChannel, Message
+from .exchange import Exchange
+from .fdpass import FdChannel
 from .offnode import OffNodeWindow
 from .peers import PeerTable
 from .vmem import VMemPow2Allocator, tensor_nbytes
 
 log = logging.getLogger("shmemvm")
-
-_OPS = ("init", "malloc", "free", "realloc", "barrier", "sync", "finalize", "trim",
-        "broadcast", "fcollect", "reduce", "alltoall")
-_OP_CODE = {name: i + 1 for i, name in enumerate(_OPS)}
-_INVALID = 99          # this PE could not even form the call (bad arguments)
-_N_ARGS = 4
-_DTYPE_CODE = {dtype: i + 1 for i, dtype in enumerate(sorted(_dlpack.SUPPORTED_DTYPES, key=str))}
-
-_MAGIC = b"SHMEMVM1"
-_HEADER = struct.Struct("<8siQI")    # magic, source PE, collective number, segment count
-_SEGMENT = struct.Struct("<QQQ")     # offset, size, generation
-
-
-@dataclass
-class _Call:
-    """One collective call as this PE sees it."""
-    op: str
-    args: tuple = ()
-    text: str = ""
-    error: BaseException | None = field(default=None, repr=False)
-
-    def vector(self) -> list[int]:
-        if self.error is not None:
-            return [_INVALID] + [0] * _N_ARGS
-        # Clamp, not mask: masking made 2**63 and 0 the same argument. Every value
-        # clamped together exceeds any heap, so each PE fails the same way.
-        args = [min(int(a), 0x7FFF_FFFF_FFFF_FFFF) for a in self.args]
-        return [_OP_CODE[self.op]] + args + [0] * (_N_ARGS - len(args))
-
-
-@functools.lru_cache(maxsize=1024)  # programs allocate few distinct shapes, often
-def _shape_code(dims: tuple[int, ...]) -> int:
-    return zlib.crc32(repr(dims).encode())
-
 
 class SymmetricHeap:
     """One symmetric heap over the PEs of `comm` (collective constructor)."""
@@ -92,9 +54,8 @@ class SymmetricHeap:
         self.n_pes = self.comm.Get_size()
         self.timeout = float(setting("SHMEMVM_TIMEOUT", timeout))
         self._lock = threading.RLock()
-        self._seq = 0
         self._pending: set[int] = set()    # offsets GC'd here, not yet agreed
-        self._broken: str | None = None
+        self.agreement = Agreement(self.comm, self.timeout, self.my_pe, self._release)
         self.closed = False
         self.node = self._split_node(node_split)
         self.local = self.peers = self.channel = self.offnode = None
@@ -105,7 +66,7 @@ class SymmetricHeap:
             raise
 
     def _setup(self, heap_size, backend, va_factor) -> None:
-        call = _Call("init", text="init")
+        call = Call("init", text="init")
         try:
             # Blocks nothing views any more are released only once every PE
             # agrees (_collective), so release_dead=False.
@@ -125,10 +86,12 @@ class SymmetricHeap:
         self._peer_pids = {pe: pid for pe, pid, _ in node_info if pe != self.my_pe}
         self._peer_paths = {pe: path for pe, _, path in node_info if pe != self.my_pe}
         self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
+        self.exchange = Exchange(self.channel, self.my_pe, self._peer_paths, self._peer_pids,
+                                 self.timeout)
         self.local.release_listeners.append(self.peers.drop)
         self.local.close_listeners.append(self.peers.close)
         self.offnode = self._open_window()
-        self._collective(_Call("barrier", text="init (peers ready)"))
+        self._collective(Call("barrier", text="init (peers ready)"))
         log.debug("PE %d/%d ready: node PEs %s, backend %s", self.my_pe, self.n_pes,
                   self.node_pes, self.backend.name)
 
@@ -188,10 +151,10 @@ class SymmetricHeap:
 
     def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str = "") -> torch.Tensor:
         """An uninitialised symmetric tensor (collective)."""
-        call = _Call("malloc", text=_op_text or f"empty({shape!r}, {dtype})")
+        call = Call("malloc", text=_op_text or f"empty({shape!r}, {dtype})")
         try:
             dims, nbytes = tensor_nbytes(shape, dtype)
-            call.args = (nbytes, _DTYPE_CODE[dtype], _shape_code(dims))
+            call.args = (nbytes, DTYPE_CODE[dtype], shape_code(dims))
         except (TypeError, ValueError) as exc:
             call.error = exc
         with self._lock:
@@ -205,7 +168,7 @@ class SymmetricHeap:
         tensor = self.empty(shape, dtype, _op_text=f"zeros({shape!r}, {dtype})")
         tensor.zero_()
         self.backend.synchronize()
-        self._collective(_Call("barrier", text="zeros (filled)"))
+        self._collective(Call("barrier", text="zeros (filled)"))
         return tensor
 
     calloc = zeros
@@ -214,7 +177,7 @@ class SymmetricHeap:
         """Free a symmetric tensor (collective). `tensor` itself becomes empty;
         views of it made before (slices, ptr() views, on any PE) keep the old
         memory and data, and the block is reused only once all of them are gone."""
-        call = _Call("free", text="free(tensor)")
+        call = Call("free", text="free(tensor)")
         retirement = None
         try:
             with self._lock:
@@ -237,7 +200,7 @@ class SymmetricHeap:
         """A symmetric tensor of `nbytes` holding `tensor`'s leading bytes, as a
         1-D tensor of its dtype; `tensor` is freed as by free() (collective).
         The block is kept in place only when nothing else views it on any PE."""
-        call = _Call("realloc", text=f"realloc(tensor, {nbytes!r})")
+        call = Call("realloc", text=f"realloc(tensor, {nbytes!r})")
         retirement = None
         try:
             with self._lock:
@@ -247,7 +210,7 @@ class SymmetricHeap:
                     (count,), new_bytes = tensor_nbytes(_whole_elements(nbytes, dtype), dtype)
                     retirement = self.local.retire(tensor)
                     block = retirement.block
-                    call.args = (block.offset, new_bytes, _DTYPE_CODE[dtype])
+                    call.args = (block.offset, new_bytes, DTYPE_CODE[dtype])
                     call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
                 except (TypeError, ValueError, FreedTensorError) as exc:
                     call.error = exc
@@ -269,7 +232,7 @@ class SymmetricHeap:
                 retirement.restore()
             raise
 
-    def _allocate_collectively(self, nbytes: int, call: _Call) -> Block:
+    def _allocate_collectively(self, nbytes: int, call: Call) -> Block:
         """Allocate the block every PE agreed on; back, export and import new segments."""
         failure = None
         try:
@@ -282,14 +245,15 @@ class SymmetricHeap:
         # created can a PE fail alone, so only then is it agreed on.
         created_anywhere = failure is not None or bool(created)
         if created_anywhere:
-            if not self._all_ok(failure is None, call, "backing new memory"):
+            if not self.agreement.all_ok(failure is None, call, "backing new memory"):
                 if failure is None:
                     self.local.undo_allocation(block, created)
                 raise ShmemError(f"{call.text} failed: a PE could not back the new memory "
                                  f"({failure or 'see the error on the other PEs'}); nothing "
                                  f"was allocated on any PE") from failure
             try:
-                self._exchange(created, call)
+                self.exchange.run(self.agreement.seq, created, self.local.export, self.peers.map,
+                                  call.text)
                 if self.offnode is not None:
                     for segment in created:
                         self.offnode.attach(segment)
@@ -297,169 +261,47 @@ class SymmetricHeap:
             except PeerTimeoutError as exc:
                 # A PE is gone or stuck: agreeing on the failure would wait as long
                 # again (2x SHMEMVM_TIMEOUT). The heap is unusable from here on.
-                self._broken = self._broken or f"{call.text}: {exc}"
+                self.agreement.broken = self.agreement.broken or f"{call.text}: {exc}"
                 raise
             except (OSError, ShmemError, MPI.Exception) as exc:
                 exchange_failure = exc
             # Undoing releases the new segments, which unmaps peers' copies and
             # detaches them from the window (release listeners).
-            if not self._all_ok(exchange_failure is None, call, "sharing the new memory"):
+            if not self.agreement.all_ok(exchange_failure is None, call, "sharing the new memory"):
                 self.local.undo_allocation(block, created)
                 raise ShmemError(f"{call.text} failed while PEs shared the new memory "
                                  f"({exchange_failure or 'see the other PEs'}); undone on every "
                                  f"PE") from exchange_failure
         return block
 
-    # -- the agreement ------------------------------------------------------------
-    def _collective(self, call: _Call, flag: bool = True) -> bool:
+    # -- the agreement (agreement.py) ----------------------------------------------
+    @property
+    def _broken(self) -> str | None:
+        """Why the heap is unusable (a timed-out step), or None."""
+        return self.agreement.broken if self.agreement is not None else None
+
+    def _collective(self, call: Call, flag: bool = True) -> bool:
         """Agree that every PE makes this same call and release the blocks that
         nothing views any more on any PE. The same outcome on every PE; returns
         whether `flag` (a per-PE fact, not compared) holds on every PE."""
         self._check_usable()
         self._pending.update(self.local.take_dead())
-        self._seq += 1
-        vector = call.vector() + [self._seq, len(self._pending), int(flag)]
-        send = array.array("q", vector + [-v for v in vector])
-        recv = array.array("q", bytes(8 * len(send)))
-        self._wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), call)
-        n = len(vector)
-        highest, lowest = recv[:n - 2], [-v for v in recv[n:2 * n - 2]]
-        if list(highest) != lowest:
-            self._raise_mismatch(call)
-        if -recv[2 * n - 2] > 0:  # every PE has something pending
-            self._agree_on_collected()
-        if call.error is not None:
-            raise call.error
-        log.debug("PE %d: collective #%d %s", self.my_pe, self._seq, call.text)
-        return -recv[2 * n - 1] > 0
+        return self.agreement.collective(call, dead=self._pending, flag=flag)
+
+    def _release(self, offsets: set[int]) -> None:
+        """Release the blocks that nothing views on any PE any more."""
+        for offset in sorted(offsets):
+            self.local.release(offset)
+        self._pending -= offsets
 
     def _agree(self, op: str, args: tuple = (), text: str = "",
                error: BaseException | None = None) -> None:
         """_collective for callers outside this module (collectives.py)."""
-        self._collective(_Call(op, args, text, error))
+        self._collective(Call(op, args, text, error))
 
     def _wait_for(self, request: MPI.Request, op: str, text: str) -> None:
-        """_wait for callers outside this module (collectives.py)."""
-        self._wait(request, _Call(op, text=text))
-
-    def _wait(self, request: MPI.Request, call: _Call) -> None:
-        """Complete an MPI request or raise PeerTimeoutError at the deadline."""
-        if request.Test():
-            return
-        deadline = time.monotonic() + self.timeout
-        spins = 0
-        while not request.Test():
-            spins += 1
-            if spins % 64 == 0:
-                if time.monotonic() > deadline:
-                    self._broken = (f"{call.text or call.op} (collective #{self._seq}) timed out "
-                                    f"after {self.timeout:g} s")
-                    raise PeerTimeoutError(
-                        f"PE {self.my_pe}: not every PE joined {call.text or call.op} "
-                        f"(collective #{self._seq}) within {self.timeout:g} s (SHMEMVM_TIMEOUT): "
-                        f"a PE has died, hangs, or is in a different call. This heap cannot be "
-                        f"used any more; finalize() releases it")
-                # Yield the core, but do not sleep(0): on Linux that is a timed
-                # sleep of about the timer slack (50-100 us), not a yield.
-                if spins < 4096:
-                    os.sched_yield()
-                else:
-                    time.sleep(0.0002)
-
-    def _all_ok(self, ok: bool, call: _Call, what: str) -> bool:
-        flags = array.array("q", [1 if ok else 0])
-        result = array.array("q", [0])
-        self._wait(self.comm.Iallreduce(flags, result, op=MPI.MIN),
-                   _Call(call.op, text=f"{call.text} ({what})"))
-        return bool(result[0])
-
-    def _raise_mismatch(self, call: _Call) -> None:
-        mine = call.text or call.op
-        if call.error is not None:
-            mine += f" [rejected here: {call.error}]"
-        described = self.comm.allgather(f"{mine} (collective #{self._seq})")
-        groups: dict[str, list[int]] = {}
-        for pe, text in enumerate(described):
-            groups.setdefault(text, []).append(pe)
-        detail = "; ".join(f"PE {_pe_list(pes)}: {text}" for text, pes in groups.items())
-        raise SymmetryError(f"PEs made different collective calls: {detail}. Every PE must make "
-                            f"the same collective calls with the same arguments in the same "
-                            f"order; nothing was done") from call.error
-
-    def _agree_on_collected(self) -> None:
-        lists = self.comm.allgather(sorted(self._pending))
-        agreed = set(lists[0]).intersection(*lists[1:])
-        for offset in sorted(agreed):
-            self.local.release(offset)
-        self._pending -= agreed
-
-    # -- fd exchange on the node ----------------------------------------------------
-    def _exchange(self, created: list[Segment], call: _Call) -> None:
-        """Send our new segments to every PE of the node and map theirs."""
-        if not self._peer_paths:
-            return
-        payload = _HEADER.pack(_MAGIC, self.my_pe, self._seq, len(created)) + b"".join(
-            _SEGMENT.pack(s.offset, s.size, s.generation) for s in created)
-        fds = [self.local.export(segment) for segment in created]
-        # Send and receive interleaved: a mailbox holds only net.unix.max_dgram_qlen
-        # datagrams (often 10), so with more peers than that (or a flood from a rogue)
-        # PEs that only sent before receiving would wait on each other forever.
-        unsent, waiting = sorted(self._peer_paths), set(self._peer_paths)
-        deadline = time.monotonic() + self.timeout
-        try:
-            while True:
-                unsent = [pe for pe in unsent
-                          if not self.channel.try_send(self._peer_paths[pe], payload, fds)]
-                if not unsent and not waiting:
-                    break
-                try:
-                    if not waiting:
-                        raise socket.timeout
-                    message = self.channel.receive(
-                        min(deadline, time.monotonic() + 0.001) if unsent else deadline)
-                except socket.timeout:
-                    if time.monotonic() < deadline:
-                        if not waiting:
-                            time.sleep(0.0005)  # only sends left: their mailboxes drain
-                        continue
-                    stuck = sorted(set(unsent) | waiting)
-                    self._broken = f"{call.text}: no memory exchanged with PE(s) {_pe_list(stuck)}"
-                    raise PeerTimeoutError(
-                        f"PE {self.my_pe}: {call.text} waited {self.timeout:g} s (SHMEMVM_TIMEOUT) "
-                        f"for the new memory of PE(s) {_pe_list(sorted(waiting)) or '-'}; "
-                        f"mailbox full at PE(s) {_pe_list(unsent) or '-'}") from None
-                source = self._accept(message, created, waiting)
-                if source is not None:
-                    for segment, fd in zip(created, message.fds):
-                        self.peers.map(source, segment, fd)
-                    waiting.discard(source)
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-    def _accept(self, message: Message, expected: list[Segment], waiting: set[int]) -> int | None:
-        """The sending PE if `message` is the one we wait for from it, else None
-        (the message is then rejected: logged, its descriptors closed)."""
-        if len(message.payload) < _HEADER.size:
-            self.channel.reject(message, "too short to be a shmemvm message")
-            return None
-        magic, source, seq, count = _HEADER.unpack_from(message.payload)
-        if magic != _MAGIC:
-            self.channel.reject(message, "not a shmemvm message")
-            return None
-        if source not in waiting or message.pid != self._peer_pids.get(source) \
-                or message.uid != os.getuid():
-            self.channel.reject(message, f"claims to be PE {source}, whose pid is "
-                                         f"{self._peer_pids.get(source)}")
-            return None
-        body = message.payload[_HEADER.size:]
-        segments = [Segment(*_SEGMENT.unpack_from(body, i * _SEGMENT.size)) for i in range(count)
-                    ] if len(body) == count * _SEGMENT.size else None
-        if seq != self._seq or segments != expected or len(message.fds) != count:
-            self.channel.reject(message, "out of step with this collective")
-            raise ShmemError(f"PE {source} sent segments {segments} for collective #{seq} where "
-                             f"this PE expected {expected} for #{self._seq}: the heaps diverged")
-        return source
+        """Agreement.wait for callers outside this module (collectives.py)."""
+        self.agreement.wait(request, Call(op, text=text))
 
     # -- one-sided access ------------------------------------------------------------
     def _check_pe(self, pe) -> int:
@@ -577,7 +419,7 @@ class SymmetricHeap:
         """Complete this PE's puts, then wait for every PE (collective)."""
         with self._lock:
             self.quiet()
-            self._collective(_Call("barrier", text="barrier_all()"))
+            self._collective(Call("barrier", text="barrier_all()"))
 
     def sync_all(self) -> None:
         """Wait for every PE (collective). This PE's own stores are complete
@@ -586,7 +428,7 @@ class SymmetricHeap:
         on would order nothing; off-node nbi operations are not flushed."""
         with self._lock:
             self.backend.synchronize()
-            self._collective(_Call("sync", text="sync_all()"))
+            self._collective(Call("sync", text="sync_all()"))
 
     def heap_info(self) -> dict:
         if self.closed:  # stats of released memory would mislead; a broken heap still reports
@@ -599,7 +441,7 @@ class SymmetricHeap:
     def trim(self) -> int:
         """Give back cached physical memory now (collective); returns bytes released."""
         with self._lock:
-            self._collective(_Call("trim", text="trim()"))
+            self._collective(Call("trim", text="trim()"))
             return self.local.trim()
 
     # -- atomics and signals (atomics.py): one-element int32/int64/uint64 views ------
@@ -677,9 +519,8 @@ class SymmetricHeap:
     def _check_usable(self) -> None:
         if self.closed:
             raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
-        if self._broken:
-            raise PeerTimeoutError(f"this symmetric heap is unusable since {self._broken}; "
-                                   f"call finalize()")
+        if self.agreement is not None:
+            self.agreement.check_usable()
 
     def finalize(self) -> None:
         """Release everything (collective when the heap is healthy)."""
@@ -689,7 +530,7 @@ class SymmetricHeap:
             if not self._broken:
                 with self._lock:
                     self.quiet()
-                    self._collective(_Call("finalize", text="finalize()"))
+                    self._collective(Call("finalize", text="finalize()"))
         except SymmetryError:
             raise  # other PEs are in another call: as the error says, nothing was done
         except BaseException:
@@ -733,6 +574,3 @@ def _whole_elements(nbytes, dtype: torch.dtype) -> int:
                          f"{dtype.itemsize} of {dtype}, got {nbytes}")
     return nbytes // dtype.itemsize
 
-
-def _pe_list(pes: list[int]) -> str:
-    return ", ".join(map(str, pes))

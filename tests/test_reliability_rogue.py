@@ -28,7 +28,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-import shmemvm.heap as heap_module
+from shmemvm import exchange
 from shmemvm import SymmetricHeap
 from util import open_fds, shmemvm_mappings
 
@@ -55,8 +55,7 @@ def forged_payload(heap: SymmetricHeap, source: int, nbytes: int) -> bytes:
     allocator)."""
     _, created = copy.deepcopy(heap.local._core).allocate(nbytes)
     assert created, "the malloc must create a segment for this test"
-    return heap_module._HEADER.pack(heap_module._MAGIC, source, heap._seq + 1, len(created)) + \
-        b"".join(heap_module._SEGMENT.pack(s.offset, s.size, s.generation) for s in created)
+    return exchange.encode(source, heap.agreement.seq + 1, created)
 
 
 def rogue_lines() -> list[str]:
