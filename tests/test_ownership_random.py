@@ -69,6 +69,7 @@ class Obj:
     tensor: torch.Tensor | None              # this PE's tensor (None: dropped or freed here)
     owners: set[int]                         # PEs that still hold their tensor
     freed: bool = False                      # freed explicitly, by realloc, or by the collector
+    freed_by_call: bool = False              # by free()/realloc(): what heap_info calls deferred
     views: dict[int, "View"] = field(default_factory=dict)
 
 
@@ -134,7 +135,10 @@ class Run:
                                        for v in obj.views.values())
 
     def deferred(self) -> int:
-        return sum(1 for o in self.objects.values() if o.freed)
+        """Blocks free()/realloc() gave up that views still keep. A block whose
+        tensors were collected on every PE while a view holds it counts as live
+        in heap_info: no PE knows that every other one dropped it."""
+        return sum(1 for o in self.objects.values() if o.freed_by_call)
 
     def before_read(self) -> None:
         """Barrier before reading what another PE may have written."""
@@ -242,7 +246,7 @@ class Run:
         self.heap.free(obj.tensor)
         obj.tensor = None
         obj.owners.clear()
-        obj.freed = True
+        obj.freed = obj.freed_by_call = True
         if not obj.views:
             del self.objects[obj.name]
         self.recent_sizes.append(obj.nbytes)
@@ -261,7 +265,7 @@ class Run:
             self.fail(f"realloc of object {obj.name} to {nbytes} bytes lost its first {keep} bytes")
         obj.tensor = None
         obj.owners.clear()
-        obj.freed = True
+        obj.freed = obj.freed_by_call = True
         self.recent_sizes.append(obj.nbytes)
         t.copy_(pattern(self.step, self.me, nbytes))
         self.written = True

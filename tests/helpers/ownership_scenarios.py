@@ -124,6 +124,7 @@ def outlive(report: Report) -> None:
     later = [h2.zeros(100, torch.float32), h2.malloc(3 << 20), h2.malloc(8 << 20)]
     for t in later:
         t.fill_(100)
+    del t  # a loop variable would keep the last tensor (and its memory) alive
     h2.barrier_all()
     report.stage("read tensors of the finalized heap")
     report.check("own tensor keeps its data after finalize()", bool((x == me + 3).all()),

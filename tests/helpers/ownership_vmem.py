@@ -92,6 +92,7 @@ def close_with_views(report: Report) -> None:
              h2.allocate(8 * G, torch.uint8)]
     for t in later:
         t.fill_(9)
+    del t  # a loop variable would keep the last tensor (and its memory) alive
     report.stage("read tensors of the closed heap")
     report.check("own tensor keeps its data after close()", bool((small == 3).all()),
                  small[:16].tolist())
