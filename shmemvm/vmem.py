@@ -75,9 +75,11 @@ def tensor_nbytes(shape, dtype: torch.dtype) -> tuple[tuple[int, ...], int]:
     return dims, math.prod(dims) * dtype.itemsize
 
 
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
 def _use_count(storage: torch.UntypedStorage) -> int | None:
-    counter = getattr(torch._C, "_storage_Use_Count", None)
-    return None if counter is None else counter(storage._cdata)
+    return None if _storage_use_count is None else _storage_use_count(storage._cdata)
 
 
 def _only_holder(storage: torch.UntypedStorage) -> bool:
@@ -133,6 +135,8 @@ class Retirement:
     """First half of freeing a tensor: the tensor is detached from its block
     (it becomes empty) and `alone` says whether anything else here still views
     the block. restore() undoes the detaching (a collective free that failed)."""
+
+    __slots__ = ("block", "tensor", "storage", "_geometry", "detached", "alone")
 
     def __init__(self, block: Block, tensor: torch.Tensor, record: _Record):
         self.block = block
@@ -436,6 +440,8 @@ class VMemPow2Allocator:
     def take_dead(self) -> list[int]:
         """Offsets of blocks nothing here views any more (GC'd, or freed and
         their last view gone), handed over to be released (release())."""
+        if not self._dead and not self._mailbox.events:
+            return []  # the common case, without the lock
         with self._lock:
             self._absorb_events()
             dead, self._dead = sorted(self._dead), set()
