@@ -361,9 +361,13 @@ class VMemPow2Allocator:
         with self._lock:
             try:
                 block, created = self._core.allocate(nbytes)
-            finally:
-                self._unback_released()
+            except BaseException:
+                self._unback_released()  # what it evicted before it failed
+                raise
             try:
+                # Unmapping evicted segments can fail on one PE alone: the block is
+                # then returned here too, as the other PEs will (undo_allocation).
+                self._unback_released()
                 for segment in created:
                     self._back(segment)
             except BaseException:
@@ -543,7 +547,16 @@ class VMemPow2Allocator:
         self.backend.release(handle)
 
     def _unback_released(self) -> list[Segment]:
+        """Unmap what the allocator released; every segment is tried, the first
+        failure is raised after (the allocator's state has moved on regardless)."""
         released = self._core.take_released()
+        failure = None
         for segment in released:
-            self._unback(segment)
+            try:
+                self._unback(segment)
+            except Exception as exc:  # noqa: BLE001 - keep releasing the rest
+                log.warning("shmemvm: releasing segment %s failed: %s", segment, exc)
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         return released
