@@ -74,11 +74,12 @@ def _target(heap, dest, pe, what: str):
         raise ValueError(f"{what}: the target at {dest.data_ptr():#x} is not aligned to its "
                          f"{dest.element_size()}-byte element size; use an element of a "
                          f"tensor allocated with dtype {dest.dtype}")
-    if heap.device.type != "cpu":
+    if not heap.backend.mpi_accessible:
         raise UnsupportedError(
-            f"{what}: this heap holds {heap.device} memory, and atomics go through MPI, "
-            f"which shmemvm does not assume can reach device memory (no GPU-aware MPI); "
-            f"keep counters, flags and signals in a host-backend heap (backend='host')")
+            f"{what}: this heap holds {heap.backend.name} backend memory on {heap.device}, "
+            f"and atomics go through MPI, which shmemvm does not assume can reach it (no "
+            f"GPU-aware MPI); keep counters, flags and signals in a host-backend heap "
+            f"(backend='host')")
     window = heap.window(what)
     mpi_type, code = ATOMIC_DTYPES[dest.dtype]
     return pe, window.displacement(dest, pe), mpi_type, code, window.win

@@ -134,9 +134,9 @@ class SymmetricHeap:
         node too), or None where there is nothing for it to carry or the MPI
         library cannot make one (the reason is kept for the error messages)."""
         self._window_error = None
-        if self.device.type != "cpu" and len(self.node_pes) == self.n_pes:
-            self._window_error = (f"{self.device.type} memory is not handed to MPI (shmemvm does "
-                                  f"not assume a GPU-aware MPI)")
+        if not self.backend.mpi_accessible and len(self.node_pes) == self.n_pes:
+            self._window_error = (f"{self.backend.name} backend's {self.device.type} memory is "
+                                  f"not handed to MPI (shmemvm does not assume a GPU-aware MPI)")
             return None
         try:
             return OffNodeWindow(self.comm, self.local, healthy=lambda: not self._broken)

@@ -42,7 +42,7 @@ class OffNodeWindow:
         self.my_pe = comm.Get_rank()
         self.local = local                      # the VMemPow2Allocator of this PE
         self._healthy = healthy or (lambda: True)
-        self.device_memory = local.device.type != "cpu"
+        self.device_memory = not local.backend.mpi_accessible  # a backend property
         self.win = MPI.Win.Create_dynamic(comm=comm)
         self.win.Set_errhandler(MPI.ERRORS_RETURN)
         self.bases = comm.allgather(local.base)
