@@ -139,7 +139,8 @@ class SymmetricHeap:
                                   f"not handed to MPI (shmemvm does not assume a GPU-aware MPI)")
             return None
         try:
-            return OffNodeWindow(self.comm, self.local, healthy=lambda: not self._broken)
+            return OffNodeWindow(self.comm, self.local, healthy=lambda: not self._broken,
+                                 timeout=self.timeout, broken=self._mark_broken)
         except MPI.Exception as exc:  # e.g. Open MPI without a usable osc component
             self._window_error = (f"MPI could not create a dynamic window: {exc} (Open MPI 4.1: "
                                   f"run with -mca osc pt2pt and MPI4PY_RC_THREAD_LEVEL="
@@ -147,6 +148,10 @@ class SymmetricHeap:
             log.warning("shmemvm: %s; off-node access and atomics are unavailable",
                         self._window_error)
             return None
+
+    def _mark_broken(self, text: str) -> None:
+        """An operation on the window timed out: later calls say the heap is unusable."""
+        self._broken = self._broken or text
 
     def window(self, what: str) -> OffNodeWindow:
         """The MPI window, or UnsupportedError saying why `what` cannot use one."""
