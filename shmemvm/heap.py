@@ -583,6 +583,7 @@ class SymmetricHeap:
         return self.peers.view(pe, self.local.offset_of(tensor), tensor)
 
     def _source_for(self, source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:
+        """put's `source` as dest's shape, or a clear error."""
         if not isinstance(source, torch.Tensor):
             raise TypeError(f"{op}: source must be a torch.Tensor, got {type(source).__name__}")
         if source.dtype != dest.dtype:
@@ -595,6 +596,20 @@ class SymmetricHeap:
             raise ValueError(f"{op}: source has {source.numel()} elements, destination "
                              f"{dest.numel()}; slice them to the same length")
         return source.reshape(shape)
+
+    @staticmethod
+    def _check_get_dest(dest: torch.Tensor, source: torch.Tensor) -> None:
+        """get's checks, named the way round they are: `dest` (any tensor) receives
+        symmetric `source`."""
+        if not isinstance(dest, torch.Tensor):
+            raise TypeError(f"get: dest must be a torch.Tensor, got {type(dest).__name__}")
+        if dest.dtype != source.dtype:
+            raise TypeError(f"get: destination dtype {dest.dtype} differs from source dtype "
+                            f"{source.dtype}; get into a {source.dtype} tensor and convert "
+                            f"it afterwards")
+        if dest.numel() != source.numel():
+            raise ValueError(f"get: source has {source.numel()} elements, destination "
+                             f"{dest.numel()}; slice them to the same length")
 
     def put(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
         """Copy `source` (any tensor) into symmetric `dest` on PE `pe`.
@@ -667,9 +682,7 @@ class SymmetricHeap:
         if type(pe) is not int or not 0 <= pe < self.n_pes:  # else it is valid as it is
             pe = self._check_pe(pe)
         block = self._symmetric(source, "source")
-        if not isinstance(dest, torch.Tensor):
-            raise TypeError(f"get: dest must be a torch.Tensor, got {type(dest).__name__}")
-        self._source_for(dest, source, "get")  # same checks, other direction
+        self._check_get_dest(dest, source)
         try:
             target = dest if dest.shape == source.shape else dest.view(source.shape)
         except RuntimeError:  # dest's strides cannot take source's shape: stage it

@@ -233,11 +233,16 @@ def test_put_get_size_and_type_mismatch(heap):
         (lambda: heap.put(x, torch.ones(8), pe), ValueError, r"source has 8 elements"),
         (lambda: heap.put(x[8:], torch.ones(16), pe), ValueError, r"source has 16 elements, "
                                                                    r"destination 8"),
+        # get names source (symmetric, read) and destination (written) the right way round
         (lambda: heap.get(torch.empty(32), x, pe), ValueError,
-         r"get: source has 32 elements, destination 16"),
+         r"^get: source has 16 elements, destination 32;"),
+        (lambda: heap.get(torch.empty(8), x[:12], pe), ValueError,
+         r"^get: source has 12 elements, destination 8;"),
         (lambda: heap.put(x, torch.ones(16, dtype=torch.float64), pe), TypeError,
          r"source dtype torch.float64 differs from destination dtype torch.float32"),
-        (lambda: heap.get(torch.empty(16, dtype=torch.int32), x, pe), TypeError, r"dtype"),
+        (lambda: heap.get(torch.empty(16, dtype=torch.int32), x, pe), TypeError,
+         r"^get: destination dtype torch.int32 differs from source dtype torch.float32; get "
+         r"into a torch.float32 tensor"),
         (lambda: heap.put(x, [1.0] * 16, pe), TypeError, r"source must be a torch.Tensor"),
         (lambda: heap.get([0.0] * 16, x, pe), TypeError, r"dest must be a torch.Tensor"),
         (lambda: heap.put(x, np.ones(16, np.float32), pe), TypeError, r"torch.Tensor"),
