@@ -923,8 +923,14 @@ class SymmetricHeap:
 
 
 def _whole_elements(nbytes, dtype: torch.dtype) -> int:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+    """realloc's `nbytes` as a number of elements of `dtype`. Any integer type is
+    accepted (NumPy's, a one-element integer tensor), as malloc accepts them."""
+    if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
         raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}")
+    try:
+        nbytes = operator.index(nbytes)
+    except TypeError:  # e.g. a float tensor: has __index__, refuses it
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}") from None
     if nbytes < 0 or nbytes % dtype.itemsize:
         raise ValueError(f"nbytes must be a non-negative multiple of the element size "
                          f"{dtype.itemsize} of {dtype}, got {nbytes}")

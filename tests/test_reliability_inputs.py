@@ -96,6 +96,15 @@ def test_integer_like_sizes_are_accepted(heap):
         t = heap.malloc(size)
         assert t.shape == (24,) and t.dtype == torch.uint8
         heap.free(t)
+    x = heap.zeros(4, torch.int32)
+    for size in (np.int64(32), np.uint16(64), torch.tensor(8), 16):   # realloc as malloc
+        x = heap.realloc(x, size)
+        assert x.shape == (int(size) // 4,) and x.dtype == torch.int32
+    raises_everywhere(heap, lambda: heap.realloc(x, np.float64(16)), TypeError,
+                      r"nbytes must be an int, got float64")
+    raises_everywhere(heap, lambda: heap.realloc(x, torch.tensor(16.0)), TypeError,
+                      r"nbytes must be an int, got Tensor")
+    heap.free(x)
     assert_heap_usable(heap)
 
 
