@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from . import _dlpack, atomics, collectives
 from .allocator import Block, Segment
-from .config import setting
+from .config import parse_size, setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
                      SymmetryError, UnsupportedError)
 from .fdpass import FdChannel, Message
@@ -109,6 +109,7 @@ class SymmetricHeap:
             self.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
                                            local_rank=self.node.Get_rank())
             self.backend = self.local.backend
+            _note_rounding(heap_size, self.local.heap_size, self.backend, self.my_pe)
             call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
                          zlib.crc32(self.backend.name.encode()))
             call.text = (f"init(heap_size={self.local.heap_size}, backend={self.backend.name}, "
@@ -920,6 +921,15 @@ class SymmetricHeap:
 
     def __exit__(self, *exc):
         self.finalize()
+
+
+def _note_rounding(heap_size, budget: int, backend, pe: int) -> None:
+    """Say (INFO, once: PE 0) where the heap size was rounded up to the granularity."""
+    requested = parse_size(setting("SHMEMVM_HEAP_SIZE", heap_size))
+    if budget != requested and pe == 0:
+        log.info("shmemvm: heap_size %d (%r) rounded up to %d bytes, a multiple of the %s "
+                 "backend's granularity %d", requested, heap_size if heap_size is not None
+                 else setting("SHMEMVM_HEAP_SIZE"), budget, backend.name, backend.granularity)
 
 
 def _whole_elements(nbytes, dtype: torch.dtype) -> int:

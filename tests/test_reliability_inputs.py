@@ -10,6 +10,7 @@ round trip moves the right bytes.
 from __future__ import annotations
 
 import gc
+import logging
 import re
 
 import numpy as np
@@ -106,6 +107,25 @@ def test_integer_like_sizes_are_accepted(heap):
                       r"nbytes must be an int, got Tensor")
     heap.free(x)
     assert_heap_usable(heap)
+
+
+def test_heap_size_is_rounded_up_to_the_granularity_and_says_so(caplog):
+    caplog.set_level(logging.INFO, logger="shmemvm")
+    with SymmetricHeap(MPI.COMM_WORLD, heap_size=1000, backend="host", timeout=30) as h:
+        granularity = h.backend.granularity
+        assert h.heap_size == granularity == h.heap_info()["heap_size"]
+        t = h.malloc(1000)                                   # the rounded budget is usable
+        assert t.shape == (1000,)
+    said = [r.getMessage() for r in caplog.records if "rounded up" in r.getMessage()]
+    if world.Get_rank() == 0:
+        assert said == [f"shmemvm: heap_size 1000 (1000) rounded up to {granularity} bytes, "
+                        f"a multiple of the host backend's granularity {granularity}"]
+    else:
+        assert said == []                                    # once per job, not per PE
+    caplog.clear()
+    with SymmetricHeap(MPI.COMM_WORLD, heap_size="1.5M", backend="host", timeout=30) as h:
+        assert h.heap_size == 3 << 19                        # a multiple already: no note
+    assert not [r for r in caplog.records if "rounded up" in r.getMessage()]
 
 
 SHAPE_CASES = [
