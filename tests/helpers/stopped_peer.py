@@ -73,7 +73,9 @@ def main() -> None:
     comm.Barrier()
     if me == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
-        os._exit(0)                                 # continued by PE 0 once it is done
+        for _, heap, _, _ in runs:                  # continued by PE 0 once it is done:
+            heap.channel.close()                    # leave no socket directory behind
+        os._exit(0)
 
     deadline = time.monotonic() + 30
     while not stopped(pids[1]) and time.monotonic() < deadline:
