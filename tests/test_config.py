@@ -1,6 +1,13 @@
-"""Settings: sizes as users write them."""
+"""Settings: sizes as users write them; the test suite's own setting."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+import shmemvm.backends
 
 from shmemvm.config import SETTINGS, parse_size
 
@@ -24,3 +31,16 @@ def test_parse_size_refuses(text):
 
 def test_heap_size_setting_says_it_rounds():
     assert "granularity" in SETTINGS["SHMEMVM_HEAP_SIZE"][1]
+
+
+@pytest.mark.skipif(shmemvm.backends.available("cuda"), reason="cuda can run here")
+def test_an_unavailable_test_backend_fails_the_run():
+    """SHMEMVM_TEST_BACKEND asks for a backend: where it cannot run, the run fails
+    instead of skipping every test that would use it."""
+    env = {**os.environ, "SHMEMVM_TEST_BACKEND": "cuda"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--co", __file__], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parent.parent)
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert "SHMEMVM_TEST_BACKEND=cuda was asked for, but that backend cannot run here" in \
+        done.stdout + done.stderr
