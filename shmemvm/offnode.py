@@ -129,16 +129,17 @@ class OffNodeWindow:
         """Complete MPI `requests` (one or a list) of an operation on PE `pe`, or at
         the deadline mark the heap broken and raise PeerTimeoutError."""
         if isinstance(requests, MPI.Request):
-            if requests.Test():       # the common case, a few microseconds after issue
-                return
-            requests = [requests]
-        elif MPI.Request.Testall(requests):
+            test = requests.Test      # the common case: one request, a few microseconds
+        else:
+            def test():
+                return MPI.Request.Testall(requests)
+        if test():
             return
         deadline = time.monotonic() + (self.timeout if self.timeout is not None else float("inf"))
         spins = 0
-        while not MPI.Request.Testall(requests):
+        while not test():
             spins += 1
-            if spins % 64:
+            if spins & 63:
                 continue
             if time.monotonic() > deadline:
                 self._broken(f"{what} to PE {pe} timed out after {self.timeout:g} s")
