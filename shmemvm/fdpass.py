@@ -138,7 +138,7 @@ def _remove_directory(directory: str) -> None:
     rogue of the same user put there), never following a symbolic link."""
     try:
         info = os.lstat(directory)
-    except FileNotFoundError:
+    except OSError:  # gone already (another PE's sweep), or not ours to look at
         return
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         return
@@ -167,12 +167,12 @@ def _is_stale(directory: str, name: str, info: os.stat_result) -> bool:
     user that no process uses any more."""
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         return False
-    try:
+    try:  # other processes close and remove their directories while we look
         entries = list(os.scandir(directory))
+        sockets = [e for e in entries if e.name.endswith(".sock")
+                   and stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)]
     except OSError:
         return False
-    sockets = [e for e in entries if e.name.endswith(".sock")
-               and stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)]
     if sockets:
         # A PE's directory holds its one socket; rogue leftovers do not make it live.
         return not any(_socket_is_bound(e.path) for e in sockets)
@@ -202,12 +202,12 @@ def sweep_stale_directories(root: str | None = None) -> list[str]:
     for entry in candidates:
         try:
             info = entry.stat(follow_symlinks=False)
-        except OSError:
+            if _is_stale(entry.path, entry.name, info):
+                _remove_directory(entry.path)
+                if not os.path.lexists(entry.path):
+                    removed.append(entry.path)
+        except OSError:  # gone or changed meanwhile: not ours to judge this time
             continue
-        if _is_stale(entry.path, entry.name, info):
-            _remove_directory(entry.path)
-            if not os.path.lexists(entry.path):
-                removed.append(entry.path)
     if removed:
         log.info("shmemvm: removed %d socket directories left by PEs that ended without "
                  "finalize(): %s", len(removed), ", ".join(removed))

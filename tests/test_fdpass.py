@@ -99,3 +99,17 @@ def test_sweep_of_directories_without_a_socket(tmp):
         os.utime(directory, (old, old))
     assert sweep_stale_directories() == [str(dead_old)]
     assert dead_new.is_dir() and alive_old.is_dir()
+
+
+def test_sweep_survives_directories_that_vanish_while_it_looks(tmp, monkeypatch):
+    """Other PEs close and remove their directories during a sweep (seen in the
+    4-PE suite: a socket gone between listing and stat); a new channel must
+    still be made."""
+    (tmp / "shmemvm-1-gone").mkdir()
+
+    def vanished(directory, name, info):
+        raise FileNotFoundError(2, "No such file or directory", directory)
+
+    monkeypatch.setattr(fdpass, "_is_stale", vanished)
+    assert sweep_stale_directories() == []
+    FdChannel("pe0").close()
