@@ -6,11 +6,18 @@
     shmem.put(x, torch.ones(1024), (shmem.my_pe() + 1) % shmem.n_pes())
     shmem.barrier_all()
     shmem.finalize()
+
+Every function but init/finalize/default_heap is the SymmetricHeap method of
+the same name, called on the default heap: the forwarders are generated
+below from the methods (_forward), so each function is written once, in
+heap.py, atomics.py or collectives.py, and help(shmemvm.put) shows that
+method's signature (without the heap) and docstring.
 """
 
 from __future__ import annotations
 
-import torch
+import functools
+import inspect
 
 from .errors import ShmemError
 from .heap import SymmetricHeap
@@ -47,177 +54,57 @@ def default_heap() -> SymmetricHeap:
     return _heap
 
 
-def query_thread() -> int:
-    """The thread level of the default heap (shmemvm.THREAD_SINGLE .. THREAD_MULTIPLE);
-    request one with init(thread_level=...)."""
-    return default_heap().query_thread()
-
-
-def my_pe() -> int:
-    return default_heap().my_pe
-
-
-def n_pes() -> int:
-    return default_heap().n_pes
-
-
-def malloc(nbytes: int) -> torch.Tensor:
-    return default_heap().malloc(nbytes)
-
-
-def empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return default_heap().empty(shape, dtype)
-
-
-def zeros(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return default_heap().zeros(shape, dtype)
-
-
-calloc = zeros
-
-
-def realloc(tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
-    return default_heap().realloc(tensor, nbytes)
-
-
-def free(tensor: torch.Tensor) -> None:
-    default_heap().free(tensor)
-
-
-def put(dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-    default_heap().put(dest, source, pe)
-
-
-def get(dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-    default_heap().get(dest, source, pe)
-
-
-def put_nbi(dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-    default_heap().put_nbi(dest, source, pe)
-
-
-def get_nbi(dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-    default_heap().get_nbi(dest, source, pe)
-
-
-def quiet() -> None:
-    default_heap().quiet()
-
-
-def fence() -> None:
-    default_heap().fence()
-
-
-def ptr(tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
-    return default_heap().ptr(tensor, pe)
-
-
-def barrier_all() -> None:
-    default_heap().barrier_all()
-
-
-def sync_all() -> None:
-    default_heap().sync_all()
-
-
-def heap_info() -> dict:
-    return default_heap().heap_info()
-
-
-# -- atomics, point-to-point synchronization, signals (one-element int views) ------------
-def atomic_fetch(dest: torch.Tensor, pe: int) -> int:
-    return default_heap().atomic_fetch(dest, pe)
-
-
-def atomic_set(dest: torch.Tensor, value: int, pe: int) -> None:
-    default_heap().atomic_set(dest, value, pe)
-
-
-def atomic_add(dest: torch.Tensor, value: int, pe: int) -> None:
-    default_heap().atomic_add(dest, value, pe)
-
-
-def atomic_inc(dest: torch.Tensor, pe: int) -> None:
-    default_heap().atomic_inc(dest, pe)
-
-
-def atomic_fetch_add(dest: torch.Tensor, value: int, pe: int) -> int:
-    return default_heap().atomic_fetch_add(dest, value, pe)
-
-
-def atomic_fetch_inc(dest: torch.Tensor, pe: int) -> int:
-    return default_heap().atomic_fetch_inc(dest, pe)
-
-
-def atomic_swap(dest: torch.Tensor, value: int, pe: int) -> int:
-    return default_heap().atomic_swap(dest, value, pe)
-
-
-def atomic_compare_swap(dest: torch.Tensor, cond: int, value: int, pe: int) -> int:
-    return default_heap().atomic_compare_swap(dest, cond, value, pe)
-
-
-def atomic_fetch_and(dest: torch.Tensor, value: int, pe: int) -> int:
-    return default_heap().atomic_fetch_and(dest, value, pe)
-
-
-def atomic_fetch_or(dest: torch.Tensor, value: int, pe: int) -> int:
-    return default_heap().atomic_fetch_or(dest, value, pe)
-
-
-def atomic_fetch_xor(dest: torch.Tensor, value: int, pe: int) -> int:
-    return default_heap().atomic_fetch_xor(dest, value, pe)
-
-
-def atomic_and(dest: torch.Tensor, value: int, pe: int) -> None:
-    default_heap().atomic_and(dest, value, pe)
-
-
-def atomic_or(dest: torch.Tensor, value: int, pe: int) -> None:
-    default_heap().atomic_or(dest, value, pe)
-
-
-def atomic_xor(dest: torch.Tensor, value: int, pe: int) -> None:
-    default_heap().atomic_xor(dest, value, pe)
-
-
-def wait_until(ivar: torch.Tensor, cmp: str, value: int, timeout: float | None = None) -> int:
-    return default_heap().wait_until(ivar, cmp, value, timeout)
-
-
-def test(ivar: torch.Tensor, cmp: str, value: int) -> bool:
-    return default_heap().test(ivar, cmp, value)
-
-
-test.__test__ = False  # not a pytest test when imported into a test module
-
-
-def put_signal(dest: torch.Tensor, source: torch.Tensor, sig: torch.Tensor, value: int, op: str,
-               pe: int) -> None:
-    default_heap().put_signal(dest, source, sig, value, op, pe)
-
-
-def signal_fetch(sig: torch.Tensor) -> int:
-    return default_heap().signal_fetch(sig)
-
-
-def signal_wait_until(sig: torch.Tensor, cmp: str, value: int,
-                      timeout: float | None = None) -> int:
-    return default_heap().signal_wait_until(sig, cmp, value, timeout)
-
-
-# -- collectives on contiguous symmetric tensors --------------------------------------------
-def broadcast(dest: torch.Tensor, source: torch.Tensor, root: int) -> None:
-    default_heap().broadcast(dest, source, root)
-
-
-def fcollect(dest: torch.Tensor, source: torch.Tensor) -> None:
-    default_heap().fcollect(dest, source)
-
-
-def reduce(dest: torch.Tensor, source: torch.Tensor, op: str = "sum") -> None:
-    default_heap().reduce(dest, source, op)
-
-
-def alltoall(dest: torch.Tensor, source: torch.Tensor) -> None:
-    default_heap().alltoall(dest, source)
+# -- the forwarders ------------------------------------------------------------------------
+def _forward(name: str):
+    """shmemvm.<name>(...) = default_heap().<name>(...), with the method's name,
+    docstring and signature less its first parameter (self / heap) and less
+    private keyword parameters (a leading underscore)."""
+    method = getattr(SymmetricHeap, name)
+    signature = inspect.signature(method)
+    parameters = [p for p in list(signature.parameters.values())[1:]
+                  if not p.name.startswith("_")]
+
+    @functools.wraps(method)
+    def forwarder(*args, **kwargs):
+        return getattr(default_heap(), name)(*args, **kwargs)
+
+    forwarder.__name__ = forwarder.__qualname__ = name
+    forwarder.__module__ = __name__
+    forwarder.__signature__ = signature.replace(parameters=parameters)  # what help() shows
+    return forwarder
+
+
+def _attribute(name: str, doc: str):
+    """shmemvm.<name>() = default_heap().<name> (an attribute of the heap)."""
+    def forwarder() -> int:
+        return getattr(default_heap(), name)
+
+    forwarder.__name__ = forwarder.__qualname__ = name
+    forwarder.__doc__ = doc
+    return forwarder
+
+
+my_pe = _attribute("my_pe", "This PE's number in the default heap's communicator (0..n_pes()-1).")
+n_pes = _attribute("n_pes", "The number of PEs of the default heap.")
+
+#: SymmetricHeap methods that are also module functions, in the order of the API table
+FORWARDED = (
+    # collective allocation
+    "malloc", "empty", "zeros", "calloc", "realloc", "free",
+    # one-sided access and its completion
+    "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
+    # synchronisation and state
+    "barrier_all", "sync_all", "heap_info", "query_thread",
+    # atomics, point-to-point synchronisation, signals (atomics.py)
+    "atomic_fetch", "atomic_set", "atomic_add", "atomic_inc", "atomic_fetch_add",
+    "atomic_fetch_inc", "atomic_swap", "atomic_compare_swap", "atomic_fetch_and",
+    "atomic_fetch_or", "atomic_fetch_xor", "atomic_and", "atomic_or", "atomic_xor",
+    "wait_until", "test", "put_signal", "signal_fetch", "signal_wait_until",
+    # collectives (collectives.py)
+    "broadcast", "fcollect", "reduce", "alltoall",
+)
+globals().update({_name: _forward(_name) for _name in FORWARDED})
+
+test.__test__ = False  # noqa: F821 -- not a pytest test when imported into a test module
+
+__all__ = ["init", "finalize", "default_heap", "my_pe", "n_pes", *FORWARDED]

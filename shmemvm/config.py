@@ -6,15 +6,19 @@ Every environment variable shmemvm reads is listed in SETTINGS, which is what
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from fractions import Fraction
 
 SETTINGS = {
-    "SHMEMVM_HEAP_SIZE": ("1G", "physical budget of each PE's heap (bytes; K/M/G suffixes)"),
+    "SHMEMVM_HEAP_SIZE": ("1G", "physical budget of each PE's heap (bytes; K/M/G/T suffixes, "
+                                "1.5G too), rounded up to the backend granularity"),
     "SHMEMVM_BACKEND": ("auto", "host, cuda, hip, or auto (cuda/hip where a GPU is present)"),
     "SHMEMVM_VA_FACTOR": ("4", "address space reserved per heap, as a multiple of the heap size"),
     "SHMEMVM_HOST_GRANULARITY": ("64K", "segment granularity of the host backend"),
-    "SHMEMVM_TIMEOUT": ("60", "seconds a collective waits for its peers before raising"),
+    "SHMEMVM_TIMEOUT": ("60", "seconds a collective, an atomic or an off-node put/get waits "
+                              "for other PEs before raising"),
     "SHMEMVM_DEVICE": ("", "GPU index for this PE (default: node-local rank modulo GPU count)"),
     "SHMEMVM_NODE_SPLIT": ("", "force a node split on one machine: N = PEs per simulated node"),
     "SHMEMVM_DEBUG": ("0", "1 = log every collective and mapping at DEBUG level"),
@@ -24,13 +28,20 @@ _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_size(text: str | int) -> int:
-    """'64M' -> 67108864; integers pass through."""
+    """'64M' -> 67108864, '1.5G' -> 1610612736; integers pass through.
+
+    Suffixes K, M, G, T are powers of 1024 (an optional B or iB after them is
+    ignored). A fractional size is exact up to the byte and rounds up to a
+    whole byte ('0.3K' -> 308). Where the size feeds a heap, the heap rounds
+    it up again to its backend's granularity (SymmetricHeap.heap_size says
+    the result)."""
     if isinstance(text, int):
         return text
-    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text),
+                         re.IGNORECASE)
     if not match:
-        raise ValueError(f"cannot read {text!r} as a size; use e.g. 4096, 64K, 512M or 2G")
-    return int(match.group(1)) * _SUFFIX[match.group(2).upper()]
+        raise ValueError(f"cannot read {text!r} as a size; use e.g. 4096, 64K, 512M, 1.5G or 2G")
+    return math.ceil(Fraction(match.group(1)) * _SUFFIX[match.group(2).upper()])
 
 
 def setting(name: str, value=None) -> str:

@@ -7,18 +7,42 @@ receiver has SO_PASSCRED on, so the kernel attaches the sender's real pid and
 uid to every datagram; a message is accepted only from the expected peer
 process and with the expected header, and anything else is logged and its
 file descriptors closed.
+
+Leftovers. The socket's path has to exist as long as the heap does: an
+unconnected datagram send (sendmsg with an address) looks the path up on
+every send, and the node's PEs exchange memory at every collective that
+creates segments, not only at init. (Connecting one socket per peer at init
+and then unlinking the path would avoid that, at the price of a socket per
+peer and a different exchange; not done.) So the directory is removed
+  - by close() (finalize), which unlinks the socket and removes the directory
+    and what a rogue may have put there;
+  - at interpreter exit or garbage collection of a channel never closed
+    (weakref.finalize), so an exception or a forgotten finalize() leaves
+    nothing behind;
+  - for a PE that could run neither (os._exit, SIGKILL, a crash): by the next
+    channel made by the same user on the machine, which removes every stale
+    shmemvm directory it finds (sweep_stale_directories): a directory is
+    stale when the socket in it refuses a connection (no process has it
+    bound any more), or, before its socket was bound, when the pid in its
+    name (shmemvm-<pid>-...) is gone and it is over a minute old. The
+    connection test holds across pid namespaces and pid reuse, and a live
+    socket is only connected to, never sent to.
 """
 
 from __future__ import annotations
 
 import array
+import errno
 import logging
 import os
+import re
 import shutil
 import socket
+import stat
 import struct
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 
 log = logging.getLogger("shmemvm")
@@ -27,6 +51,9 @@ _MAX_FDS = 250  # SCM_MAX_FD is 253
 _UCRED = struct.Struct("iII")  # pid, uid, gid
 _ANCILLARY = socket.CMSG_SPACE(_MAX_FDS * 4) + socket.CMSG_SPACE(_UCRED.size)
 _MAX_PAYLOAD = 65536
+_PREFIX = "shmemvm-"
+_PID_NAME = re.compile(r"shmemvm-(\d+)-[^/]+")
+_UNBOUND_GRACE = 60.0  # seconds a directory may stay without a socket while its pid lives
 
 
 @dataclass
@@ -41,7 +68,8 @@ class FdChannel:
     """This PE's private mailbox for file descriptors."""
 
     def __init__(self, label: str = "pe"):
-        self.directory = tempfile.mkdtemp(prefix="shmemvm-")  # mode 0700
+        sweep_stale_directories()
+        self.directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")  # mode 0700
         self.path = os.path.join(self.directory, f"{label}.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
@@ -49,8 +77,10 @@ class FdChannel:
             self._sock.bind(self.path)
         except BaseException:
             self._sock.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
+            _remove_directory(self.directory)
             raise
+        # Removes the directory at exit or GC where close() was never called.
+        self._cleanup = weakref.finalize(self, _remove_directory, self.directory)
         self.rejected = 0  # messages refused so far (for tests and logs)
 
     def try_send(self, path: str, payload: bytes, fds: list[int]) -> bool:
@@ -100,4 +130,85 @@ class FdChannel:
     def close(self) -> None:
         if self._sock.fileno() >= 0:
             self._sock.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self._cleanup()  # _remove_directory, once
+
+
+def _remove_directory(directory: str) -> None:
+    """Remove a channel directory of ours and what is in it (a socket; whatever a
+    rogue of the same user put there), never following a symbolic link."""
+    try:
+        info = os.lstat(directory)
+    except OSError:  # gone already (another PE's sweep), or not ours to look at
+        return
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return
+    shutil.rmtree(directory, ignore_errors=True)  # rmtree does not follow links inside
+    if os.path.lexists(directory):
+        log.warning("shmemvm: could not remove the socket directory %s", directory)
+
+
+def _socket_is_bound(path: str) -> bool:
+    """Whether a process has the datagram socket at `path` bound (connect only:
+    nothing is sent)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return False
+    except OSError as exc:  # EACCES, ENOENT, ...: not ours to judge, so keep it
+        return exc.errno != errno.ECONNREFUSED
+    finally:
+        probe.close()
+    return True
+
+
+def _is_stale(directory: str, name: str, info: os.stat_result) -> bool:
+    """Whether `directory` (lstat `info`) is a shmemvm channel directory of this
+    user that no process uses any more."""
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return False
+    try:  # other processes close and remove their directories while we look
+        entries = list(os.scandir(directory))
+        sockets = [e for e in entries if e.name.endswith(".sock")
+                   and stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)]
+    except OSError:
+        return False
+    if sockets:
+        # A PE's directory holds its one socket; rogue leftovers do not make it live.
+        return not any(_socket_is_bound(e.path) for e in sockets)
+    match = _PID_NAME.fullmatch(name)
+    if match is None or entries:   # not a channel directory, or one we do not know
+        return False
+    if time.time() - info.st_mtime < _UNBOUND_GRACE:
+        return False               # maybe made a moment ago, its socket not yet bound
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:                # EPERM: a live process of another user
+        return False
+    return False
+
+
+def sweep_stale_directories(root: str | None = None) -> list[str]:
+    """Remove the channel directories of this user's PEs that ended without
+    closing them (see the module doc); returns the directories removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        candidates = [e for e in os.scandir(root) if e.name.startswith(_PREFIX)]
+    except OSError:
+        return removed
+    for entry in candidates:
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if _is_stale(entry.path, entry.name, info):
+                _remove_directory(entry.path)
+                if not os.path.lexists(entry.path):
+                    removed.append(entry.path)
+        except OSError:  # gone or changed meanwhile: not ours to judge this time
+            continue
+    if removed:
+        log.info("shmemvm: removed %d socket directories left by PEs that ended without "
+                 "finalize(): %s", len(removed), ", ".join(removed))
+    return removed

@@ -28,7 +28,7 @@ from mpi4py import MPI
 from . import atomics, collectives, thread_levels
 from .agreement import DTYPE_CODE, Agreement, Call, shape_code
 from .allocator import Block
-from .config import setting
+from .config import parse_size, setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
                      SymmetryError, UnsupportedError)
 from .exchange import Exchange
@@ -73,6 +73,7 @@ class SymmetricHeap:
             self.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
                                            release_dead=False, local_rank=self.node.Get_rank())
             self.backend = self.local.backend
+            _note_rounding(heap_size, self.local.heap_size, self.backend, self.my_pe)
             call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
                          zlib.crc32(self.backend.name.encode()))
             call.text = (f"init(heap_size={self.local.heap_size}, backend={self.backend.name}, "
@@ -100,12 +101,13 @@ class SymmetricHeap:
         node too), or None where there is nothing for it to carry or the MPI
         library cannot make one (the reason is kept for the error messages)."""
         self._window_error = None
-        if self.device.type != "cpu" and len(self.node_pes) == self.n_pes:
-            self._window_error = (f"{self.device.type} memory is not handed to MPI (shmemvm does "
-                                  f"not assume a GPU-aware MPI)")
+        if not self.backend.mpi_accessible and len(self.node_pes) == self.n_pes:
+            self._window_error = (f"{self.backend.name} backend's {self.device.type} memory is "
+                                  f"not handed to MPI (shmemvm does not assume a GPU-aware MPI)")
             return None
         try:
-            return OffNodeWindow(self.comm, self.local, healthy=lambda: not self._broken)
+            return OffNodeWindow(self.comm, self.local, healthy=lambda: not self._broken,
+                                 timeout=self.timeout, broken=self._mark_broken)
         except MPI.Exception as exc:  # e.g. Open MPI without a usable osc component
             self._window_error = (f"MPI could not create a dynamic window: {exc} (Open MPI 4.1: "
                                   f"run with -mca osc pt2pt and MPI4PY_RC_THREAD_LEVEL="
@@ -113,6 +115,10 @@ class SymmetricHeap:
             log.warning("shmemvm: %s; off-node access and atomics are unavailable",
                         self._window_error)
             return None
+
+    def _mark_broken(self, text: str) -> None:
+        """An operation on the window timed out: later calls say the heap is unusable."""
+        self._broken = self._broken or text
 
     def window(self, what: str) -> OffNodeWindow:
         """The MPI window, or UnsupportedError saying why `what` cannot use one."""
@@ -146,11 +152,50 @@ class SymmetricHeap:
 
     # -- collective allocation ------------------------------------------------
     def malloc(self, nbytes: int) -> torch.Tensor:
-        """`nbytes` of symmetric memory as a uint8 tensor (collective)."""
+        """`nbytes` of symmetric memory as a uint8 tensor (collective).
+
+        Args:
+            nbytes: the size in bytes, an integer >= 0 (NumPy and other integer
+                types too); the same on every PE.
+
+        Returns:
+            A 1-D uint8 CPU or device tensor of `nbytes` elements, at the same
+            heap offset on every PE. It frees itself once dropped on every PE.
+
+        Raises:
+            SymmetryError: the PEs made different calls or passed different
+                arguments (every PE raises it; nothing was done).
+            HeapExhaustedError: the heap cannot hold the request (it names the
+                request, the usage and SHMEMVM_HEAP_SIZE).
+            PeerTimeoutError: a PE did not join within the heap's timeout
+                (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+            ShmemError: the heap is finalized.
+            TypeError, ValueError: `nbytes` is not an integer >= 0.
+        """
         return self.empty((nbytes,), torch.uint8, _op_text=f"malloc({nbytes!r})")
 
     def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str = "") -> torch.Tensor:
-        """An uninitialised symmetric tensor (collective)."""
+        """An uninitialised symmetric tensor (collective).
+
+        Args:
+            shape: an int or a sequence of ints >= 0 (at most 64 dimensions).
+            dtype: a torch.dtype (default float32).
+
+        Returns:
+            A contiguous tensor of that shape and dtype on the heap's device, at
+            the same heap offset on every PE; its contents are undefined.
+
+        Raises:
+            SymmetryError: the PEs made different calls or passed different
+                arguments (every PE raises it; nothing was done).
+            HeapExhaustedError: the heap cannot hold the request (it names the
+                request, the usage and SHMEMVM_HEAP_SIZE).
+            PeerTimeoutError: a PE did not join within the heap's timeout
+                (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+            ShmemError: the heap is finalized.
+            TypeError, ValueError: a bad shape or a dtype symmetric memory
+                does not support.
+        """
         call = Call("malloc", text=_op_text or f"empty({shape!r}, {dtype})")
         try:
             dims, nbytes = tensor_nbytes(shape, dtype)
@@ -164,7 +209,27 @@ class SymmetricHeap:
 
     def zeros(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A zero-filled symmetric tensor (collective, like shmem_calloc). It is
-        zero on every PE before any PE returns, so peers may write at once."""
+        zero on every PE before any PE returns, so peers may write at once.
+
+        Args:
+            shape: an int or a sequence of ints >= 0 (at most 64 dimensions).
+            dtype: a torch.dtype (default float32).
+
+        Returns:
+            A contiguous zero-filled tensor of that shape and dtype, at the same
+            heap offset on every PE.
+
+        Raises:
+            SymmetryError: the PEs made different calls or passed different
+                arguments (every PE raises it; nothing was done).
+            HeapExhaustedError: the heap cannot hold the request (it names the
+                request, the usage and SHMEMVM_HEAP_SIZE).
+            PeerTimeoutError: a PE did not join within the heap's timeout
+                (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+            ShmemError: the heap is finalized.
+            TypeError, ValueError: a bad shape or a dtype symmetric memory
+                does not support.
+        """
         tensor = self.empty(shape, dtype, _op_text=f"zeros({shape!r}, {dtype})")
         tensor.zero_()
         self.backend.synchronize()
@@ -176,7 +241,25 @@ class SymmetricHeap:
     def free(self, tensor: torch.Tensor) -> None:
         """Free a symmetric tensor (collective). `tensor` itself becomes empty;
         views of it made before (slices, ptr() views, on any PE) keep the old
-        memory and data, and the block is reused only once all of them are gone."""
+        memory and data, but are no longer symmetric tensors; the block is
+        reused only once all of them are gone (heap_info()'s deferred count).
+
+        This PE's outstanding put/get are completed first (quiet()), on every
+        stream they were issued on.
+
+        Args:
+            tensor: a tensor from this heap (malloc/empty/zeros/realloc), the
+                same one on every PE.
+
+        Returns:
+            None.
+
+        Raises:
+            FreedTensorError: `tensor` is not a live tensor of this heap.
+            TypeError: `tensor` is not a torch.Tensor.
+            SymmetryError: the PEs freed different tensors (nothing was freed).
+            PeerTimeoutError: a PE did not join within the heap's timeout.
+        """
         call = Call("free", text="free(tensor)")
         retirement = None
         try:
@@ -198,8 +281,30 @@ class SymmetricHeap:
 
     def realloc(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         """A symmetric tensor of `nbytes` holding `tensor`'s leading bytes, as a
-        1-D tensor of its dtype; `tensor` is freed as by free() (collective).
-        The block is kept in place only when nothing else views it on any PE."""
+        1-D tensor of its dtype; `tensor` is freed (collective).
+
+        Args:
+            tensor: a live tensor of this heap, the same one on every PE.
+            nbytes: the new size in bytes, an integer (NumPy integers too) that
+                is a multiple of the element size of tensor's dtype.
+
+        Returns:
+            A 1-D tensor of nbytes // element size elements of tensor's dtype;
+            at the same place where it fits and nothing else views the old
+            block on any PE. The old tensor becomes empty, as with free().
+
+        Raises:
+            SymmetryError: the PEs made different calls or passed different
+                arguments (every PE raises it; nothing was done).
+            HeapExhaustedError: the heap cannot hold the request (it names the
+                request, the usage and SHMEMVM_HEAP_SIZE).
+            PeerTimeoutError: a PE did not join within the heap's timeout
+                (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+            ShmemError: the heap is finalized.
+            FreedTensorError: `tensor` is not a live tensor of this heap.
+            TypeError, ValueError: `nbytes` is not an integer, is negative or
+                not a multiple of the element size.
+        """
         call = Call("realloc", text=f"realloc(tensor, {nbytes!r})")
         retirement = None
         try:
@@ -323,7 +428,22 @@ class SymmetricHeap:
 
     def ptr(self, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
         """`tensor` as it lies on PE `pe`, directly addressable from here; None
-        where `pe` is not reachable by loads and stores (another node)."""
+        where `pe` is not reachable by loads and stores (another node).
+
+        Args:
+            tensor: a symmetric tensor of this heap, or a view of one.
+            pe: the PE whose copy is wanted (this PE: `tensor` itself).
+
+        Returns:
+            A tensor with tensor's shape, strides and dtype over PE `pe`'s
+            memory (loads and stores, kernels included), or None for a PE on
+            another node.
+
+        Raises:
+            TypeError: `pe` is not an integer.
+            ValueError: `pe` is out of range.
+            FreedTensorError: `tensor` is not a live tensor of this heap.
+        """
         pe = self._check_pe(pe)
         block = self._symmetric(tensor, "tensor")
         if pe == self.my_pe:
@@ -336,6 +456,7 @@ class SymmetricHeap:
         return self.local.hold(block, self.peers.block_view(pe, block, tensor))
 
     def _source_for(self, source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:
+        """put's `source` as dest's shape, or a clear error."""
         if not isinstance(source, torch.Tensor):
             raise TypeError(f"{op}: source must be a torch.Tensor, got {type(source).__name__}")
         if source.dtype != dest.dtype:
@@ -349,8 +470,47 @@ class SymmetricHeap:
                              f"{dest.numel()}; slice them to the same length")
         return source.reshape(shape)
 
+    @staticmethod
+    def _check_get_dest(dest: torch.Tensor, source: torch.Tensor) -> None:
+        """get's checks, named the way round they are: `dest` (any tensor) receives
+        symmetric `source`."""
+        if not isinstance(dest, torch.Tensor):
+            raise TypeError(f"get: dest must be a torch.Tensor, got {type(dest).__name__}")
+        if dest.dtype != source.dtype:
+            raise TypeError(f"get: destination dtype {dest.dtype} differs from source dtype "
+                            f"{source.dtype}; get into a {source.dtype} tensor and convert "
+                            f"it afterwards")
+        if dest.numel() != source.numel():
+            raise ValueError(f"get: source has {source.numel()} elements, destination "
+                             f"{dest.numel()}; slice them to the same length")
+
     def put(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
-        """Copy `source` (any tensor) into symmetric `dest` on PE `pe`."""
+        """Copy `source` (any tensor) into symmetric `dest` on PE `pe`.
+
+        Args:
+            dest: a symmetric tensor of this heap, or a view of one (any
+                strides); its copy on PE `pe` is written.
+            source: any tensor (any device) with dest's dtype and number of
+                elements; it is read as dest's shape.
+            pe: the PE to write to (this PE too).
+
+        Returns:
+            None, once `source` may be reused. On the node the copy is done
+            (device heaps: on the current stream); off the node it is complete
+            at PE `pe`. barrier_all() makes it visible to `pe`'s reads.
+
+        Raises:
+            TypeError: the dtypes differ.
+            ValueError: the numbers of elements differ.
+            TypeError: `pe` is not an integer, or a tensor is not a torch.Tensor.
+            ValueError: `pe` is out of range.
+            FreedTensorError: the symmetric tensor is not a live tensor of this heap.
+            UnsupportedError: `pe` is on another node and the heap has no MPI
+                window, or holds device memory that MPI is not given.
+            PeerTimeoutError: `pe` is on another node and did not complete the
+                transfer within the heap's timeout (SHMEMVM_TIMEOUT); the heap
+                is unusable afterwards.
+        """
         if type(pe) is not int or not 0 <= pe < self.n_pes:  # else it is valid as it is
             pe = self._check_pe(pe)
         block = self._symmetric(dest, "destination")
@@ -367,13 +527,35 @@ class SymmetricHeap:
             self.window(f"put to PE {pe} on another node").put(dest, source, pe, block)
 
     def get(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
-        """Copy symmetric `source` on PE `pe` into `dest` (any tensor)."""
+        """Copy symmetric `source` on PE `pe` into `dest` (any tensor).
+
+        Args:
+            dest: any tensor (any device) with source's dtype and number of
+                elements; written as source's shape.
+            source: a symmetric tensor of this heap, or a view of one; its copy
+                on PE `pe` is read.
+            pe: the PE to read from (this PE too).
+
+        Returns:
+            None, once the data is in `dest` (device heaps: the copy ran on the
+            current stream and is complete).
+
+        Raises:
+            TypeError: the dtypes differ.
+            ValueError: the numbers of elements differ.
+            TypeError: `pe` is not an integer, or a tensor is not a torch.Tensor.
+            ValueError: `pe` is out of range.
+            FreedTensorError: the symmetric tensor is not a live tensor of this heap.
+            UnsupportedError: `pe` is on another node and the heap has no MPI
+                window, or holds device memory that MPI is not given.
+            PeerTimeoutError: `pe` is on another node and did not complete the
+                transfer within the heap's timeout (SHMEMVM_TIMEOUT); the heap
+                is unusable afterwards.
+        """
         if type(pe) is not int or not 0 <= pe < self.n_pes:  # else it is valid as it is
             pe = self._check_pe(pe)
         block = self._symmetric(source, "source")
-        if not isinstance(dest, torch.Tensor):
-            raise TypeError(f"get: dest must be a torch.Tensor, got {type(dest).__name__}")
-        self._source_for(dest, source, "get")  # same checks, other direction
+        self._check_get_dest(dest, source)
         try:
             target = dest if dest.shape == source.shape else dest.view(source.shape)
         except RuntimeError:  # dest's strides cannot take source's shape: stage it
@@ -392,15 +574,49 @@ class SymmetricHeap:
             self.window(f"get from PE {pe} on another node").get(target, source, pe, block)
 
     def put_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-        """put that returns once the copy is enqueued; quiet() completes it."""
+        """put() that returns once the copy is enqueued; quiet() completes it.
+
+        Args:
+            dest: a symmetric tensor of this heap (or a view of one).
+            source: any tensor with dest's dtype and number of elements; it must
+                not change until quiet() returns.
+            pe: the PE to write to.
+
+        Returns:
+            None; the copy may still be running (device heaps). Off the node it
+            is complete, as for put().
+
+        Raises:
+            As put().
+        """
         self.put(dest, source, pe, _blocking=False)
 
     def get_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-        """get that returns once the copy is enqueued; quiet() completes it."""
+        """get() that returns once the copy is enqueued; quiet() completes it.
+
+        Args:
+            dest: any tensor with source's dtype and number of elements; read it
+                only after quiet().
+            source: a symmetric tensor of this heap (or a view of one).
+            pe: the PE to read from.
+
+        Returns:
+            None; the copy may still be running (device heaps).
+
+        Raises:
+            As get().
+        """
         self.get(dest, source, pe, _blocking=False)
 
     def quiet(self) -> None:
-        """Complete every put/get issued by this PE."""
+        """Complete every put/get (blocking or nbi) issued by this PE.
+
+        Returns:
+            None, once they are all complete.
+
+        Raises:
+            ShmemError: the heap is finalized.
+        """
         if self.closed:
             self._check_usable()  # raises: finalized (its MPI window is gone)
         self.backend.synchronize()
@@ -409,14 +625,36 @@ class SymmetricHeap:
 
     def fence(self) -> None:
         """Order this PE's puts to each PE. Copies on the node already complete
-        in issue order (one stream); off the node the window is flushed."""
+        in issue order (one stream); off the node each put is complete when it
+        returns.
+
+        Returns:
+            None.
+
+        Raises:
+            ShmemError: the heap is finalized.
+        """
         if self.closed:
             self._check_usable()  # raises: finalized (its MPI window is gone)
         if self.offnode is not None:
             self.offnode.flush()
 
     def barrier_all(self) -> None:
-        """Complete this PE's puts, then wait for every PE (collective)."""
+        """Complete this PE's puts, then wait for every PE (collective).
+
+        This PE's queued device work (kernels and copies on the current stream)
+        and its off-node puts are complete first, so after the barrier every PE
+        sees every put made before it.
+
+        Returns:
+            None.
+
+        Raises:
+            SymmetryError: some PE is in another collective call.
+            PeerTimeoutError: a PE did not arrive within the heap's timeout
+                (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+            ShmemError: the heap is finalized.
+        """
         with self._lock:
             self.quiet()
             self._collective(Call("barrier", text="barrier_all()"))
@@ -425,12 +663,35 @@ class SymmetricHeap:
         """Wait for every PE (collective). This PE's own stores are complete
         first, including device work queued on the current stream (a kernel
         writing symmetric memory), since a host-side barrier that let them run
-        on would order nothing; off-node nbi operations are not flushed."""
+        on would order nothing; off-node nbi operations are not flushed.
+
+        Returns:
+            None.
+
+        Raises:
+            SymmetryError: some PE is in another collective call.
+            PeerTimeoutError: a PE did not arrive within the heap's timeout
+                (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+            ShmemError: the heap is finalized.
+        """
         with self._lock:
             self.backend.synchronize()
             self._collective(Call("sync", text="sync_all()"))
 
     def heap_info(self) -> dict:
+        """This PE's heap in numbers (local, not collective).
+
+        Returns:
+            A dict: heap_size (the physical budget), used (bytes in blocks),
+            requested (bytes asked for), mapped (physical bytes backing the
+            heap), cached (mapped bytes of freed segments kept for reuse), free
+            (bytes that can still be allocated), live_allocations, segments,
+            and pe, n_pes, backend, device, node_pes (the PEs of this node).
+
+        Raises:
+            ShmemError: the heap is finalized (a heap broken by a timeout still
+                reports).
+        """
         if self.closed:  # stats of released memory would mislead; a broken heap still reports
             raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
         stats = self.local.stats()
@@ -439,81 +700,50 @@ class SymmetricHeap:
         return stats
 
     def trim(self) -> int:
-        """Give back cached physical memory now (collective); returns bytes released."""
+        """Give back cached physical memory now (collective).
+
+        Freed segments stay mapped as a cache for reuse; trim() releases them
+        on every PE (peers drop their mappings of them too).
+
+        Returns:
+            The number of bytes released on this PE (the same on every PE).
+
+        Raises:
+            SymmetryError: some PE is in another collective call.
+            PeerTimeoutError: a PE did not arrive within the heap's timeout.
+            ShmemError: the heap is finalized.
+        """
         with self._lock:
             self._collective(Call("trim", text="trim()"))
             return self.local.trim()
 
     # -- atomics and signals (atomics.py): one-element int32/int64/uint64 views ------
-    def atomic_fetch(self, dest, pe) -> int:
-        return atomics.atomic_fetch(self, dest, pe)
-
-    def atomic_set(self, dest, value, pe) -> None:
-        atomics.atomic_set(self, dest, value, pe)
-
-    def atomic_add(self, dest, value, pe) -> None:
-        atomics.atomic_add(self, dest, value, pe)
-
-    def atomic_inc(self, dest, pe) -> None:
-        atomics.atomic_inc(self, dest, pe)
-
-    def atomic_fetch_add(self, dest, value, pe) -> int:
-        return atomics.atomic_fetch_add(self, dest, value, pe)
-
-    def atomic_fetch_inc(self, dest, pe) -> int:
-        return atomics.atomic_fetch_inc(self, dest, pe)
-
-    def atomic_swap(self, dest, value, pe) -> int:
-        return atomics.atomic_swap(self, dest, value, pe)
-
-    def atomic_compare_swap(self, dest, cond, value, pe) -> int:
-        return atomics.atomic_compare_swap(self, dest, cond, value, pe)
-
-    def atomic_fetch_and(self, dest, value, pe) -> int:
-        return atomics.atomic_fetch_and(self, dest, value, pe)
-
-    def atomic_fetch_or(self, dest, value, pe) -> int:
-        return atomics.atomic_fetch_or(self, dest, value, pe)
-
-    def atomic_fetch_xor(self, dest, value, pe) -> int:
-        return atomics.atomic_fetch_xor(self, dest, value, pe)
-
-    def atomic_and(self, dest, value, pe) -> None:
-        atomics.atomic_and(self, dest, value, pe)
-
-    def atomic_or(self, dest, value, pe) -> None:
-        atomics.atomic_or(self, dest, value, pe)
-
-    def atomic_xor(self, dest, value, pe) -> None:
-        atomics.atomic_xor(self, dest, value, pe)
-
-    def wait_until(self, ivar, cmp: str, value, timeout: float | None = None) -> int:
-        return atomics.wait_until(self, ivar, cmp, value, timeout)
-
-    def test(self, ivar, cmp: str, value) -> bool:
-        return atomics.test(self, ivar, cmp, value)
-
-    def put_signal(self, dest, source, sig, value, op: str, pe) -> None:
-        atomics.put_signal(self, dest, source, sig, value, op, pe)
-
-    def signal_fetch(self, sig) -> int:
-        return atomics.signal_fetch(self, sig)
-
-    def signal_wait_until(self, sig, cmp: str, value, timeout: float | None = None) -> int:
-        return atomics.signal_wait_until(self, sig, cmp, value, timeout)
+    # Defined once, in atomics.py, taking the heap first: bound here as methods.
+    atomic_fetch = atomics.atomic_fetch
+    atomic_set = atomics.atomic_set
+    atomic_add = atomics.atomic_add
+    atomic_inc = atomics.atomic_inc
+    atomic_fetch_add = atomics.atomic_fetch_add
+    atomic_fetch_inc = atomics.atomic_fetch_inc
+    atomic_swap = atomics.atomic_swap
+    atomic_compare_swap = atomics.atomic_compare_swap
+    atomic_fetch_and = atomics.atomic_fetch_and
+    atomic_fetch_or = atomics.atomic_fetch_or
+    atomic_fetch_xor = atomics.atomic_fetch_xor
+    atomic_and = atomics.atomic_and
+    atomic_or = atomics.atomic_or
+    atomic_xor = atomics.atomic_xor
+    wait_until = atomics.wait_until
+    test = atomics.test
+    put_signal = atomics.put_signal
+    signal_fetch = atomics.signal_fetch
+    signal_wait_until = atomics.signal_wait_until
 
     # -- collectives (collectives.py): contiguous symmetric tensors ----------------------
-    def broadcast(self, dest, source, root: int) -> None:
-        collectives.broadcast(self, dest, source, root)
-
-    def fcollect(self, dest, source) -> None:
-        collectives.fcollect(self, dest, source)
-
-    def reduce(self, dest, source, op: str = "sum") -> None:
-        collectives.reduce(self, dest, source, op)
-
-    def alltoall(self, dest, source) -> None:
-        collectives.alltoall(self, dest, source)
+    broadcast = collectives.broadcast
+    fcollect = collectives.fcollect
+    reduce = collectives.reduce
+    alltoall = collectives.alltoall
 
     # -- lifetime -----------------------------------------------------------------
     def _check_usable(self) -> None:
@@ -566,9 +796,24 @@ class SymmetricHeap:
         self.finalize()
 
 
+def _note_rounding(heap_size, budget: int, backend, pe: int) -> None:
+    """Say (INFO, once: PE 0) where the heap size was rounded up to the granularity."""
+    requested = parse_size(setting("SHMEMVM_HEAP_SIZE", heap_size))
+    if budget != requested and pe == 0:
+        log.info("shmemvm: heap_size %d (%r) rounded up to %d bytes, a multiple of the %s "
+                 "backend's granularity %d", requested, heap_size if heap_size is not None
+                 else setting("SHMEMVM_HEAP_SIZE"), budget, backend.name, backend.granularity)
+
+
 def _whole_elements(nbytes, dtype: torch.dtype) -> int:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+    """realloc's `nbytes` as a number of elements of `dtype`. Any integer type is
+    accepted (NumPy's, a one-element integer tensor), as malloc accepts them."""
+    if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
         raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}")
+    try:
+        nbytes = operator.index(nbytes)
+    except TypeError:  # e.g. a float tensor: has __index__, refuses it
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}") from None
     if nbytes < 0 or nbytes % dtype.itemsize:
         raise ValueError(f"nbytes must be a non-negative multiple of the element size "
                          f"{dtype.itemsize} of {dtype}, got {nbytes}")

@@ -11,9 +11,33 @@ only with respect to other MPI atomics, so atomics.py sends *all* atomics
 through it, to PEs on the node too.
 
 put/get here are blocking: they return once the data is complete at the
-target (put) or here (get), each with one MPI_Win_flush. A destination that is
-not contiguous (a strided slice) is described to MPI by a derived datatype,
-so it is written in place; the local side is staged contiguously.
+target (put) or here (get). A destination that is not contiguous (a strided
+slice) is described to MPI by a derived datatype, so it is written in place;
+the local side is staged contiguously.
+
+No wait without a deadline. A target PE that has died, is stopped, or stays
+out of MPI would make MPI_Win_flush (and the blocking one-sided calls) wait
+forever, and MPI has no flush with a timeout. So every operation here and in
+atomics.py is issued in its request-based form and `complete()` polls the
+requests with MPI_Test until the heap's deadline (SHMEMVM_TIMEOUT); at the
+deadline the heap is marked broken (later calls say it is unusable) and
+PeerTimeoutError names the PE and the operation. What a request's completion
+proves differs by operation, so each says how it reaches remote completion:
+
+- get (MPI_Rget): the data is here when the request completes. Done.
+- put (MPI_Rput): the request completes when the origin buffer may be reused,
+  which says nothing about the target. A probe, an MPI_Rget of a word that
+  each PE attaches for this purpose alone (so it conflicts with no data),
+  is issued right after the put and waited for with the deadline: its answer
+  shows that the target serves our operations. Only then MPI_Win_flush
+  completes the put at the target, with a live target that serves requests,
+  so it returns promptly (`finish`).
+- atomics (atomics.py): MPI_Rget_accumulate, whose request needs the
+  target's answer, waited for with the deadline, then the flush.
+
+The one window this leaves: a target that answers and then dies or stops
+before it has completed the operation still leaves the flush waiting. Closing
+it needs a flush with a timeout, which MPI lacks (no MPI_Win_rflush in MPI 4.1).
 
 Device memory goes over MPI only where the MPI library can read and write it
 (GPU-aware MPI), which shmemvm does not assume: device segments are not
@@ -23,13 +47,16 @@ attached, and put/get/atomics to them on other nodes raise UnsupportedError
 
 from __future__ import annotations
 
+import array
 import logging
+import os
+import time
 
 import torch
 from mpi4py import MPI
 
 from .allocator import Block, Segment
-from .errors import UnsupportedError
+from .errors import PeerTimeoutError, UnsupportedError
 
 log = logging.getLogger("shmemvm")
 
@@ -37,20 +64,34 @@ log = logging.getLogger("shmemvm")
 class OffNodeWindow:
     """One dynamic window over the heaps of all PEs of `comm` (collective)."""
 
-    def __init__(self, comm: MPI.Comm, local, healthy=None):
+    def __init__(self, comm: MPI.Comm, local, healthy=None, timeout: float | None = None,
+                 broken=None):
+        """`healthy()` says whether the heap still works (close() then frees the
+        window collectively); `timeout` is the heap's SHMEMVM_TIMEOUT in seconds
+        (None: wait for ever); `broken(text)` marks the heap unusable when an
+        operation timed out."""
         self.comm = comm
         self.my_pe = comm.Get_rank()
         self.local = local                      # the VMemPow2Allocator of this PE
         self._healthy = healthy or (lambda: True)
-        self.device_memory = local.device.type != "cpu"
+        self._broken = broken or (lambda text: None)
+        self.timeout = timeout
+        self.device_memory = not local.backend.mpi_accessible  # a backend property
         self.win = MPI.Win.Create_dynamic(comm=comm)
         self.win.Set_errhandler(MPI.ERRORS_RETURN)
-        self.bases = comm.allgather(local.base)
         self._attached: dict[int, memoryview] = {}
-        #: operations issued and not yet completed by a flush of their own. put/get
-        #: here and every atomic flush each operation as they issue it, so this stays
-        #: 0 and flush() costs nothing; code that issues an operation without its
-        #: flush must count it here, so that quiet() completes it.
+        # The probe word (see the module doc): host memory that only probes read.
+        self._probe_word = array.array("q", [0])
+        self._probe_memory = MPI.memory.frombuffer(self._probe_word)
+        self._probe_result = array.array("q", [0])
+        self.win.Attach(self._probe_memory)
+        pairs = comm.allgather((local.base, MPI.Get_address(self._probe_memory)))
+        self.bases = [base for base, _ in pairs]
+        self._probes = [probe for _, probe in pairs]
+        #: operations issued and not yet complete at their target. put/get here and
+        #: every atomic complete each operation before they return, so this stays
+        #: 0 and flush() costs nothing; code that issues an operation without
+        #: completing it must count it here, so that quiet() completes it.
         self.outstanding = 0
         local.release_listeners.append(self.detach)
         self.win.Lock_all()
@@ -83,6 +124,50 @@ class OffNodeWindow:
                 f"attached to its MPI window; use a host-backend heap (backend='host') for "
                 f"this data, or keep it on PEs of one node and use put/get/ptr")
 
+    # -- completion with a deadline --------------------------------------------------
+    def complete(self, requests, pe: int, what: str) -> None:
+        """Complete MPI `requests` (one or a list) of an operation on PE `pe`, or at
+        the deadline mark the heap broken and raise PeerTimeoutError."""
+        if isinstance(requests, MPI.Request):
+            test = requests.Test      # the common case: one request, a few microseconds
+        else:
+            def test():
+                return MPI.Request.Testall(requests)
+        if test():
+            return
+        deadline = time.monotonic() + (self.timeout if self.timeout is not None else float("inf"))
+        spins = 0
+        while not test():
+            spins += 1
+            if spins & 63:
+                continue
+            if time.monotonic() > deadline:
+                self._broken(f"{what} to PE {pe} timed out after {self.timeout:g} s")
+                raise PeerTimeoutError(
+                    f"PE {self.my_pe}: {what} to PE {pe} did not complete within "
+                    f"{self.timeout:g} s (SHMEMVM_TIMEOUT): PE {pe} has died, is stopped, or "
+                    f"has not entered MPI (any shmemvm call) for that long. This heap cannot "
+                    f"be used any more; finalize() releases it")
+            # Yield the core, as the heap's own waits do (not sleep(0): a timed sleep).
+            if spins < 4096:
+                os.sched_yield()
+            else:
+                time.sleep(0.0002)
+
+    def finish(self, requests, pe: int, what: str) -> None:
+        """complete() the `requests` of operations on PE `pe`, then MPI_Win_flush
+        them: once a request that needs `pe`'s answer has completed, `pe` is known
+        to serve this PE's operations and the flush returns promptly. The flush is
+        still needed: MPICH was seen to complete an MPI_Rget_accumulate request
+        before the target had applied the update (as the standard allows)."""
+        self.complete(requests, pe, what)
+        self.win.Flush(pe)
+
+    def _probe(self, pe: int) -> MPI.Request:
+        """A read of PE `pe`'s probe word: its completion needs `pe`'s answer."""
+        return self.win.Rget([self._probe_result, 1, MPI.INT64_T], pe,
+                             [self._probes[pe], 1, MPI.INT64_T])
+
     # -- put/get ----------------------------------------------------------------------
     def _target(self, tensor: torch.Tensor, pe: int, op: str, writing: bool):
         """(displacement, target datatype spec, nbytes, derived type to free or None)."""
@@ -100,9 +185,9 @@ class OffNodeWindow:
         try:
             if nbytes:
                 staged = source.to("cpu").contiguous()
-                self.win.Put([MPI.memory.fromaddress(staged.data_ptr(), nbytes), MPI.BYTE], pe,
-                             target)
-                self.win.Flush(pe)
+                put = self.win.Rput([MPI.memory.fromaddress(staged.data_ptr(), nbytes),
+                                     MPI.BYTE], pe, target)
+                self.finish([put, self._probe(pe)], pe, "off-node put")
         finally:
             if datatype is not None:
                 datatype.Free()
@@ -114,9 +199,9 @@ class OffNodeWindow:
             staging = dest if dest.device.type == "cpu" and dest.is_contiguous() else \
                 torch.empty(dest.shape, dtype=dest.dtype)
             if nbytes:
-                self.win.Get([MPI.memory.fromaddress(staging.data_ptr(), nbytes), MPI.BYTE], pe,
-                             target)
-                self.win.Flush(pe)
+                get = self.win.Rget([MPI.memory.fromaddress(staging.data_ptr(), nbytes),
+                                     MPI.BYTE], pe, target)
+                self.complete(get, pe, "off-node get")  # complete: the data is here
             if staging is not dest:
                 dest.copy_(staging)
         finally:
@@ -129,6 +214,8 @@ class OffNodeWindow:
         about 4 us with both PEs polling and up to 100 us when a target is not in
         an MPI call), and quiet() runs on every free and barrier_all."""
         if self.outstanding:
+            for pe in range(self.comm.Get_size()):  # the deadline, as complete() gives it
+                self.complete(self._probe(pe), pe, "quiet")
             self.win.Flush_all()
             self.outstanding = 0
 
@@ -141,6 +228,7 @@ class OffNodeWindow:
         for memory in self._attached.values():
             self.win.Detach(memory)
         self._attached.clear()
+        self.win.Detach(self._probe_memory)
         if self._healthy():
             self.win.Free()  # collective (and synchronizing in some MPIs)
         else:

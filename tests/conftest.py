@@ -10,17 +10,20 @@ import pytest
 TEST_BACKEND = os.environ.get("SHMEMVM_TEST_BACKEND", "host")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Modules that run on TEST_BACKEND (they import it) skip where it cannot run."""
+def pytest_configure(config):
+    """A test backend asked for that cannot run here fails the run at once: skipping
+    every test that uses it would report a green run that tested nothing."""
     import shmemvm.backends
 
-    if TEST_BACKEND == "host" or shmemvm.backends.available(TEST_BACKEND):
-        return
-    skip = pytest.mark.skip(reason=f"SHMEMVM_TEST_BACKEND={TEST_BACKEND}: that backend cannot "
-                                   f"run here (no device, or its Python bindings are missing)")
-    for item in items:
-        if getattr(item.module, "TEST_BACKEND", None) is not None:
-            item.add_marker(skip)
+    names = sorted(shmemvm.backends._REGISTRY)
+    if TEST_BACKEND not in names:
+        raise pytest.UsageError(f"SHMEMVM_TEST_BACKEND={TEST_BACKEND!r} is not a backend; "
+                                f"choose one of {', '.join(names)}")
+    if not shmemvm.backends.available(TEST_BACKEND):
+        raise pytest.UsageError(
+            f"SHMEMVM_TEST_BACKEND={TEST_BACKEND} was asked for, but that backend cannot run "
+            f"here (no device, or its Python bindings are missing: `python -m shmemvm info` "
+            f"says which). Unset SHMEMVM_TEST_BACKEND to test the host backend")
 
 
 @pytest.fixture

@@ -71,3 +71,20 @@ def test_bench_rejects_unknown_benchmark(capsys):
     with pytest.raises(SystemExit):
         main(["no-such-benchmark"])
     assert "unknown benchmark" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--quick", "--plot", "DIR"],
+                                  ["report", "RUN.json", "--plot", "DIR"]])
+def test_plot_without_matplotlib_says_what_to_install(argv, monkeypatch, capsys, tmp_path):
+    import sys
+
+    from shmemvm.bench import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    argv = [str(tmp_path) if a == "DIR" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert 'pip install "shmemvm[bench]"' in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())                      # nothing measured or written

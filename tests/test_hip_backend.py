@@ -6,7 +6,11 @@ that hipMemSetAccess works only from a reservation's base over a gap-free
 mapped prefix. Where hip-python is installed but no HIP runtime is, the same
 flows also push every call through hip-python's real functions, which convert
 the arguments and then fail to load libamdhip64.so: that checks the argument
-forms (addresses, enums, struct wrappers) against the real bindings.
+forms (addresses, enums, struct wrappers) against the real bindings. Where
+hip-python is installed those checks run or fail, never skip: a hip-python
+that does not import fails this module, and refusals that the backend's broad
+excepts would swallow (is_available, the error text) are collected in
+FakeHip.problems and checked after each test.
 TestOnAMDGPU runs only with an AMD GPU, a ROCm build of torch and hip-python.
 """
 
@@ -16,6 +20,7 @@ import ctypes
 import enum
 import errno
 import gc
+import importlib.util
 import os
 import random
 import sys
@@ -150,18 +155,43 @@ class FakeHip:
         self.exportable: set[int] = set()           # handles created for export or imported
         self.created_on: dict[int, int] = {}        # handle -> current device at creation
         self.access: list[tuple[int, int, int, int]] = []  # (va, size, device, flags)
+        #: with `real`: the calls hip-python accepted, and what it refused. The
+        #: refusals are also kept here because the backend catches broad
+        #: exceptions in places (is_available, the error text), where a raised
+        #: AssertionError alone would vanish; the fixture checks this list.
+        self.real_checked: set[str] = set()
+        self.problems: list[str] = []
 
     # bookkeeping
     def _enter(self, name, *args):
         self.calls.append((name, args))
         if self.real is not None:
-            try:
-                getattr(self.real, name)(*args)
-            except RuntimeError as exc:
-                assert "dlopen" in str(exc), f"hip-python refused {name}{args}: {exc}"
-            else:  # pragma: no cover - guarded by the fixture
-                raise AssertionError(f"{name} reached a HIP runtime")
+            self._check_with_real(name, args)
         return self.fail.get(name)
+
+    def _check_with_real(self, name, args):
+        """Make the call through hip-python's real function, which must convert the
+        arguments and then fail only for want of libamdhip64.so. Most functions
+        raise that failure; some (hipGetErrorString) only report it as an
+        unraisable exception and return, which counts the same."""
+        unraisable = []
+        hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+        try:
+            getattr(self.real, name)(*args)
+        except RuntimeError as exc:
+            problem = None if "dlopen" in str(exc) else f"hip-python refused {name}{args}: {exc}"
+        except Exception as exc:  # TypeError, ...: the argument forms are wrong
+            problem = f"hip-python refused {name}{args}: {type(exc).__name__}: {exc}"
+        else:
+            load_failed = any(isinstance(u.exc_value, RuntimeError) and "dlopen" in
+                              str(u.exc_value) for u in unraisable)
+            problem = None if load_failed else f"{name} reached a HIP runtime"
+        finally:
+            sys.unraisablehook = hook
+        if problem is not None:
+            self.problems.append(problem)
+            raise AssertionError(problem)
+        self.real_checked.add(name)
 
     def names(self):
         return [name for name, _ in self.calls]
@@ -200,7 +230,7 @@ class FakeHip:
         return (self._enter("hipDeviceSynchronize") or SUCCESS,)
 
     def hipGetErrorString(self, err):
-        self.calls.append(("hipGetErrorString", (err,)))
+        self._enter("hipGetErrorString", err)
         return (SUCCESS, f"fake description of {int(err)}".encode())
 
     # VMM
@@ -339,22 +369,29 @@ def backend(fake):
 
 
 def _real_hip_python_without_runtime():
-    """hip-python's `hip.hip` where it imports but cannot load libamdhip64.so, else None."""
-    try:
-        real = hipmod._import_hip()
-    except ImportError:
-        return None
+    """(hip-python's `hip.hip`, "") where it is installed and cannot load
+    libamdhip64.so; (None, why not) where the checks against it cannot run here.
+
+    Installed means installed: hip-python that is there but does not import, or
+    fails in any other way than not finding the HIP runtime, is an error of
+    this module (the run fails), never a reason to skip (CI installs hip-python
+    precisely so that these checks run)."""
+    if importlib.util.find_spec("hip") is None:
+        return None, ("needs hip-python (pip install hip-python; CI installs it): it is not "
+                      "installed here")
+    real = hipmod._import_hip()  # ImportError: installed but broken, fails the module
     try:
         real.hipGetDeviceCount()
-    except RuntimeError:
-        return real
-    return None  # a HIP runtime is present: never push fake addresses into it
+    except RuntimeError as exc:
+        if "dlopen" not in str(exc):
+            raise
+        return real, ""
+    # a HIP runtime is present: never push fake addresses into it (TestOnAMDGPU runs instead)
+    return None, "hip-python found a HIP runtime here; the checks without one do not apply"
 
 
-REAL_HIP = _real_hip_python_without_runtime()
-needs_real_bindings = pytest.mark.skipif(
-    REAL_HIP is None, reason="needs hip-python installed without a HIP runtime "
-                             "(pip install hip-python on a machine without ROCm)")
+REAL_HIP, _NO_REAL_HIP = _real_hip_python_without_runtime()
+needs_real_bindings = pytest.mark.skipif(REAL_HIP is None, reason=_NO_REAL_HIP)
 
 
 # -- availability and construction ----------------------------------------------
@@ -1050,7 +1087,10 @@ class TestAgainstHipPythonBindings:
 
     @pytest.fixture
     def fake(self, monkeypatch):
-        return install(monkeypatch, FakeHip(real=REAL_HIP))
+        fake = install(monkeypatch, FakeHip(real=REAL_HIP))
+        yield fake
+        # also what the backend's broad excepts (is_available, error text) swallowed
+        assert fake.problems == [], fake.problems
 
     def test_full_flow(self, fake):
         be = HipBackend(device=1)
@@ -1076,6 +1116,29 @@ class TestAgainstHipPythonBindings:
         be.close()  # the filler (granules 0 and 1 were filled in turn) goes here
         assert fake.reservations == {} and fake.handles == {} and fake.mapped == {}
         assert fake.access[-1][2:] == (1, 3)  # device 1, ProtReadWrite
+        # every call of the flow went through the real bindings, none around them
+        assert fake.real_checked >= {
+            "hipGetDeviceCount", "hipSetDevice", "hipGetDevice", "hipMemGetAllocationGranularity",
+            "hipMemAddressReserve", "hipMemCreate", "hipMemMap", "hipMemSetAccess",
+            "hipMemExportToShareableHandle", "hipMemImportFromShareableHandle", "hipMemUnmap",
+            "hipMemRelease", "hipMemAddressFree"}, fake.real_checked
+        assert fake.real_checked == {name for name, _ in fake.calls}
+
+    def test_availability_probe(self, fake):
+        # is_available() catches every exception, so a refused argument would only
+        # show as "not available": fake.problems (checked by the fixture) catches it
+        assert HipBackend.is_available()
+        assert {"hipGetDeviceCount", "hipDeviceGetAttribute"} <= fake.real_checked
+
+    def test_error_path(self, fake):
+        # the error text is fetched inside a broad except (a nicety that must never
+        # hide the error), so only fake.problems would show a refused argument there
+        be = HipBackend(device=1)
+        fake.fail["hipMemCreate"] = fake.hipError_t.hipErrorOutOfMemory
+        with pytest.raises(HipError, match="hipMemCreate.*hipErrorOutOfMemory"):
+            be.create(G)
+        assert "hipGetErrorString" in fake.real_checked
+        be.close()
 
     def test_handle_type_written_into_the_union(self, fake):
         be = HipBackend(device=1)
@@ -1083,10 +1146,12 @@ class TestAgainstHipPythonBindings:
         words = list((ctypes.c_int32 * 4).from_address(int(prop)))
         # type = Pinned, requestedHandleType = PosixFileDescriptor, location = (Device, 1)
         assert words == [1, 1, 1, 1]
+        posix_fd = REAL_HIP.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
         union = getattr(REAL_HIP, "hipMemAllocationProp_union_0", None)
-        if union is not None:
-            assert union.fromObj(int(prop) + 4).requestedHandleType == \
-                REAL_HIP.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
+        if union is not None:   # releases that wrap the union on its own
+            assert union.fromObj(int(prop) + 4).requestedHandleType == posix_fd
+        else:                   # releases that expose the field on the struct itself
+            assert prop.requestedHandleType == posix_fd
 
 
 # -- real hardware ------------------------------------------------------------------

@@ -244,10 +244,22 @@ def test_atomic_argument_errors(heap):
     h.barrier_all()
 
 
+def test_mpi_reachability_is_a_backend_attribute():
+    from shmemvm.backends.base import VMMBackend
+    from shmemvm.backends.cuda import CudaBackend
+    from shmemvm.backends.hip import HipBackend
+    from shmemvm.backends.host import HostBackend
+
+    assert HostBackend.mpi_accessible is True
+    assert CudaBackend.mpi_accessible is False and HipBackend.mpi_accessible is False
+    assert VMMBackend.mpi_accessible is False  # a new backend must say so to get MPI
+
+
 @pytest.mark.mpi(min_size=1)
 def test_atomics_on_device_memory_are_unsupported(heap, monkeypatch):
     c = heap.zeros((1,), torch.int64)
-    monkeypatch.setattr(heap.backend, "device", torch.device("meta"))
+    # Whether MPI reaches the memory is the backend's mpi_accessible, not its device type
+    monkeypatch.setattr(heap.backend, "mpi_accessible", False)
     with pytest.raises(UnsupportedError, match="GPU-aware"):
         heap.atomic_fetch_add(c[0], 1, 0)
     monkeypatch.undo()

@@ -10,6 +10,7 @@ round trip moves the right bytes.
 from __future__ import annotations
 
 import gc
+import logging
 import re
 
 import numpy as np
@@ -96,7 +97,35 @@ def test_integer_like_sizes_are_accepted(heap):
         t = heap.malloc(size)
         assert t.shape == (24,) and t.dtype == torch.uint8
         heap.free(t)
+    x = heap.zeros(4, torch.int32)
+    for size in (np.int64(32), np.uint16(64), torch.tensor(8), 16):   # realloc as malloc
+        x = heap.realloc(x, size)
+        assert x.shape == (int(size) // 4,) and x.dtype == torch.int32
+    raises_everywhere(heap, lambda: heap.realloc(x, np.float64(16)), TypeError,
+                      r"nbytes must be an int, got float64")
+    raises_everywhere(heap, lambda: heap.realloc(x, torch.tensor(16.0)), TypeError,
+                      r"nbytes must be an int, got Tensor")
+    heap.free(x)
     assert_heap_usable(heap)
+
+
+def test_heap_size_is_rounded_up_to_the_granularity_and_says_so(caplog):
+    caplog.set_level(logging.INFO, logger="shmemvm")
+    with SymmetricHeap(MPI.COMM_WORLD, heap_size=1000, backend="host", timeout=30) as h:
+        granularity = h.backend.granularity
+        assert h.heap_size == granularity == h.heap_info()["heap_size"]
+        t = h.malloc(1000)                                   # the rounded budget is usable
+        assert t.shape == (1000,)
+    said = [r.getMessage() for r in caplog.records if "rounded up" in r.getMessage()]
+    if world.Get_rank() == 0:
+        assert said == [f"shmemvm: heap_size 1000 (1000) rounded up to {granularity} bytes, "
+                        f"a multiple of the host backend's granularity {granularity}"]
+    else:
+        assert said == []                                    # once per job, not per PE
+    caplog.clear()
+    with SymmetricHeap(MPI.COMM_WORLD, heap_size="1.5M", backend="host", timeout=30) as h:
+        assert h.heap_size == 3 << 19                        # a multiple already: no note
+    assert not [r for r in caplog.records if "rounded up" in r.getMessage()]
 
 
 SHAPE_CASES = [
@@ -243,11 +272,16 @@ def test_put_get_size_and_type_mismatch(heap):
         (lambda: heap.put(x, torch.ones(8), pe), ValueError, r"source has 8 elements"),
         (lambda: heap.put(x[8:], torch.ones(16), pe), ValueError, r"source has 16 elements, "
                                                                    r"destination 8"),
+        # get names source (symmetric, read) and destination (written) the right way round
         (lambda: heap.get(torch.empty(32), x, pe), ValueError,
-         r"get: source has 32 elements, destination 16"),
+         r"^get: source has 16 elements, destination 32;"),
+        (lambda: heap.get(torch.empty(8), x[:12], pe), ValueError,
+         r"^get: source has 12 elements, destination 8;"),
         (lambda: heap.put(x, torch.ones(16, dtype=torch.float64), pe), TypeError,
          r"source dtype torch.float64 differs from destination dtype torch.float32"),
-        (lambda: heap.get(torch.empty(16, dtype=torch.int32), x, pe), TypeError, r"dtype"),
+        (lambda: heap.get(torch.empty(16, dtype=torch.int32), x, pe), TypeError,
+         r"^get: destination dtype torch.int32 differs from source dtype torch.float32; get "
+         r"into a torch.float32 tensor"),
         (lambda: heap.put(x, [1.0] * 16, pe), TypeError, r"source must be a torch.Tensor"),
         (lambda: heap.get([0.0] * 16, x, pe), TypeError, r"dest must be a torch.Tensor"),
         (lambda: heap.put(x, np.ones(16, np.float32), pe), TypeError, r"torch.Tensor"),

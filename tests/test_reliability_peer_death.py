@@ -25,21 +25,13 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from util import REPO, clean_env, mpiexec
+
 HELPER = REPO / "tests" / "helpers" / "peer_death.py"
 N_PES = 3
 TIMEOUT = 3.0          # SHMEMVM_TIMEOUT given to the jobs
 MARGIN = 2.0           # scheduling slack on 2 cores with 9 processes
 JOB_LIMIT = 150        # seconds: a job that takes longer than this hangs
-
-
-def _mpiexec() -> str:
-    candidates = [os.environ.get("MPIEXEC"), str(Path(sys.executable).parent / "mpiexec"),
-                  shutil.which("mpiexec")]
-    for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    pytest.skip("no mpiexec found (set MPIEXEC)")
 
 
 def _is_hydra(mpiexec: str) -> bool:
@@ -50,27 +42,15 @@ def _is_hydra(mpiexec: str) -> bool:
     return "HYDRA" in out.stdout + out.stderr
 
 
-def _clean_env(timeout_env: str | None) -> dict[str, str]:
-    """Our environment minus what an enclosing MPI launch put there (a nested
-    mpiexec would take it for its own)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPI_LOCALRANKID",
-                                "MPI_LOCALNRANKS", "OMPI_", "SHMEMVM_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    if timeout_env is not None:
-        env["SHMEMVM_TIMEOUT"] = timeout_env
-    return env
-
-
 # scenario -> how the survivors are given the timeout: "arg" (timeout=) or "env" (SHMEMVM_TIMEOUT)
 SCENARIOS = {"before-malloc": "arg", "mid-malloc": "arg", "mid-barrier": "env"}
 
 
 @pytest.fixture(scope="module")
 def outcomes():
-    mpiexec = _mpiexec()
-    if not _is_hydra(mpiexec):
-        pytest.skip(f"{mpiexec} is not MPICH's hydra; this test relies on -disable-auto-cleanup")
+    launcher = mpiexec()
+    if not _is_hydra(launcher):
+        pytest.skip(f"{launcher} is not MPICH's hydra; this test relies on -disable-auto-cleanup")
     root = Path(tempfile.mkdtemp(prefix="shmemvm-peer-death-"))
     jobs = {}
     try:
@@ -78,9 +58,9 @@ def outcomes():
             outdir = root / scenario
             outdir.mkdir()
             timeout_arg = f"{TIMEOUT:g}" if how == "arg" else "env"
-            env = _clean_env(f"{TIMEOUT:g}" if how == "env" else None)
+            env = clean_env(f"{TIMEOUT:g}" if how == "env" else None)
             log = open(outdir / "job.log", "w")
-            command = [mpiexec, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
+            command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
                        str(HELPER), scenario, timeout_arg, str(outdir)]
             jobs[scenario] = (subprocess.Popen(command, env=env, stdout=log,
                                                stderr=subprocess.STDOUT, cwd=REPO,

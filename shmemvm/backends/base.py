@@ -37,6 +37,11 @@ class VMMBackend(abc.ABC):
     #: gap-free itself (hip.py maps a filler piece into holes) and sets access
     #: over all of it, so pieces may be mapped and unmapped in any order.
     cumulative_access: bool = False
+    #: True where the MPI library can read and write this memory, so the heap
+    #: attaches it to its MPI window (off-node put/get, atomics). Host memory:
+    #: yes. Device memory: no, since shmemvm does not assume a GPU-aware MPI.
+    #: The default is the safe answer for a new backend.
+    mpi_accessible: bool = False
 
     @staticmethod
     def is_available() -> bool:

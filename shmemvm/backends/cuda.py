@@ -99,6 +99,7 @@ if driver is not None:
 class CudaBackend(VMMBackend):
     name = "cuda"
     cumulative_access = False
+    mpi_accessible = False       # device memory: no GPU-aware MPI is assumed
 
     @staticmethod
     def is_available() -> bool:

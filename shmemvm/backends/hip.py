@@ -220,6 +220,7 @@ class _Reservation:
 class HipBackend(VMMBackend):
     name = "hip"
     cumulative_access = True
+    mpi_accessible = False       # device memory: no GPU-aware MPI is assumed
 
     @staticmethod
     def is_available() -> bool:

@@ -43,6 +43,7 @@ def _check_mmap(result: int | None, what: str) -> int:
 class HostBackend(VMMBackend):
     name = "host"
     device = torch.device("cpu")
+    mpi_accessible = True        # plain process memory: any MPI reads and writes it
 
     @staticmethod
     def is_available() -> bool:

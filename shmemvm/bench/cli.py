@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from . import footprint, live, malloc, putget
 from .common import Bench, Options, code_version, cpu_busy, machine, parse_list, setup_logging
+from .plot import matplotlib_missing
 from .targets import evaluate, format_results
 
 FAMILIES = {
@@ -63,8 +64,8 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
             _parser().error(f"unknown benchmark {name!r}; choose from all, {', '.join(FAMILIES)}")
         if name in FAMILIES and name not in chosen:
             chosen.append(name)
-    if args.plot:
-        import matplotlib  # noqa: F401  -- fail before measuring, not after
+    if args.plot and (missing := matplotlib_missing()):
+        _parser().error(missing)  # before measuring, not after; exits with status 2
     options = Options(quick=args.quick, sizes=args.sizes, live=args.live, repeat=args.repeat,
                       min_time=args.min_time, heap_size=args.heap_size, backend=args.backend,
                       stat=args.stat)

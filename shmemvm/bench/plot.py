@@ -23,6 +23,17 @@ def _size_label(n, _pos=None):
     return f"{n:g}"
 
 
+def matplotlib_missing() -> str | None:
+    """None where matplotlib can be imported, else a message saying what to install
+    (the command lines check this before they measure or read anything)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        return (f"--plot needs matplotlib, which cannot be imported here ({exc}); install "
+                f"it with: pip install \"shmemvm[bench]\"")
+    return None
+
+
 def plot_run(doc: dict, directory: str, stem: str | None = None) -> list[str]:
     """Write the charts of one run (the JSON document) into `directory`."""
     import matplotlib

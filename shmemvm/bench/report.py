@@ -8,6 +8,7 @@ import json
 import sys
 
 from .malloc import BARRIER, RAW_BACK
+from .plot import matplotlib_missing
 from .putget import LOCAL, MPI_GET, MPI_PUT
 
 
@@ -146,6 +147,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--plot", metavar="DIR", help="also write each run's chart into DIR")
     p.add_argument("--chart", help="chart path to reference from the markdown")
     args = p.parse_args(argv)
+    if args.plot and (missing := matplotlib_missing()):
+        p.error(missing)  # exits with status 2, no traceback
     docs = []
     for path in args.runs:
         with open(path) as f:
