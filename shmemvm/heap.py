@@ -20,13 +20,12 @@ import logging
 import operator
 import os
 import threading
-import zlib
 
 import torch
 from mpi4py import MPI
 
 from . import atomics, collectives
-from .agreement import DTYPE_CODE, Agreement, Call, shape_code
+from .agreement import Agreement, Call, Outcome, Phase
 from .allocator import Block
 from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
@@ -65,19 +64,19 @@ class SymmetricHeap:
             raise
 
     def _setup(self, heap_size, backend, va_factor) -> None:
-        call = Call("init", text="init")
+        call = Call(Phase.INIT, text="init")
         try:
             self.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
                                            local_rank=self.node.Get_rank())
             self.backend = self.local.backend
             call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
-                         zlib.crc32(self.backend.name.encode()))
+                         self.backend.name)
             call.text = (f"init(heap_size={self.local.heap_size}, backend={self.backend.name}, "
                          f"granularity={self.backend.granularity}, va_size={self.local.va_size})")
             self.channel = FdChannel(f"pe{self.my_pe}")
         except Exception as exc:
             call.error = exc
-        self._collective(call)
+        self.agree(call)
         node_info = self.node.allgather((self.my_pe, os.getpid(), self.channel.path))
         self.node_pes = [pe for pe, _, _ in node_info]
         self._peer_pids = {pe: pid for pe, pid, _ in node_info if pe != self.my_pe}
@@ -86,9 +85,9 @@ class SymmetricHeap:
         self.exchange = Exchange(self.channel, self.my_pe, self._peer_paths, self._peer_pids,
                                  self.timeout)
         self.local.release_listeners.append(self.peers.drop)
-        self.local.frees_collected = False  # only once every PE agrees (_collective)
+        self.local.frees_collected = False  # only once every PE agrees (agree())
         self.offnode = self._open_window()
-        self._collective(Call("barrier", text="init (peers ready)"))
+        self.agree(call.step(Phase.INIT_READY, "peers ready"))
         log.debug("PE %d/%d ready: node PEs %s, backend %s", self.my_pe, self.n_pes,
                   self.node_pes, self.backend.name)
 
@@ -142,33 +141,35 @@ class SymmetricHeap:
         """`nbytes` of symmetric memory as a uint8 tensor (collective)."""
         return self.empty((nbytes,), torch.uint8, _op_text=f"malloc({nbytes!r})")
 
-    def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str = "") -> torch.Tensor:
+    def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str = "",
+              _phase: Phase = Phase.MALLOC) -> torch.Tensor:
         """An uninitialised symmetric tensor (collective)."""
-        call = Call("malloc", text=_op_text or f"empty({shape!r}, {dtype})")
+        call = Call(_phase, text=_op_text or f"empty({shape!r}, {dtype})")
         try:
             dims, nbytes = tensor_nbytes(shape, dtype)
-            call.args = (nbytes, DTYPE_CODE[dtype], shape_code(dims))
+            call.args = (nbytes, dtype, dims)
         except (TypeError, ValueError) as exc:
             call.error = exc
         with self._lock:
-            self._collective(call)
+            self.agree(call)
             block = self._allocate_collectively(nbytes, call)
             return self.local._tensor_for(block, dims, dtype)
 
     def zeros(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A zero-filled symmetric tensor (collective, like shmem_calloc). It is
         zero on every PE before any PE returns, so peers may write at once."""
-        tensor = self.empty(shape, dtype, _op_text=f"zeros({shape!r}, {dtype})")
+        text = f"zeros({shape!r}, {dtype})"
+        tensor = self.empty(shape, dtype, _op_text=text, _phase=Phase.ZEROS)
         tensor.zero_()
         self.backend.synchronize()
-        self._collective(Call("barrier", text="zeros (filled)"))
+        self.agree(Call(Phase.ZEROS_FILLED, text=f"{text} (filled)"))
         return tensor
 
     calloc = zeros
 
     def free(self, tensor: torch.Tensor) -> None:
         """Free a symmetric tensor (collective); every view of it becomes invalid."""
-        call = Call("free", text="free(tensor)")
+        call = Call(Phase.FREE, text="free(tensor)")
         try:
             block = self.local.block_of(tensor)
             call.args = (block.offset,)
@@ -177,24 +178,24 @@ class SymmetricHeap:
             call.error = exc
         with self._lock:
             self.quiet()
-            self._collective(call)
+            self.agree(call)
             self.local._free_block(block.offset)
 
     def realloc(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         """A symmetric tensor of `nbytes` holding `tensor`'s leading bytes, as a
         1-D tensor of its dtype; `tensor` is freed (collective)."""
-        call = Call("realloc", text=f"realloc(tensor, {nbytes!r})")
+        call = Call(Phase.REALLOC, text=f"realloc(tensor, {nbytes!r})")
         try:
             block = self.local.block_of(tensor)
             dtype = tensor.dtype
             (count,), new_bytes = tensor_nbytes(_whole_elements(nbytes, dtype), dtype)
-            call.args = (block.offset, new_bytes, DTYPE_CODE[dtype])
+            call.args = (block.offset, new_bytes, dtype)
             call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
         except (TypeError, ValueError, FreedTensorError) as exc:
             call.error = exc
         with self._lock:
             self.quiet()
-            self._collective(call)
+            self.agree(call)
             if self.local._core.size_class(new_bytes) == block.size:  # fits where it is
                 return self.local._resize_block(block.offset, new_bytes, (count,), dtype)
             new_block = self._allocate_collectively(new_bytes, call)
@@ -220,7 +221,8 @@ class SymmetricHeap:
         # created can a PE fail alone, so only then is it agreed on.
         created_anywhere = failure is not None or bool(created)
         if created_anywhere:
-            if not self.agreement.all_ok(failure is None, call, "backing new memory"):
+            if not self.agreement.all_ok(failure is None,
+                                         call.step(Phase.BACKING, "backing new memory")):
                 if failure is None:
                     self.local._undo_allocation(block, created)
                 raise ShmemError(f"{call.text} failed: a PE could not back the new memory "
@@ -229,24 +231,35 @@ class SymmetricHeap:
             try:
                 self.exchange.run(self.agreement.seq, created, self.local._export, self.peers.map,
                                   call.text)
-                if self.offnode is not None:
-                    for segment in created:
-                        self.offnode.attach(segment)
                 exchange_failure = None
             except PeerTimeoutError as exc:
                 # A PE is gone or stuck: agreeing on the failure would wait as long
                 # again (2x SHMEMVM_TIMEOUT). The heap is unusable from here on.
-                self.agreement.broken = self.agreement.broken or f"{call.text}: {exc}"
+                self.agreement.mark_broken(f"{call.text}: {exc}")
                 raise
             except (OSError, ShmemError, MPI.Exception) as exc:
                 exchange_failure = exc
             # Undoing releases the new segments, which unmaps peers' copies and
             # detaches them from the window (release listeners).
-            if not self.agreement.all_ok(exchange_failure is None, call, "sharing the new memory"):
+            if not self.agreement.all_ok(exchange_failure is None,
+                                         call.step(Phase.SHARING, "sharing the new memory")):
                 self.local._undo_allocation(block, created)
                 raise ShmemError(f"{call.text} failed while PEs shared the new memory "
                                  f"({exchange_failure or 'see the other PEs'}); undone on every "
                                  f"PE") from exchange_failure
+            if self.offnode is not None:
+                attach_failure = None
+                try:
+                    for segment in created:
+                        self.offnode.attach(segment)
+                except (OSError, ShmemError, MPI.Exception) as exc:
+                    attach_failure = exc
+                if not self.agreement.all_ok(attach_failure is None, call.step(
+                        Phase.WINDOW_ATTACH, "attaching the new memory to the MPI window")):
+                    self.local._undo_allocation(block, created)
+                    raise ShmemError(f"{call.text} failed while PEs attached the new memory to "
+                                     f"the MPI window ({attach_failure or 'see the other PEs'}); "
+                                     f"undone on every PE") from attach_failure
         return block
 
     # -- the agreement (agreement.py) ----------------------------------------------
@@ -255,27 +268,20 @@ class SymmetricHeap:
         """Why the heap is unusable (a timed-out step), or None."""
         return self.agreement.broken if self.agreement is not None else None
 
-    def _collective(self, call: Call) -> None:
-        """Agree that every PE makes this same call and free the blocks every PE
-        has let the garbage collector take. The same outcome on every PE."""
+    def agree(self, call: Call, *, flag: bool = True) -> Outcome:
+        """One agreed step of a collective (for this module and the ones built on
+        the heap, like collectives.py): every PE makes this same `call` (else
+        SymmetryError everywhere), and the blocks every PE has let the garbage
+        collector take are freed first. The same outcome on every PE."""
         self._check_usable()
         self._pending.update(self.local._take_collected())
-        self.agreement.collective(call, dead=self._pending)
+        return self.agreement.collective(call, dead=self._pending, flag=flag)
 
     def _release(self, offsets: set[int]) -> None:
         """Free the blocks every PE has let the garbage collector take."""
         for offset in sorted(offsets):
             self.local._free_block(offset)
         self._pending -= offsets
-
-    def _agree(self, op: str, args: tuple = (), text: str = "",
-               error: BaseException | None = None) -> None:
-        """_collective for callers outside this module (collectives.py)."""
-        self._collective(Call(op, args, text, error))
-
-    def _wait_for(self, request: MPI.Request, op: str, text: str) -> None:
-        """Agreement.wait for callers outside this module (collectives.py)."""
-        self.agreement.wait(request, Call(op, text=text))
 
     # -- one-sided access ------------------------------------------------------------
     def _check_pe(self, pe) -> int:
@@ -391,7 +397,7 @@ class SymmetricHeap:
         """Complete this PE's puts, then wait for every PE (collective)."""
         with self._lock:
             self.quiet()
-            self._collective(Call("barrier", text="barrier_all()"))
+            self.agree(Call(Phase.BARRIER_ALL, text="barrier_all()"))
 
     def sync_all(self) -> None:
         """Wait for every PE (collective). This PE's own stores are complete
@@ -400,7 +406,7 @@ class SymmetricHeap:
         on would order nothing; off-node nbi operations are not flushed."""
         with self._lock:
             self.backend.synchronize()
-            self._collective(Call("sync", text="sync_all()"))
+            self.agree(Call(Phase.SYNC_ALL, text="sync_all()"))
 
     def heap_info(self) -> dict:
         if self.closed:  # stats of released memory would mislead; a broken heap still reports
@@ -413,7 +419,7 @@ class SymmetricHeap:
     def trim(self) -> int:
         """Give back cached physical memory now (collective); returns bytes released."""
         with self._lock:
-            self._collective(Call("trim", text="trim()"))
+            self.agree(Call(Phase.TRIM, text="trim()"))
             return self.local.trim()
 
     # -- atomics and signals (atomics.py): one-element int32/int64/uint64 views ------
@@ -502,7 +508,7 @@ class SymmetricHeap:
             if not self._broken:
                 with self._lock:
                     self.quiet()
-                    self._collective(Call("finalize", text="finalize()"))
+                    self.agree(Call(Phase.FINALIZE, text="finalize()"))
         except SymmetryError:
             raise  # other PEs are in another call: as the error says, nothing was done
         except BaseException:
