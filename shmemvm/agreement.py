@@ -154,8 +154,13 @@ def parse_timeout(value=None) -> float:
 DEFAULT_TIMEOUT = float(SETTINGS["SHMEMVM_TIMEOUT"][0])
 
 
-def wait(request: MPI.Request, timeout: float, what: str, my_pe: int) -> None:
-    """Complete an MPI request or raise PeerTimeoutError after `timeout` s."""
+_UNUSABLE = "This heap cannot be used any more; finalize() releases it"
+
+
+def wait(request: MPI.Request, timeout: float, what: str, my_pe: int,
+         after: str = _UNUSABLE) -> None:
+    """Complete an MPI request or raise PeerTimeoutError after `timeout` s
+    (the message ends with `after`: what the timeout leaves behind)."""
     if request.Test():
         return
     deadline = time.monotonic() + timeout
@@ -166,8 +171,8 @@ def wait(request: MPI.Request, timeout: float, what: str, my_pe: int) -> None:
             if time.monotonic() > deadline:
                 raise PeerTimeoutError(
                     f"PE {my_pe}: not every PE joined {what} within {timeout:g} s "
-                    f"(SHMEMVM_TIMEOUT): a PE has died, hangs, or is in a different call. This "
-                    f"heap cannot be used any more; finalize() releases it")
+                    f"(SHMEMVM_TIMEOUT): a PE has died, hangs, or is in a different call. "
+                    f"{after}")
             # Yield the core, but do not sleep(0): on Linux that is a timed
             # sleep of about the timer slack (50-100 us), not a yield.
             if spins < 4096:
@@ -181,7 +186,8 @@ def duplicate(comm: MPI.Comm, timeout: float) -> MPI.Comm:
     PE joins within `timeout`: a PE that starts late or never must not hold the
     others for ever."""
     new, request = comm.Idup()
-    wait(request, timeout, "init (duplicating the communicator)", comm.Get_rank())
+    wait(request, timeout, "init (duplicating the communicator)", comm.Get_rank(),
+         "No heap was made")
     new.Set_errhandler(MPI.ERRORS_RETURN)
     return new
 
@@ -201,6 +207,8 @@ class Agreement:
         self.calls = 0
         #: why the heap is unusable (a timed-out or out-of-step step), or None
         self.broken: str | None = None
+        #: False while init runs: a timeout then leaves no heap to finalize
+        self.initialized = False
 
     # -- state ------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -257,7 +265,8 @@ class Agreement:
         """Complete an MPI request of this heap, or break the heap and raise
         PeerTimeoutError at the deadline."""
         try:
-            wait(request, self.timeout, what, self.my_pe)
+            wait(request, self.timeout, what, self.my_pe,
+                 _UNUSABLE if self.initialized else "init failed; no heap was made")
         except PeerTimeoutError:
             self.mark_broken(f"{what} timed out after {self.timeout:g} s")
             raise

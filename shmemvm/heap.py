@@ -16,6 +16,7 @@ agreed on and undone everywhere.
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
 import os
@@ -25,7 +26,7 @@ import torch
 from mpi4py import MPI
 
 from . import atomics, collectives
-from .agreement import Agreement, Call, Outcome, Phase
+from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate, parse_timeout
 from .allocator import Block
 from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
@@ -46,48 +47,74 @@ class SymmetricHeap:
                  va_factor: int | None = None):
         if setting("SHMEMVM_DEBUG") not in ("", "0"):
             log.setLevel(logging.DEBUG)
-        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
-        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self.my_pe = self.comm.Get_rank()
-        self.n_pes = self.comm.Get_size()
-        self.timeout = float(setting("SHMEMVM_TIMEOUT", timeout))
         self._lock = threading.RLock()
         self._pending: set[int] = set()    # offsets GC'd here, not yet agreed
-        self.agreement = Agreement(self.comm, self.timeout, self.my_pe, self._release)
         self.closed = False
-        self.node = self._split_node(node_split)
+        # Built one by one in _setup; _teardown releases whatever was built.
+        self.comm = self.node = self.agreement = self.exchange = None
         self.local = self.peers = self.channel = self.offnode = None
         try:
-            self._setup(heap_size, backend, va_factor)
+            self._setup(comm, heap_size, backend, timeout, node_split, va_factor)
         except BaseException:
             self._teardown()
             raise
 
-    def _setup(self, heap_size, backend, va_factor) -> None:
+    def _setup(self, comm, heap_size, backend, timeout, node_split, va_factor) -> None:
+        """Every step waits with the deadline, and a PE that fails locally (bad
+        settings, no memory) still takes part until the init agreement, where
+        every PE raises: that error where every PE has it, else SymmetryError."""
         call = Call(Phase.INIT, text="init")
         try:
-            self.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
-                                           local_rank=self.node.Get_rank())
-            self.backend = self.local.backend
-            call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
-                         self.backend.name)
-            call.text = (f"init(heap_size={self.local.heap_size}, backend={self.backend.name}, "
-                         f"granularity={self.backend.granularity}, va_size={self.local.va_size})")
-            self.channel = FdChannel(f"pe{self.my_pe}")
-        except Exception as exc:
-            call.error = exc
-        self.agree(call)
-        node_info = self.node.allgather((self.my_pe, os.getpid(), self.channel.path))
+            self.timeout = parse_timeout(timeout)
+        except ValueError as exc:
+            call.error, self.timeout = exc, DEFAULT_TIMEOUT  # a deadline to fail by
+        try:
+            split = _node_split(node_split)
+        except ValueError as exc:
+            call.error, split = call.error or exc, None
+        self.comm = duplicate(comm if comm is not None else MPI.COMM_WORLD, self.timeout)
+        self.my_pe = self.comm.Get_rank()
+        self.n_pes = self.comm.Get_size()
+        self.agreement = Agreement(self.comm, self.timeout, self.my_pe, self._release)
+        # MPI has no nonblocking split: it runs right after the Idup, which every
+        # PE has joined, with nothing in between that can fail or wait.
+        self.node = self._split_node(split)
+        if call.error is None:
+            try:
+                self.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
+                                               local_rank=self.node.Get_rank())
+                self.backend = self.local.backend
+                call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
+                             self.backend.name)
+                call.text = (f"init(heap_size={self.local.heap_size}, backend="
+                             f"{self.backend.name}, granularity={self.backend.granularity}, "
+                             f"va_size={self.local.va_size})")
+                self.channel = FdChannel(f"pe{self.my_pe}")
+            except Exception as exc:
+                call.error = exc
+        self.agreement.collective(call)
+        mine = json.dumps([self.my_pe, os.getpid(), self.channel.path]).encode()
+        node_info = [json.loads(info) for info in self.agreement.allgather_bytes(
+            Phase.INIT_NODE, mine, "init (the PEs of the node)", comm=self.node)]
         self.node_pes = [pe for pe, _, _ in node_info]
         self._peer_pids = {pe: pid for pe, pid, _ in node_info if pe != self.my_pe}
         self._peer_paths = {pe: path for pe, _, path in node_info if pe != self.my_pe}
-        self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
+        failure = None
+        try:
+            self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
+        except Exception as exc:  # no address space: the others must not wait in the window
+            failure = exc
+        if not self.agreement.all_ok(failure is None, call.step(Phase.INIT_PEERS,
+                                                                "reserving the peers' windows")):
+            raise ShmemError(f"init failed: a PE could not reserve address space for its "
+                             f"peers' heaps ({failure or 'see the other PEs'})") from failure
         self.exchange = Exchange(self.channel, self.my_pe, self._peer_paths, self._peer_pids,
                                  self.timeout)
         self.local.release_listeners.append(self.peers.drop)
         self.local.frees_collected = False  # only once every PE agrees (agree())
         self.offnode = self._open_window()
-        self.agree(call.step(Phase.INIT_READY, "peers ready"))
+        self.agreement.collective(call.step(Phase.INIT_READY, "peers ready"))
+        self.agreement.initialized = True
         log.debug("PE %d/%d ready: node PEs %s, backend %s", self.my_pe, self.n_pes,
                   self.node_pes, self.backend.name)
 
@@ -117,13 +144,9 @@ class SymmetricHeap:
                                    f"{self._window_error}")
         return self.offnode
 
-    def _split_node(self, node_split: int | None) -> MPI.Comm:
-        """PEs that share memory; SHMEMVM_NODE_SPLIT=N fakes nodes of N PEs each."""
-        split = setting("SHMEMVM_NODE_SPLIT", None if node_split is None else str(node_split))
-        if split:
-            size = int(split)
-            if size < 1:
-                raise ValueError(f"SHMEMVM_NODE_SPLIT must be >= 1, got {size}")
+    def _split_node(self, size: int | None) -> MPI.Comm:
+        """PEs that share memory; nodes of `size` PEs each where given."""
+        if size:
             return self.comm.Split(self.my_pe // size, self.my_pe)
         return self.comm.Split_type(MPI.COMM_TYPE_SHARED, self.my_pe)
 
@@ -540,6 +563,20 @@ class SymmetricHeap:
 
     def __exit__(self, *exc):
         self.finalize()
+
+
+def _node_split(value) -> int | None:
+    """SHMEMVM_NODE_SPLIT=N (or node_split=N) fakes nodes of N PEs each."""
+    split = setting("SHMEMVM_NODE_SPLIT", None if value is None else str(value))
+    if not split:
+        return None
+    try:
+        size = int(split)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(f"SHMEMVM_NODE_SPLIT must be an integer >= 1, got {split!r}")
+    return size
 
 
 def _whole_elements(nbytes, dtype: torch.dtype) -> int:

@@ -16,6 +16,7 @@ from hypothesis import Phase as HypothesisPhase
 from hypothesis import strategies as st
 from mpi4py import MPI
 
+import shmemvm
 from shmemvm import SymmetricHeap, SymmetryError
 from shmemvm.agreement import N_ARGS, Agreement, Call, Phase, _encode
 
@@ -293,3 +294,60 @@ def test_different_calls_raise_symmetry_error_at_the_first_difference_everywhere
         failure = f"PE {world.rank}: {type(exc).__name__}: {exc}"
     failures = [f for f in world.allgather(failure) if f]
     assert not failures, f"{program}: {failures}"
+
+
+# -- init: errors reach the user unchanged, the timeout is checked ---------------------------
+INIT_ERRORS = [
+    ({"heap_size": "abc"}, ValueError, r"cannot read 'abc' as a size"),
+    ({"heap_size": 0}, ValueError, r"heap size must be positive"),
+    ({"backend": "foo"}, ValueError, r"unknown backend 'foo'"),
+    ({"timeout": float("inf")}, ValueError, r"SHMEMVM_TIMEOUT.*finite number of seconds > 0"),
+    ({"timeout": float("nan")}, ValueError, r"SHMEMVM_TIMEOUT"),
+    ({"timeout": 0}, ValueError, r"SHMEMVM_TIMEOUT.*got 0"),
+    ({"timeout": -1}, ValueError, r"SHMEMVM_TIMEOUT.*got -1"),
+    ({"timeout": "abc"}, ValueError, r"SHMEMVM_TIMEOUT.*got 'abc'"),
+    ({"node_split": 0}, ValueError, r"SHMEMVM_NODE_SPLIT must be an integer >= 1, got '0'"),
+]
+
+
+def _init_options(bad: dict) -> dict:
+    return {"heap_size": "4M", "backend": "host", "timeout": 10, **bad}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("bad, exc_type, pattern", INIT_ERRORS,
+                         ids=[f"{k}={v!r}" for bad, _, _ in INIT_ERRORS for k, v in bad.items()])
+def test_init_errors_reach_every_pe_unchanged(bad, exc_type, pattern):
+    from util import open_fds
+    fds = open_fds()
+    with pytest.raises(exc_type, match=pattern) as info:
+        SymmetricHeap(world, **_init_options(bad))
+    assert type(info.value) is exc_type                   # not an AttributeError, not wrapped
+    assert open_fds() == fds                              # the half-built heap is gone
+    with pytest.raises(exc_type, match=pattern):          # the module API says the same
+        shmemvm.init(world, **_init_options(bad))
+    with shmemvm.init(world, **_init_options({})) as heap:  # and init works afterwards
+        assert heap.n_pes == world.size
+        heap.free(heap.malloc(100))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_init_error_on_one_pe_is_a_symmetry_error_on_the_others():
+    last = world.size - 1
+    bad = {"heap_size": "abc"} if world.rank == last else {}
+    with pytest.raises((SymmetryError, ValueError)) as info:
+        SymmetricHeap(world, **_init_options(bad))
+    if world.rank == last:
+        assert type(info.value) is SymmetryError
+    assert f"PE {last}: init [rejected here: cannot read 'abc' as a size" in str(info.value)
+    SymmetricHeap(world, **_init_options({})).finalize()
+
+
+@pytest.mark.mpi
+def test_timeout_from_the_environment_is_checked(monkeypatch):
+    monkeypatch.setenv("SHMEMVM_TIMEOUT", "inf")
+    with pytest.raises(ValueError, match=r"SHMEMVM_TIMEOUT.*got 'inf'"):
+        SymmetricHeap(world, heap_size="4M", backend="host")
+    monkeypatch.setenv("SHMEMVM_TIMEOUT", "2.5")
+    with SymmetricHeap(world, heap_size="4M", backend="host") as heap:
+        assert heap.timeout == 2.5 and heap.agreement.timeout == 2.5
