@@ -82,11 +82,15 @@ class Phase(enum.IntEnum):
     def counted(self) -> bool:
         """A call of the user's own, numbered in messages (init is not: it
         makes the heap the numbers refer to)."""
-        return Phase.INIT < self < 100
+        return self in _COUNTED
+
+
+_COUNTED = frozenset(p for p in Phase if Phase.INIT < p < 100)
 
 
 #: argument slots of a call; each takes two words of the allreduce
 N_ARGS = 5
+_ZEROS = bytes(8 * (2 * (2 + 2 * N_ARGS) + 2))   # an empty receive vector
 _WORD = (1 << 63) - 1          # largest value whose negation fits an int64 too
 
 
@@ -105,10 +109,12 @@ class Call:
         return Call(phase, text=f"{self.text or self.phase.name.lower()} ({what})")
 
     def words(self) -> list[int]:
-        if len(self.args) > N_ARGS:
-            raise ValueError(f"at most {N_ARGS} agreed arguments, got {self.args!r}")
         if self.error is not None:  # never a valid encoding: every word of one is >= 0
             return [-1] * (2 * N_ARGS)
+        if not self.args:
+            return [0] * (2 * N_ARGS)
+        if len(self.args) > N_ARGS:
+            raise ValueError(f"at most {N_ARGS} agreed arguments, got {self.args!r}")
         out = []
         for arg in self.args:
             out.extend(_encode(arg))
@@ -135,6 +141,9 @@ class Outcome:
     released: frozenset = frozenset()   # offsets every PE had dead, now released
 
 
+_FLAG = {True: Outcome(True), False: Outcome(False)}  # the common outcomes, made once
+
+
 def parse_timeout(value=None) -> float:
     """SHMEMVM_TIMEOUT (or the timeout= argument) in seconds: finite and > 0."""
     raw = setting("SHMEMVM_TIMEOUT", value)
@@ -157,10 +166,11 @@ DEFAULT_TIMEOUT = float(SETTINGS["SHMEMVM_TIMEOUT"][0])
 _UNUSABLE = "This heap cannot be used any more; finalize() releases it"
 
 
-def wait(request: MPI.Request, timeout: float, what: str, my_pe: int,
+def wait(request: MPI.Request, timeout: float, what, my_pe: int,
          after: str = _UNUSABLE) -> None:
-    """Complete an MPI request or raise PeerTimeoutError after `timeout` s
-    (the message ends with `after`: what the timeout leaves behind)."""
+    """Complete an MPI request or raise PeerTimeoutError after `timeout` s.
+    `what` names the step (a string, or a function making one, called only
+    for the message); the message ends with `after`, what the timeout leaves."""
     if request.Test():
         return
     deadline = time.monotonic() + timeout
@@ -169,6 +179,7 @@ def wait(request: MPI.Request, timeout: float, what: str, my_pe: int,
         spins += 1
         if spins % 64 == 0:
             if time.monotonic() > deadline:
+                what = what() if callable(what) else what
                 raise PeerTimeoutError(
                     f"PE {my_pe}: not every PE joined {what} within {timeout:g} s "
                     f"(SHMEMVM_TIMEOUT): a PE has died, hangs, or is in a different call. "
@@ -235,39 +246,47 @@ class Agreement:
         in `dead` on every PE; reduce `flag` (not compared) with MIN. Raises
         SymmetryError on every PE where the steps differ, then `call.error`
         where every PE made the same call and this one could not form it."""
-        self.check_usable()
+        if self.broken:
+            self.check_usable()
         self.seq += 1
-        if call.phase.counted:
+        if call.phase in _COUNTED:
             self.calls += 1
-        what = self.describe(call)
         compared = [int(call.phase), self.seq] + call.words()
+        # MAX of v and of -v gives the max and minus the min of each word at once
+        send = array.array("q", compared)
+        send.extend([-v for v in compared])
+        send.append(-1 if flag else 0)
+        send.append(-1 if dead else 0)
+        recv = array.array("q", _ZEROS[:8 * len(send)])
+        self.wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), lambda: self.describe(call))
         n = len(compared)
-        # MAX of v and of -v gives max and min at once: equal everywhere iff max == min
-        send = array.array("q", compared + [-v for v in compared] + [-int(bool(flag)),
-                                                                    -int(bool(dead))])
-        recv = array.array("q", bytes(8 * len(send)))
-        self.wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), what)
-        if recv[:n] != array.array("q", [-v for v in recv[n:2 * n]]):
-            self._raise_mismatch(call, what)
-        released = frozenset()
+        if sum(recv[:2 * n]):  # a sum of (max - min) >= 0 terms: 0 iff every word agrees
+            self._raise_mismatch(call, self.describe(call))
+        outcome = _FLAG[recv[2 * n] == -1]
         if recv[2 * n + 1] == -1:  # every PE has something dead
-            released = self._release_dead(dead, what)
+            released = self._release_dead(dead, self.describe(call))
+            if released:
+                outcome = Outcome(outcome.flag_everywhere, released)
         if call.error is not None:
             raise call.error
-        log.debug("PE %d: step #%d %s", self.my_pe, self.seq, what)
-        return Outcome(recv[2 * n] == -1, released)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("PE %d: step #%d %s", self.my_pe, self.seq, self.describe(call))
+        return outcome
 
     def all_ok(self, ok: bool, step: Call) -> bool:
         """True on every PE when `ok` was True on every PE (a step of its own)."""
         return self.collective(step, flag=ok).flag_everywhere
 
-    def wait(self, request: MPI.Request, what: str) -> None:
+    def wait(self, request: MPI.Request, what) -> None:
         """Complete an MPI request of this heap, or break the heap and raise
-        PeerTimeoutError at the deadline."""
+        PeerTimeoutError at the deadline (`what`: as for wait())."""
+        if request.Test():
+            return
         try:
             wait(request, self.timeout, what, self.my_pe,
                  _UNUSABLE if self.initialized else "init failed; no heap was made")
         except PeerTimeoutError:
+            what = what() if callable(what) else what
             self.mark_broken(f"{what} timed out after {self.timeout:g} s")
             raise
 
