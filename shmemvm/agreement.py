@@ -90,7 +90,7 @@ _COUNTED = frozenset(p for p in Phase if Phase.INIT < p < 100)
 
 #: argument slots of a call; each takes two words of the allreduce
 N_ARGS = 5
-_ZEROS = bytes(8 * (2 * (2 + 2 * N_ARGS) + 2))   # an empty receive vector
+_ZEROS = bytes(8 * (2 * (3 + 2 * N_ARGS) + 2))   # an empty receive vector
 _WORD = (1 << 63) - 1          # largest value whose negation fits an int64 too
 
 
@@ -109,16 +109,18 @@ class Call:
         return Call(phase, text=f"{self.text or self.phase.name.lower()} ({what})")
 
     def words(self) -> list[int]:
+        """The number of arguments, then two words for each (zeros for unused
+        slots); all -1 where the call could not be formed."""
         if self.error is not None:  # never a valid encoding: every word of one is >= 0
-            return [-1] * (2 * N_ARGS)
+            return [-1] * (1 + 2 * N_ARGS)
         if not self.args:
-            return [0] * (2 * N_ARGS)
+            return [0] * (1 + 2 * N_ARGS)
         if len(self.args) > N_ARGS:
             raise ValueError(f"at most {N_ARGS} agreed arguments, got {self.args!r}")
-        out = []
+        out = [len(self.args)]
         for arg in self.args:
             out.extend(_encode(arg))
-        return out + [0] * (2 * N_ARGS - len(out))
+        return out + [0] * (1 + 2 * N_ARGS - len(out))
 
 
 def _encode(arg) -> tuple[int, int]:

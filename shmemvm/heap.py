@@ -3,10 +3,10 @@
 Every PE runs the same deterministic allocator (allocator.py), so the same
 sequence of collective calls gives the same offsets everywhere; a collective
 therefore only has to *agree* that every PE made the same call, which is one
-small allreduce (agreement.py). Only segments that a call creates are exported and passed to
-the other PEs of the node (exchange.py); a segment released on one PE is released at the
-same call on all of them, so each PE drops its imports of it without being
-told.
+small allreduce (agreement.py). Only segments that a call creates are exported
+and passed to the other PEs of the node (exchange.py); a segment released on
+one PE is released at the same call on all of them, so each PE drops its
+imports of it without being told.
 
 Errors instead of hangs: every wait (MPI request, socket) has a deadline
 (SHMEMVM_TIMEOUT); a mismatched collective raises SymmetryError on every PE

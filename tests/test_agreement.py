@@ -56,7 +56,8 @@ def test_shapes_that_crc32_confused_are_different():
 
 def test_a_call_that_could_not_be_formed_never_looks_valid():
     bad = Call(Phase.MALLOC, error=ValueError("no"))
-    assert bad.words() == [-1] * (2 * N_ARGS)
+    assert bad.words() == [-1] * (1 + 2 * N_ARGS)
+    assert Call(Phase.FREE, (0,)).words() != Call(Phase.FREE).words()   # arity counts
     assert all(w >= 0 for w in Call(Phase.MALLOC, (0, torch.uint8, (0,))).words())
     with pytest.raises(ValueError):
         Call(Phase.MALLOC, tuple(range(N_ARGS + 1))).words()
