@@ -1,148 +1,340 @@
-"""The agreement: one small allreduce per collective step.
+"""The agreement: one small allreduce per step of every collective call.
 
 Every PE runs the same deterministic allocator, so a collective only has to
 *agree* that every PE makes the same call with the same arguments; the
 allocation itself then needs no communication. This module owns that
-agreement: the encoding of a call, the waits with a deadline
-(SHMEMVM_TIMEOUT), the mismatch report (SymmetryError on every PE), the
-agreement on blocks the garbage collector took, and the heap's broken state
-(after a timeout nothing collective can be trusted any more).
+agreement and everything that must hold for it to be trusted:
+
+- Each step has its own phase code: the user's calls (malloc, zeros,
+  barrier_all, ...) and the internal steps inside them (zeros' fill barrier,
+  the all-ok votes after backing and sharing new memory, ...). A step can
+  only agree with the same step on another PE, so zeros() never agrees with
+  malloc() + barrier_all().
+- Arguments are compared exactly: integers in [0, 2**63) as they are,
+  anything else (shapes, dtypes, larger integers) by a 125-bit digest of its
+  repr, which includes a shape's number of dimensions.
+- No wait without a deadline (SHMEMVM_TIMEOUT). A step that times out leaves
+  an MPI request that can never be cancelled, so the agreement is *broken*
+  from then on and refuses every further step; finalize() still releases
+  the memory.
+- A mismatch raises the same SymmetryError on every PE, saying what each PE
+  asked for, numbered by the user's own calls ("your collective call #N";
+  init is not counted, internal steps neither).
+- Blocks the garbage collector took are released only once every PE has
+  dropped them (the `dead` offsets of collective()): the heap's `release`
+  callback runs before the call's own error is raised and before the call
+  does anything, so a malloc can reuse them.
 """
 
 from __future__ import annotations
 
 import array
+import enum
 import functools
+import hashlib
 import logging
+import math
 import os
 import time
-import zlib
 from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-from . import _dlpack
-from .errors import PeerTimeoutError, SymmetryError
+from .config import SETTINGS, setting
+from .errors import PeerTimeoutError, ShmemError, SymmetryError
 
 log = logging.getLogger("shmemvm")
 
-_OPS = ("init", "malloc", "free", "realloc", "barrier", "sync", "finalize", "trim",
-        "broadcast", "fcollect", "reduce", "alltoall")
-_OP_CODE = {name: i + 1 for i, name in enumerate(_OPS)}
-_INVALID = 99          # this PE could not even form the call (bad arguments)
-_N_ARGS = 4
-DTYPE_CODE = {dtype: i + 1 for i, dtype in enumerate(sorted(_dlpack.SUPPORTED_DTYPES, key=str))}
+
+class Phase(enum.IntEnum):
+    """The code of one step of a collective call: the same step on every PE."""
+    # the user's calls
+    INIT = 1
+    MALLOC = 2                  # malloc and empty
+    ZEROS = 3                   # zeros (calloc)
+    FREE = 4
+    REALLOC = 5
+    BARRIER_ALL = 6
+    SYNC_ALL = 7
+    TRIM = 8
+    FINALIZE = 9
+    BROADCAST = 10
+    FCOLLECT = 11
+    REDUCE = 12
+    ALLTOALL = 13
+    # internal steps of those calls
+    INIT_NODE = 101             # init: the PEs of the node tell each other their mailboxes
+    INIT_PEERS = 102            # init: every PE reserved its peers' windows
+    INIT_READY = 103            # init: every PE has its MPI window
+    ZEROS_FILLED = 104          # zeros: every PE has zeroed its copy
+    BACKING = 105               # a PE could (not) back the new segments
+    SHARING = 106               # a PE could (not) exchange the new segments on the node
+    WINDOW_ATTACH = 107         # a PE could (not) attach the new segments to the MPI window
+    RELEASE_DEAD = 108          # which garbage-collected blocks every PE has dropped
+    MISMATCH_REPORT = 109       # what each PE asked for, after a mismatch
+    BROADCAST_COPIED = 110
+    FCOLLECT_COPIED = 111
+    ALLTOALL_COPIED = 112
+    REDUCE_COMBINED = 113
+    REDUCE_GATHERED = 114
+
+    @property
+    def counted(self) -> bool:
+        """A call of the user's own, numbered in messages (init is not: it
+        makes the heap the numbers refer to)."""
+        return self in _COUNTED
+
+
+_COUNTED = frozenset(p for p in Phase if Phase.INIT < p < 100)
+
+
+#: argument slots of a call; each takes two words of the allreduce
+N_ARGS = 5
+_ZEROS = bytes(8 * (2 * (3 + 2 * N_ARGS) + 2))   # an empty receive vector
+_WORD = (1 << 63) - 1          # largest value whose negation fits an int64 too
 
 
 @dataclass
 class Call:
-    """One collective call as this PE sees it."""
-    op: str
+    """One collective step as this PE sees it: the phase, the arguments that
+    must be equal on every PE, a text for messages, and the error that made
+    this PE unable to form the call (bad arguments), if any."""
+    phase: Phase
     args: tuple = ()
     text: str = ""
     error: BaseException | None = field(default=None, repr=False)
 
-    def vector(self) -> list[int]:
-        if self.error is not None:
-            return [_INVALID] + [0] * _N_ARGS
-        # Clamp, not mask: masking made 2**63 and 0 the same argument. Every value
-        # clamped together exceeds any heap, so each PE fails the same way.
-        args = [min(int(a), 0x7FFF_FFFF_FFFF_FFFF) for a in self.args]
-        return [_OP_CODE[self.op]] + args + [0] * (_N_ARGS - len(args))
+    def step(self, phase: Phase, what: str) -> Call:
+        """An internal step of this call."""
+        return Call(phase, text=f"{self.text or self.phase.name.lower()} ({what})")
+
+    def words(self) -> list[int]:
+        """The number of arguments, then two words for each (zeros for unused
+        slots); all -1 where the call could not be formed."""
+        if self.error is not None:  # never a valid encoding: every word of one is >= 0
+            return [-1] * (1 + 2 * N_ARGS)
+        if not self.args:
+            return [0] * (1 + 2 * N_ARGS)
+        if len(self.args) > N_ARGS:
+            raise ValueError(f"at most {N_ARGS} agreed arguments, got {self.args!r}")
+        out = [len(self.args)]
+        for arg in self.args:
+            out.extend(_encode(arg))
+        return out + [0] * (1 + 2 * N_ARGS - len(out))
 
 
-@functools.lru_cache(maxsize=1024)  # programs allocate few distinct shapes, often
-def shape_code(dims: tuple[int, ...]) -> int:
-    return zlib.crc32(repr(dims).encode())
+def _encode(arg) -> tuple[int, int]:
+    if type(arg) is int and 0 <= arg <= _WORD:
+        return 0, arg
+    return _digest(type(arg).__name__, repr(arg))
+
+
+@functools.lru_cache(maxsize=4096)  # programs use few distinct shapes and dtypes, often
+def _digest(kind: str, text: str) -> tuple[int, int]:
+    raw = hashlib.blake2b(f"{kind}:{text}".encode(), digest_size=16).digest()
+    # first word >= 1, so a digest never equals an exact (0, value) pair
+    return 1 + (int.from_bytes(raw[:8], "little") >> 2), int.from_bytes(raw[8:], "little") >> 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a collective step found out, the same on every PE."""
+    flag_everywhere: bool           # the `flag` of collective() was True on every PE
+    released: frozenset = frozenset()   # offsets every PE had dead, now released
+
+
+_FLAG = {True: Outcome(True), False: Outcome(False)}  # the common outcomes, made once
+
+
+def parse_timeout(value=None) -> float:
+    """SHMEMVM_TIMEOUT (or the timeout= argument) in seconds: finite and > 0."""
+    raw = setting("SHMEMVM_TIMEOUT", value)
+    try:
+        if isinstance(raw, bool):
+            raise TypeError
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"SHMEMVM_TIMEOUT (the timeout= argument) must be a finite number of "
+                         f"seconds > 0, got {raw!r}: it bounds every wait for the other PEs "
+                         f"(default {SETTINGS['SHMEMVM_TIMEOUT'][0]})")
+    return seconds
+
+
+DEFAULT_TIMEOUT = float(SETTINGS["SHMEMVM_TIMEOUT"][0])
+
+
+_UNUSABLE = "This heap cannot be used any more; finalize() releases it"
+
+
+def wait(request: MPI.Request, timeout: float, what, my_pe: int,
+         after: str = _UNUSABLE) -> None:
+    """Complete an MPI request or raise PeerTimeoutError after `timeout` s.
+    `what` names the step (a string, or a function making one, called only
+    for the message); the message ends with `after`, what the timeout leaves."""
+    if request.Test():
+        return
+    deadline = time.monotonic() + timeout
+    spins = 0
+    while not request.Test():
+        spins += 1
+        if spins % 64 == 0:
+            if time.monotonic() > deadline:
+                what = what() if callable(what) else what
+                raise PeerTimeoutError(
+                    f"PE {my_pe}: not every PE joined {what} within {timeout:g} s "
+                    f"(SHMEMVM_TIMEOUT): a PE has died, hangs, or is in a different call. "
+                    f"{after}")
+            # Yield the core, but do not sleep(0): on Linux that is a timed
+            # sleep of about the timer slack (50-100 us), not a yield.
+            if spins < 4096:
+                os.sched_yield()
+            else:
+                time.sleep(0.0002)
+
+
+def duplicate(comm: MPI.Comm, timeout: float) -> MPI.Comm:
+    """A duplicate of `comm` (MPI_Comm_idup), or PeerTimeoutError when not every
+    PE joins within `timeout`: a PE that starts late or never must not hold the
+    others for ever."""
+    new, request = comm.Idup()
+    wait(request, timeout, "init (duplicating the communicator)", comm.Get_rank(),
+         "No heap was made")
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    return new
 
 
 class Agreement:
-    """The agreement over `comm` for one heap. `release(offsets)` is called with
-    the heap offsets that every PE has given up (see collective())."""
+    """The agreement over `comm` for one heap. `release(offsets)` frees the
+    heap offsets that every PE has given up (see collective())."""
 
     def __init__(self, comm: MPI.Comm, timeout: float, my_pe: int, release=None):
         self.comm = comm
         self.timeout = timeout
         self.my_pe = my_pe
         self.release = release or (lambda offsets: None)
+        #: steps so far (every PE has the same number; it is compared)
         self.seq = 0
-        #: why the heap is unusable (a timed-out step), or None
+        #: the user's own collective calls so far, init not counted
+        self.calls = 0
+        #: why the heap is unusable (a timed-out or out-of-step step), or None
         self.broken: str | None = None
+        #: False while init runs: a timeout then leaves no heap to finalize
+        self.initialized = False
 
+    # -- state ------------------------------------------------------------------------
     def check_usable(self) -> None:
         if self.broken:
             raise PeerTimeoutError(f"this symmetric heap is unusable since {self.broken}; "
                                    f"call finalize()")
 
-    def collective(self, call: Call, *, dead: set[int] = frozenset(), flag: bool = True) -> bool:
-        """Agree that every PE makes this same call, and release the offsets that
-        are in `dead` on every PE. The same outcome on every PE. Returns whether
-        `flag` (a per-PE fact, reduced but not compared) holds on every PE."""
+    def mark_broken(self, why: str) -> None:
+        self.broken = self.broken or why
+
+    def describe(self, call: Call, note: str = "") -> str:
+        """`call` (with `note`) for messages, numbered by the user's own calls."""
+        text = (call.text or call.phase.name.lower()) + note
+        if call.phase.counted:
+            return f"{text} (your collective call #{self.calls})"
+        if self.calls and call.phase > 100:
+            return f"{text} (in your collective call #{self.calls})"
+        return text
+
+    # -- steps --------------------------------------------------------------------------
+    def collective(self, call: Call, *, dead: set[int] = frozenset(),
+                   flag: bool = True) -> Outcome:
+        """Agree that every PE makes this same step; release the offsets that are
+        in `dead` on every PE; reduce `flag` (not compared) with MIN. Raises
+        SymmetryError on every PE where the steps differ, then `call.error`
+        where every PE made the same call and this one could not form it."""
+        if self.broken:
+            self.check_usable()
         self.seq += 1
-        vector = call.vector() + [self.seq, len(dead), int(flag)]
-        send = array.array("q", vector + [-v for v in vector])
-        recv = array.array("q", bytes(8 * len(send)))
-        self.wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), call)
-        n = len(vector)
-        highest, lowest = recv[:n - 2], [-v for v in recv[n:2 * n - 2]]
-        if list(highest) != lowest:
-            self._raise_mismatch(call)
-        if -recv[2 * n - 2] > 0:  # every PE has something pending
-            self._agree_on_dead(dead)
+        if call.phase in _COUNTED:
+            self.calls += 1
+        compared = [int(call.phase), self.seq] + call.words()
+        # MAX of v and of -v gives the max and minus the min of each word at once
+        send = array.array("q", compared)
+        send.extend([-v for v in compared])
+        send.append(-1 if flag else 0)
+        send.append(-1 if dead else 0)
+        recv = array.array("q", _ZEROS[:8 * len(send)])
+        self.wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), lambda: self.describe(call))
+        n = len(compared)
+        if sum(recv[:2 * n]):  # a sum of (max - min) >= 0 terms: 0 iff every word agrees
+            self._raise_mismatch(call, self.describe(call))
+        outcome = _FLAG[recv[2 * n] == -1]
+        if recv[2 * n + 1] == -1:  # every PE has something dead
+            released = self._release_dead(dead, self.describe(call))
+            if released:
+                outcome = Outcome(outcome.flag_everywhere, released)
         if call.error is not None:
             raise call.error
-        log.debug("PE %d: collective #%d %s", self.my_pe, self.seq, call.text)
-        return -recv[2 * n - 1] > 0
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("PE %d: step #%d %s", self.my_pe, self.seq, self.describe(call))
+        return outcome
 
-    def wait(self, request: MPI.Request, call: Call) -> None:
-        """Complete an MPI request or raise PeerTimeoutError at the deadline."""
+    def all_ok(self, ok: bool, step: Call) -> bool:
+        """True on every PE when `ok` was True on every PE (a step of its own)."""
+        return self.collective(step, flag=ok).flag_everywhere
+
+    def wait(self, request: MPI.Request, what) -> None:
+        """Complete an MPI request of this heap, or break the heap and raise
+        PeerTimeoutError at the deadline (`what`: as for wait())."""
         if request.Test():
             return
-        deadline = time.monotonic() + self.timeout
-        spins = 0
-        while not request.Test():
-            spins += 1
-            if spins % 64 == 0:
-                if time.monotonic() > deadline:
-                    self.broken = (f"{call.text or call.op} (collective #{self.seq}) timed out "
-                                   f"after {self.timeout:g} s")
-                    raise PeerTimeoutError(
-                        f"PE {self.my_pe}: not every PE joined {call.text or call.op} "
-                        f"(collective #{self.seq}) within {self.timeout:g} s (SHMEMVM_TIMEOUT): "
-                        f"a PE has died, hangs, or is in a different call. This heap cannot be "
-                        f"used any more; finalize() releases it")
-                # Yield the core, but do not sleep(0): on Linux that is a timed
-                # sleep of about the timer slack (50-100 us), not a yield.
-                if spins < 4096:
-                    os.sched_yield()
-                else:
-                    time.sleep(0.0002)
+        try:
+            wait(request, self.timeout, what, self.my_pe,
+                 _UNUSABLE if self.initialized else "init failed; no heap was made")
+        except PeerTimeoutError:
+            what = what() if callable(what) else what
+            self.mark_broken(f"{what} timed out after {self.timeout:g} s")
+            raise
 
-    def all_ok(self, ok: bool, call: Call, what: str) -> bool:
-        flags = array.array("q", [1 if ok else 0])
-        result = array.array("q", [0])
-        self.wait(self.comm.Iallreduce(flags, result, op=MPI.MIN),
-                  Call(call.op, text=f"{call.text} ({what})"))
-        return bool(result[0])
+    def allgather_bytes(self, phase: Phase, data: bytes, what: str,
+                        comm: MPI.Comm | None = None) -> list[bytes]:
+        """Every PE's `data` (of `comm`, default the heap's), with the deadline.
+        Each PE sends its phase and step number along: PEs that are not in the
+        same step are out of step for good, which breaks the heap."""
+        comm = comm if comm is not None else self.comm
+        size = comm.Get_size()
+        head = array.array("q", [int(phase), self.seq, len(data)])
+        heads = array.array("q", bytes(8 * 3 * size))
+        self.wait(comm.Iallgather(head, heads), what)
+        if len({(heads[3 * i], heads[3 * i + 1]) for i in range(size)}) != 1:
+            steps = [(Phase(heads[3 * i]).name if heads[3 * i] in Phase._value2member_map_
+                      else heads[3 * i], heads[3 * i + 1]) for i in range(size)]
+            self.mark_broken(f"{what}: the PEs were out of step")
+            raise ShmemError(f"PE {self.my_pe}: {what}: the PEs are out of step (phase, step "
+                             f"number of each PE: {steps}); this heap cannot be used any more")
+        counts = list(heads[2::3])
+        displs = [sum(counts[:i]) for i in range(size)]
+        gathered = bytearray(max(1, sum(counts)))
+        self.wait(comm.Iallgatherv([data, MPI.BYTE], [gathered, counts, displs, MPI.BYTE]), what)
+        return [bytes(gathered[d:d + c]) for d, c in zip(displs, counts)]
 
-    def _raise_mismatch(self, call: Call) -> None:
-        mine = call.text or call.op
-        if call.error is not None:
-            mine += f" [rejected here: {call.error}]"
-        described = self.comm.allgather(f"{mine} (collective #{self.seq})")
+    # -- after the allreduce --------------------------------------------------------------
+    def _raise_mismatch(self, call: Call, what: str) -> None:
+        mine = self.describe(call, "" if call.error is None else f" [rejected here: {call.error}]")
+        described = self.allgather_bytes(Phase.MISMATCH_REPORT, mine.encode()[:4096],
+                                         f"{what} (reporting a mismatch)")
         groups: dict[str, list[int]] = {}
         for pe, text in enumerate(described):
-            groups.setdefault(text, []).append(pe)
+            groups.setdefault(text.decode(errors="replace"), []).append(pe)
         detail = "; ".join(f"PE {pe_list(pes)}: {text}" for text, pes in groups.items())
         raise SymmetryError(f"PEs made different collective calls: {detail}. Every PE must make "
                             f"the same collective calls with the same arguments in the same "
                             f"order; nothing was done") from call.error
 
-    def _agree_on_dead(self, dead: set[int]) -> None:
-        lists = self.comm.allgather(sorted(dead))
-        agreed = set(lists[0]).intersection(*lists[1:])
+    def _release_dead(self, dead: set[int], what: str) -> frozenset:
+        lists = self.allgather_bytes(Phase.RELEASE_DEAD, array.array("q", sorted(dead)).tobytes(),
+                                     f"{what} (freeing blocks dropped on every PE)")
+        agreed = frozenset(set(array.array("q", lists[0])).intersection(
+            *(array.array("q", other) for other in lists[1:])))
         if agreed:
             self.release(agreed)
+        return agreed
 
 
 def pe_list(pes) -> str:

@@ -1,10 +1,12 @@
 """Collectives on symmetric tensors: broadcast, fcollect, reduce, alltoall.
 
 Each call is collective over the heap's communicator and starts with the
-heap's agreement (one small allreduce): every PE must pass the same symmetric
-objects (same heap offsets), dtype, sizes, root and op, or every PE raises the
-same SymmetryError. That allreduce is also the barrier that makes every PE's
-source ready before anyone reads it.
+heap's agreement (one small allreduce, agreement.py): every PE must pass the
+same symmetric objects (same heap offsets), dtype, number of elements, root
+and op, or every PE raises the same SymmetryError. That allreduce is also the
+barrier that makes every PE's source ready before anyone reads it; each later
+barrier is an agreed step with a phase code of its own, and every MPI wait
+has the heap's deadline.
 
 Two paths, chosen identically on every PE:
   - node path (every PE on this node): each PE reads its peers' memory
@@ -26,11 +28,11 @@ node as over MPI.
 from __future__ import annotations
 
 import functools
-import zlib
 
 import torch
 from mpi4py import MPI
 
+from .agreement import Call, Phase
 from .errors import ShmemError
 
 #: reduction operators of reduce(): name -> torch function with out=
@@ -38,7 +40,6 @@ REDUCE_OPS = {
     "sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum,
     "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
 }
-_OP_INDEX = {name: i + 1 for i, name in enumerate(REDUCE_OPS)}
 
 
 # -- checks (local; the agreement turns a local error into the same error everywhere)
@@ -75,24 +76,20 @@ def _pair(heap, what: str, dest, source, factor: int, *, identical_ok: bool):
     return d, s
 
 
-def _signature(*parts) -> int:
-    return zlib.crc32(repr(parts).encode())
-
-
-def _agree(heap, op: str, text: str, check):
-    """Run the heap's agreement for `op`: `check()` returns (args, text) or raises
-    a local error that then fails the call on every PE."""
+def _agree(heap, phase: Phase, text: str, check):
+    """Run the heap's agreement for the call `phase`: `check()` returns (args,
+    text) or raises a local error that then fails the call on every PE."""
     try:
         args, text = check()
         error = None
     except (TypeError, ValueError, ShmemError) as exc:
         args, error = (), exc
-    heap._agree(op, args, text, error)
+    heap.agree(Call(phase, args, text, error))
 
 
-def _barrier(heap, op: str, text: str) -> None:
+def _barrier(heap, phase: Phase, text: str) -> None:
     heap.backend.synchronize()
-    heap._agree(op, (), text)
+    heap.agree(Call(phase, text=text))
 
 
 def _all_on_node(heap) -> bool:
@@ -124,8 +121,9 @@ def _vector(tensor: torch.Tensor, counts, displs):
             [c * size for c in counts], [d * size for d in displs], MPI.BYTE]
 
 
-def _wait(heap, request, op: str, text: str) -> None:
-    heap._wait_for(request, op, text)
+def _wait(heap, request, text: str) -> None:
+    """Complete a data step of the MPI path with the heap's deadline."""
+    heap.agreement.wait(request, f"{text} (in your collective call #{heap.agreement.calls})")
 
 
 def _chunks(numel: int, parts: int) -> tuple[list[int], list[int]]:
@@ -142,13 +140,13 @@ def broadcast(heap, dest, source, root) -> None:
     def check():
         r = heap._check_pe(root)
         d, s = _pair(heap, what, dest, source, 1, identical_ok=True)
-        return (d, s, _signature(str(source.dtype), source.numel()), r), (
+        return (d, s, source.dtype, source.numel(), r), (
             f"broadcast(dest at heap offset {d:#x}, source at {s:#x}, {source.numel()} x "
             f"{source.dtype}, root={r})")
 
     with heap._lock:
         heap.backend.synchronize()
-        _agree(heap, what, f"broadcast(dest, source, root={root!r})", check)
+        _agree(heap, Phase.BROADCAST, f"broadcast(dest, source, root={root!r})", check)
         if source.numel() == 0:
             return
         me, text = heap.my_pe, f"broadcast(root={root})"
@@ -158,16 +156,16 @@ def broadcast(heap, dest, source, root) -> None:
                 dest.view(-1).copy_(heap.ptr(source, root).view(-1))
             elif not same:
                 dest.view(-1).copy_(source.view(-1))
-            _barrier(heap, what, f"{text} (copied)")
+            _barrier(heap, Phase.BROADCAST_COPIED, f"{text} (copied)")
             return
         if me == root:
             buffer = _host(source)
-            _wait(heap, heap.comm.Ibcast(_bytes(buffer), root), what, text)
+            _wait(heap, heap.comm.Ibcast(_bytes(buffer), root), text)
             if not same:
                 dest.view(-1).copy_(source.view(-1))
         else:
             buffer = _receive_buffer(dest)
-            _wait(heap, heap.comm.Ibcast(_bytes(buffer), root), what, text)
+            _wait(heap, heap.comm.Ibcast(_bytes(buffer), root), text)
             if buffer is not dest:
                 dest.copy_(buffer)
 
@@ -179,13 +177,13 @@ def fcollect(heap, dest, source) -> None:
 
     def check():
         d, s = _pair(heap, what, dest, source, heap.n_pes, identical_ok=False)
-        return (d, s, _signature(str(source.dtype), source.numel()), 0), (
+        return (d, s, source.dtype, source.numel()), (
             f"fcollect(dest at heap offset {d:#x}, source at {s:#x}, {source.numel()} x "
             f"{source.dtype} per PE)")
 
     with heap._lock:
         heap.backend.synchronize()
-        _agree(heap, what, "fcollect(dest, source)", check)
+        _agree(heap, Phase.FCOLLECT, "fcollect(dest, source)", check)
         m = source.numel()
         if m == 0:
             return
@@ -193,10 +191,10 @@ def fcollect(heap, dest, source) -> None:
         if _all_on_node(heap):
             for pe in range(heap.n_pes):
                 flat[pe * m:(pe + 1) * m].copy_(heap.ptr(source, pe).view(-1))
-            _barrier(heap, what, "fcollect (copied)")
+            _barrier(heap, Phase.FCOLLECT_COPIED, "fcollect (copied)")
             return
         send, receive = _host(source), _receive_buffer(dest)
-        _wait(heap, heap.comm.Iallgather(_bytes(send), _bytes(receive)), what, "fcollect")
+        _wait(heap, heap.comm.Iallgather(_bytes(send), _bytes(receive)), "fcollect")
         if receive is not dest:
             dest.copy_(receive)
 
@@ -213,13 +211,13 @@ def alltoall(heap, dest, source) -> None:
             raise ValueError(f"alltoall: source has {source.numel()} elements, which do not "
                              f"split into {n} equal blocks (one per PE); use a multiple of {n}")
         d, s = _pair(heap, what, dest, source, 1, identical_ok=False)
-        return (d, s, _signature(str(source.dtype), source.numel()), 0), (
+        return (d, s, source.dtype, source.numel()), (
             f"alltoall(dest at heap offset {d:#x}, source at {s:#x}, {source.numel()} x "
             f"{source.dtype})")
 
     with heap._lock:
         heap.backend.synchronize()
-        _agree(heap, what, "alltoall(dest, source)", check)
+        _agree(heap, Phase.ALLTOALL, "alltoall(dest, source)", check)
         b, me = source.numel() // n, heap.my_pe
         if b == 0:
             return
@@ -227,10 +225,10 @@ def alltoall(heap, dest, source) -> None:
         if _all_on_node(heap):
             for pe in range(n):
                 flat[pe * b:(pe + 1) * b].copy_(heap.ptr(source, pe).view(-1)[me * b:(me + 1) * b])
-            _barrier(heap, what, "alltoall (copied)")
+            _barrier(heap, Phase.ALLTOALL_COPIED, "alltoall (copied)")
             return
         send, receive = _host(source), _receive_buffer(dest)
-        _wait(heap, heap.comm.Ialltoall(_bytes(send), _bytes(receive)), what, "alltoall")
+        _wait(heap, heap.comm.Ialltoall(_bytes(send), _bytes(receive)), "alltoall")
         if receive is not dest:
             dest.copy_(receive)
 
@@ -260,13 +258,13 @@ def reduce(heap, dest, source, op: str = "sum") -> None:
         if why:
             raise TypeError(f"reduce: op {op!r} does not apply to dtype {source.dtype} ({why}); "
                             f"use another op or reduce a copy in another dtype")
-        return (d, s, _signature(str(source.dtype), source.numel()), _OP_INDEX[op]), (
+        return (d, s, source.dtype, source.numel(), op), (
             f"reduce(dest at heap offset {d:#x}, source at {s:#x}, {source.numel()} x "
             f"{source.dtype}, op={op!r})")
 
     with heap._lock:
         heap.backend.synchronize()
-        _agree(heap, what, f"reduce(dest, source, op={op!r})", check)
+        _agree(heap, Phase.REDUCE, f"reduce(dest, source, op={op!r})", check)
         numel, n, me = source.numel(), heap.n_pes, heap.my_pe
         if numel == 0:
             return
@@ -282,13 +280,13 @@ def reduce(heap, dest, source, op: str = "sum") -> None:
                 for pe in range(1, n):
                     combine(acc, heap.ptr(source, pe).view(-1)[lo:hi], out=acc)
                 flat[lo:hi].copy_(acc)
-            _barrier(heap, what, f"{text} (chunks combined)")
+            _barrier(heap, Phase.REDUCE_COMBINED, f"{text} (chunks combined)")
             # 2) every PE gathers the other chunks from their owners' dest
             for pe in range(n):
                 if pe != me and counts[pe]:
                     start, stop = displs[pe], displs[pe] + counts[pe]
                     flat[start:stop].copy_(heap.ptr(dest, pe).view(-1)[start:stop])
-            _barrier(heap, what, f"{text} (gathered)")
+            _barrier(heap, Phase.REDUCE_GATHERED, f"{text} (gathered)")
             return
         # 1) reduce-scatter: this PE receives its chunk of every PE's source ...
         send = _host(source).view(-1)
@@ -296,7 +294,7 @@ def reduce(heap, dest, source, op: str = "sum") -> None:
         _wait(heap, heap.comm.Ialltoallv(_vector(send, counts, displs),
                                          _vector(pieces, [counts[me]] * n,
                                                  [pe * counts[me] for pe in range(n)])),
-              what, f"{text} (scatter)")
+              f"{text} (scatter)")
         # ... and combines them in PE order, as the node path does
         pieces = pieces.view(n, counts[me])
         acc = pieces[0].clone()
@@ -305,6 +303,6 @@ def reduce(heap, dest, source, op: str = "sum") -> None:
         # 2) allgather of the combined chunks
         receive = _receive_buffer(dest)
         _wait(heap, heap.comm.Iallgatherv(_bytes(acc), _vector(receive.view(-1), counts, displs)),
-              what, f"{text} (gather)")
+              f"{text} (gather)")
         if receive is not dest:
             dest.copy_(receive)

@@ -17,8 +17,8 @@ SETTINGS = {
     "SHMEMVM_BACKEND": ("auto", "host, cuda, hip, or auto (cuda/hip where a GPU is present)"),
     "SHMEMVM_VA_FACTOR": ("4", "address space reserved per heap, as a multiple of the heap size"),
     "SHMEMVM_HOST_GRANULARITY": ("64K", "segment granularity of the host backend"),
-    "SHMEMVM_TIMEOUT": ("60", "seconds a collective, an atomic or an off-node put/get waits "
-                              "for other PEs before raising"),
+    "SHMEMVM_TIMEOUT": ("60", "seconds any wait for the other PEs lasts (collectives, atomics, "
+                              "off-node put/get) before raising (finite, > 0)"),
     "SHMEMVM_DEVICE": ("", "GPU index for this PE (default: node-local rank modulo GPU count)"),
     "SHMEMVM_NODE_SPLIT": ("", "force a node split on one machine: N = PEs per simulated node"),
     "SHMEMVM_DEBUG": ("0", "1 = log every collective and mapping at DEBUG level"),

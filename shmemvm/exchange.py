@@ -1,14 +1,28 @@
 """The fd exchange on the node: new segments' file descriptors to every peer.
 
-A collective that creates segments hands each of them to every other PE of
-the node as a datagram on the peer's FdChannel: a header naming the sender and
-the collective, the segments' (offset, size, generation), and one descriptor
-per segment (SCM_RIGHTS). Every PE sends and receives interleaved, with one
-deadline for the whole exchange.
+A collective step that creates segments hands each of them to every other
+PE of the node as one datagram on the peer's FdChannel (fdpass.py): a header
+naming the sender, the step number and a status, the segments' (offset, size,
+generation), and one descriptor per segment (SCM_RIGHTS). Every PE sends and
+receives interleaved, with one deadline for the whole exchange.
+
+The exchange is one half of a transaction (the heap agrees on its outcome
+right after and undoes it everywhere on failure), so it must leave nothing
+behind whatever fails:
+- a PE that cannot export its memory still sends every peer a datagram,
+  with status FAILED and no descriptors, so nobody waits for it in vain;
+- a PE that fails while receiving (mapping a peer's memory: ENOMEM, a bad
+  descriptor, a peer that sent something else) keeps receiving until it has
+  heard from every peer, closing what it no longer maps, so no datagram of
+  this step stays in its mailbox to be read at the next one;
+- a datagram of an earlier step that is still there (its receiver gave up on
+  it) is discarded with a log line, not taken for the current one.
+Anything not from the expected peer process is rejected (fdpass.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
@@ -18,14 +32,17 @@ from .allocator import Segment
 from .errors import PeerTimeoutError, ShmemError
 from .fdpass import FdChannel, Message
 
-MAGIC = b"SHMEMVM1"
-HEADER = struct.Struct("<8siQI")    # magic, source PE, collective number, segment count
+log = logging.getLogger("shmemvm")
+
+MAGIC = b"SHMEMVM2"
+HEADER = struct.Struct("<8siQIi")   # magic, source PE, step number, segment count, status
 SEGMENT = struct.Struct("<QQQ")     # offset, size, generation
+OK, FAILED = 0, 1                   # status: the segments follow / the sender could not export
 
 
-def encode(source: int, seq: int, segments: list[Segment]) -> bytes:
-    """The datagram PE `source` sends for collective `seq` creating `segments`."""
-    return HEADER.pack(MAGIC, source, seq, len(segments)) + b"".join(
+def encode(source: int, seq: int, segments: list[Segment], status: int = OK) -> bytes:
+    """The datagram PE `source` sends for step `seq` creating `segments`."""
+    return HEADER.pack(MAGIC, source, seq, len(segments), status) + b"".join(
         SEGMENT.pack(s.offset, s.size, s.generation) for s in segments)
 
 
@@ -41,12 +58,28 @@ class Exchange:
         self.timeout = timeout
 
     def run(self, seq: int, created: list[Segment], export, map_peer, text: str) -> None:
-        """Send our new segments (`export(segment)` gives a descriptor to send)
-        to every PE of the node and hand theirs to `map_peer(pe, segment, fd)`."""
+        """Send our new segments (`export(segment)` gives a descriptor to send,
+        ours to close) to every PE of the node and hand theirs to
+        `map_peer(pe, segment, fd)` (which owns `fd` from then on).
+
+        Returns when every peer's datagram of step `seq` was received. Raises
+        ShmemError when this PE failed (after hearing from every peer), and
+        PeerTimeoutError when a peer was not heard from within the timeout."""
         if not self.peer_paths:
             return
-        payload = encode(self.my_pe, seq, created)
-        fds = [export(segment) for segment in created]
+        failure: BaseException | None = None
+        fds: list[int] = []
+        try:
+            for segment in created:
+                fds.append(export(segment))
+            payload = encode(self.my_pe, seq, created)
+        except Exception as exc:  # tell the peers, so that they do not wait for us
+            failure = exc
+            payload = encode(self.my_pe, seq, created, FAILED)
+            for fd in fds:
+                os.close(fd)
+            fds = []
+        failed_peers: list[int] = []
         # Send and receive interleaved: a mailbox holds only net.unix.max_dgram_qlen
         # datagrams (often 10), so with more peers than that (or a flood from a rogue)
         # PEs that only sent before receiving would wait on each other forever.
@@ -54,8 +87,14 @@ class Exchange:
         deadline = time.monotonic() + self.timeout
         try:
             while True:
-                unsent = [pe for pe in unsent
-                          if not self.channel.try_send(self.peer_paths[pe], payload, fds)]
+                still = []
+                for pe in unsent:
+                    try:
+                        if not self.channel.try_send(self.peer_paths[pe], payload, fds):
+                            still.append(pe)
+                    except OSError as exc:  # its socket is gone: it will not answer either
+                        failure = failure or exc
+                unsent = still
                 if not unsent and not waiting:
                     break
                 try:
@@ -72,39 +111,78 @@ class Exchange:
                         f"PE {self.my_pe}: {text} waited {self.timeout:g} s (SHMEMVM_TIMEOUT) "
                         f"for the new memory of PE(s) {_pe_list(sorted(waiting)) or '-'}; "
                         f"mailbox full at PE(s) {_pe_list(unsent) or '-'}") from None
-                source = self._accept(message, seq, created, waiting)
-                if source is not None:
-                    for segment, fd in zip(created, message.fds):
-                        map_peer(source, segment, fd)
-                    waiting.discard(source)
+                source, status, problem = self._accept(message, seq, created, waiting)
+                if source is None:
+                    continue
+                waiting.discard(source)
+                if problem is not None:
+                    failure = failure or problem
+                elif status == FAILED:
+                    failed_peers.append(source)
+                elif failure is not None or failed_peers:
+                    _close(message.fds)  # nothing will use it: the step fails anyway
+                else:
+                    failure = self._map(source, created, message.fds, map_peer)
         finally:
             for fd in fds:
                 os.close(fd)
+        if failure is not None:
+            raise ShmemError(f"PE {self.my_pe}: {text}: {failure}") from failure
+        if failed_peers:
+            log.debug("PE %d: %s: PE(s) %s could not share their memory", self.my_pe, text,
+                      _pe_list(failed_peers))
 
-    def _accept(self, message: Message, seq: int, expected: list[Segment],
-                waiting: set[int]) -> int | None:
-        """The sending PE if `message` is the one we wait for from it, else None
-        (the message is then rejected: logged, its descriptors closed)."""
+    @staticmethod
+    def _map(source: int, created: list[Segment], fds: list[int], map_peer):
+        """Map `source`'s segments; the error that stopped it, if any (the
+        descriptors not handed to map_peer are closed)."""
+        for i, (segment, fd) in enumerate(zip(created, fds)):
+            try:
+                map_peer(source, segment, fd)
+            except Exception as exc:
+                _close(fds[i + 1:])
+                return exc
+        return None
+
+    def _accept(self, message: Message, seq: int, expected: list[Segment], waiting: set[int]):
+        """(source PE, status, problem) for the datagram we wait for from that
+        PE of this step; (None, None, None) where it is not one (rejected:
+        logged, its descriptors closed). `problem` says how it is out of step
+        with ours (its descriptors are closed then too)."""
         if len(message.payload) < HEADER.size:
             self.channel.reject(message, "too short to be a shmemvm message")
-            return None
-        magic, source, their_seq, count = HEADER.unpack_from(message.payload)
+            return None, None, None
+        magic, source, their_seq, count, status = HEADER.unpack_from(message.payload)
         if magic != MAGIC:
             self.channel.reject(message, "not a shmemvm message")
-            return None
-        if source not in waiting or message.pid != self.peer_pids.get(source) \
-                or message.uid != os.getuid():
+            return None, None, None
+        if message.pid != self.peer_pids.get(source) or message.uid != os.getuid():
             self.channel.reject(message, f"claims to be PE {source}, whose pid is "
                                          f"{self.peer_pids.get(source)}")
-            return None
+            return None, None, None
+        if their_seq < seq:
+            self.channel.reject(message, f"stale: PE {source} sent it for step #{their_seq}, "
+                                         f"this is step #{seq}")
+            return None, None, None
+        if source not in waiting:
+            self.channel.reject(message, f"a second message from PE {source} for step #{seq}")
+            return None, None, None
         body = message.payload[HEADER.size:]
         segments = [Segment(*SEGMENT.unpack_from(body, i * SEGMENT.size)) for i in range(count)
                     ] if len(body) == count * SEGMENT.size else None
-        if their_seq != seq or segments != expected or len(message.fds) != count:
+        fds_expected = count if status == OK else 0
+        if their_seq != seq or segments != expected or len(message.fds) != fds_expected \
+                or status not in (OK, FAILED):
             self.channel.reject(message, "out of step with this collective")
-            raise ShmemError(f"PE {source} sent segments {segments} for collective #{their_seq} "
-                             f"where this PE expected {expected} for #{seq}: the heaps diverged")
-        return source
+            return source, status, ShmemError(
+                f"PE {source} sent segments {segments} for step #{their_seq} where this PE "
+                f"expected {expected} for #{seq}: the heaps diverged")
+        return source, status, None
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _pe_list(pes: list[int]) -> str:

@@ -3,10 +3,10 @@
 Every PE runs the same deterministic allocator (allocator.py), so the same
 sequence of collective calls gives the same offsets everywhere; a collective
 therefore only has to *agree* that every PE made the same call, which is one
-small allreduce (agreement.py). Only segments that a call creates are exported and passed to
-the other PEs of the node (exchange.py); a segment released on one PE is released at the
-same call on all of them, so each PE drops its imports of it without being
-told.
+small allreduce (agreement.py). Only segments that a call creates are exported
+and passed to the other PEs of the node (exchange.py); a segment released on
+one PE is released at the same call on all of them, so each PE drops its
+imports of it without being told.
 
 Errors instead of hangs: every wait (MPI request, socket) has a deadline
 (SHMEMVM_TIMEOUT); a mismatched collective raises SymmetryError on every PE
@@ -16,17 +16,17 @@ agreed on and undone everywhere.
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
 import os
 import threading
-import zlib
 
 import torch
 from mpi4py import MPI
 
 from . import atomics, collectives, thread_levels
-from .agreement import DTYPE_CODE, Agreement, Call, shape_code
+from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate, parse_timeout
 from .allocator import Block
 from .config import parse_size, setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
@@ -48,51 +48,78 @@ class SymmetricHeap:
         if setting("SHMEMVM_DEBUG") not in ("", "0"):
             log.setLevel(logging.DEBUG)
         self.thread_level = thread_levels.provide(thread_level)
-        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
-        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self.my_pe = self.comm.Get_rank()
-        self.n_pes = self.comm.Get_size()
-        self.timeout = float(setting("SHMEMVM_TIMEOUT", timeout))
         self._lock = threading.RLock()
         self._pending: set[int] = set()    # offsets GC'd here, not yet agreed
-        self.agreement = Agreement(self.comm, self.timeout, self.my_pe, self._release)
         self.closed = False
-        self.node = self._split_node(node_split)
+        # Built one by one in _setup; _teardown releases whatever was built.
+        self.comm = self.node = self.agreement = self.exchange = None
         self.local = self.peers = self.channel = self.offnode = None
         try:
-            self._setup(heap_size, backend, va_factor)
+            self._setup(comm, heap_size, backend, timeout, node_split, va_factor)
         except BaseException:
             self._teardown()
             raise
 
-    def _setup(self, heap_size, backend, va_factor) -> None:
-        call = Call("init", text="init")
+    def _setup(self, comm, heap_size, backend, timeout, node_split, va_factor) -> None:
+        """Every step waits with the deadline, and a PE that fails locally (bad
+        settings, no memory) still takes part until the init agreement, where
+        every PE raises: that error where every PE has it, else SymmetryError."""
+        call = Call(Phase.INIT, text="init")
         try:
-            # Blocks nothing views any more are released only once every PE
-            # agrees (_collective), so release_dead=False.
-            self.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
-                                           release_dead=False, local_rank=self.node.Get_rank())
-            self.backend = self.local.backend
-            _note_rounding(heap_size, self.local.heap_size, self.backend, self.my_pe)
-            call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
-                         zlib.crc32(self.backend.name.encode()))
-            call.text = (f"init(heap_size={self.local.heap_size}, backend={self.backend.name}, "
-                         f"granularity={self.backend.granularity}, va_size={self.local.va_size})")
-            self.channel = FdChannel(f"pe{self.my_pe}")
-        except Exception as exc:
-            call.error = exc
-        self._collective(call)
-        node_info = self.node.allgather((self.my_pe, os.getpid(), self.channel.path))
+            self.timeout = parse_timeout(timeout)
+        except ValueError as exc:
+            call.error, self.timeout = exc, DEFAULT_TIMEOUT  # a deadline to fail by
+        try:
+            split = _node_split(node_split)
+        except ValueError as exc:
+            call.error, split = call.error or exc, None
+        self.comm = duplicate(comm if comm is not None else MPI.COMM_WORLD, self.timeout)
+        self.my_pe = self.comm.Get_rank()
+        self.n_pes = self.comm.Get_size()
+        self.agreement = Agreement(self.comm, self.timeout, self.my_pe, self._release)
+        # MPI has no nonblocking split: it runs right after the Idup, which every
+        # PE has joined, with nothing in between that can fail or wait.
+        self.node = self._split_node(split)
+        if call.error is None:
+            try:
+                # Blocks nothing views any more are released only once every PE
+                # agrees (agree()), so release_dead=False.
+                self.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
+                                               release_dead=False,
+                                               local_rank=self.node.Get_rank())
+                self.backend = self.local.backend
+                _note_rounding(heap_size, self.local.heap_size, self.backend, self.my_pe)
+                call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
+                             self.backend.name)
+                call.text = (f"init(heap_size={self.local.heap_size}, backend="
+                             f"{self.backend.name}, granularity={self.backend.granularity}, "
+                             f"va_size={self.local.va_size})")
+                self.channel = FdChannel(f"pe{self.my_pe}")
+            except Exception as exc:
+                call.error = exc
+        self.agreement.collective(call)
+        mine = json.dumps([self.my_pe, os.getpid(), self.channel.path]).encode()
+        node_info = [json.loads(info) for info in self.agreement.allgather_bytes(
+            Phase.INIT_NODE, mine, "init (the PEs of the node)", comm=self.node)]
         self.node_pes = [pe for pe, _, _ in node_info]
         self._peer_pids = {pe: pid for pe, pid, _ in node_info if pe != self.my_pe}
         self._peer_paths = {pe: path for pe, _, path in node_info if pe != self.my_pe}
-        self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
+        failure = None
+        try:
+            self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
+        except Exception as exc:  # no address space: the others must not wait in the window
+            failure = exc
+        if not self.agreement.all_ok(failure is None, call.step(Phase.INIT_PEERS,
+                                                                "reserving the peers' windows")):
+            raise ShmemError(f"init failed: a PE could not reserve address space for its "
+                             f"peers' heaps ({failure or 'see the other PEs'})") from failure
         self.exchange = Exchange(self.channel, self.my_pe, self._peer_paths, self._peer_pids,
                                  self.timeout)
         self.local.release_listeners.append(self.peers.drop)
         self.local.close_listeners.append(self.peers.close)
         self.offnode = self._open_window()
-        self._collective(Call("barrier", text="init (peers ready)"))
+        self.agreement.collective(call.step(Phase.INIT_READY, "peers ready"))
+        self.agreement.initialized = True
         log.debug("PE %d/%d ready: node PEs %s, backend %s", self.my_pe, self.n_pes,
                   self.node_pes, self.backend.name)
 
@@ -127,13 +154,9 @@ class SymmetricHeap:
                                    f"{self._window_error}")
         return self.offnode
 
-    def _split_node(self, node_split: int | None) -> MPI.Comm:
-        """PEs that share memory; SHMEMVM_NODE_SPLIT=N fakes nodes of N PEs each."""
-        split = setting("SHMEMVM_NODE_SPLIT", None if node_split is None else str(node_split))
-        if split:
-            size = int(split)
-            if size < 1:
-                raise ValueError(f"SHMEMVM_NODE_SPLIT must be >= 1, got {size}")
+    def _split_node(self, size: int | None) -> MPI.Comm:
+        """PEs that share memory; nodes of `size` PEs each where given."""
+        if size:
             return self.comm.Split(self.my_pe // size, self.my_pe)
         return self.comm.Split_type(MPI.COMM_TYPE_SHARED, self.my_pe)
 
@@ -174,7 +197,8 @@ class SymmetricHeap:
         """
         return self.empty((nbytes,), torch.uint8, _op_text=f"malloc({nbytes!r})")
 
-    def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str = "") -> torch.Tensor:
+    def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str = "",
+              _phase: Phase = Phase.MALLOC) -> torch.Tensor:
         """An uninitialised symmetric tensor (collective).
 
         Args:
@@ -196,14 +220,14 @@ class SymmetricHeap:
             TypeError, ValueError: a bad shape or a dtype symmetric memory
                 does not support.
         """
-        call = Call("malloc", text=_op_text or f"empty({shape!r}, {dtype})")
+        call = Call(_phase, text=_op_text or f"empty({shape!r}, {dtype})")
         try:
             dims, nbytes = tensor_nbytes(shape, dtype)
-            call.args = (nbytes, DTYPE_CODE[dtype], shape_code(dims))
+            call.args = (nbytes, dtype, dims)
         except (TypeError, ValueError) as exc:
             call.error = exc
         with self._lock:
-            self._collective(call)
+            self.agree(call)
             block = self._allocate_collectively(nbytes, call)
             return self.local.tensor_for(block, dims, dtype)
 
@@ -230,10 +254,11 @@ class SymmetricHeap:
             TypeError, ValueError: a bad shape or a dtype symmetric memory
                 does not support.
         """
-        tensor = self.empty(shape, dtype, _op_text=f"zeros({shape!r}, {dtype})")
+        text = f"zeros({shape!r}, {dtype})"
+        tensor = self.empty(shape, dtype, _op_text=text, _phase=Phase.ZEROS)
         tensor.zero_()
         self.backend.synchronize()
-        self._collective(Call("barrier", text="zeros (filled)"))
+        self.agree(Call(Phase.ZEROS_FILLED, text=f"{text} (filled)"))
         return tensor
 
     calloc = zeros
@@ -260,7 +285,7 @@ class SymmetricHeap:
             SymmetryError: the PEs freed different tensors (nothing was freed).
             PeerTimeoutError: a PE did not join within the heap's timeout.
         """
-        call = Call("free", text="free(tensor)")
+        call = Call(Phase.FREE, text="free(tensor)")
         retirement = None
         try:
             with self._lock:
@@ -271,8 +296,8 @@ class SymmetricHeap:
                 except (TypeError, FreedTensorError) as exc:
                     call.error = exc
                 self.quiet()
-                alone_everywhere = self._collective(
-                    call, flag=retirement is not None and retirement.alone)
+                alone_everywhere = self.agree(
+                    call, flag=retirement is not None and retirement.alone).flag_everywhere
                 self.local.finish_free(retirement, release_now=alone_everywhere)
         except BaseException:
             if retirement is not None and retirement.storage is not None:
@@ -305,7 +330,7 @@ class SymmetricHeap:
             TypeError, ValueError: `nbytes` is not an integer, is negative or
                 not a multiple of the element size.
         """
-        call = Call("realloc", text=f"realloc(tensor, {nbytes!r})")
+        call = Call(Phase.REALLOC, text=f"realloc(tensor, {nbytes!r})")
         retirement = None
         try:
             with self._lock:
@@ -315,13 +340,13 @@ class SymmetricHeap:
                     (count,), new_bytes = tensor_nbytes(_whole_elements(nbytes, dtype), dtype)
                     retirement = self.local.retire(tensor)
                     block = retirement.block
-                    call.args = (block.offset, new_bytes, DTYPE_CODE[dtype])
+                    call.args = (block.offset, new_bytes, dtype)
                     call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
                 except (TypeError, ValueError, FreedTensorError) as exc:
                     call.error = exc
                 self.quiet()
-                alone_everywhere = self._collective(
-                    call, flag=retirement is not None and retirement.alone)
+                alone_everywhere = self.agree(
+                    call, flag=retirement is not None and retirement.alone).flag_everywhere
                 if alone_everywhere and self.local.size_class(new_bytes) == block.size:
                     return self.local.resize(retirement, new_bytes, (count,), dtype)
                 new_block = self._allocate_collectively(new_bytes, call)
@@ -350,7 +375,8 @@ class SymmetricHeap:
         # created can a PE fail alone, so only then is it agreed on.
         created_anywhere = failure is not None or bool(created)
         if created_anywhere:
-            if not self.agreement.all_ok(failure is None, call, "backing new memory"):
+            if not self.agreement.all_ok(failure is None,
+                                         call.step(Phase.BACKING, "backing new memory")):
                 if failure is None:
                     self.local.undo_allocation(block, created)
                 raise ShmemError(f"{call.text} failed: a PE could not back the new memory "
@@ -359,24 +385,35 @@ class SymmetricHeap:
             try:
                 self.exchange.run(self.agreement.seq, created, self.local.export, self.peers.map,
                                   call.text)
-                if self.offnode is not None:
-                    for segment in created:
-                        self.offnode.attach(segment)
                 exchange_failure = None
             except PeerTimeoutError as exc:
                 # A PE is gone or stuck: agreeing on the failure would wait as long
                 # again (2x SHMEMVM_TIMEOUT). The heap is unusable from here on.
-                self.agreement.broken = self.agreement.broken or f"{call.text}: {exc}"
+                self.agreement.mark_broken(f"{call.text}: {exc}")
                 raise
             except (OSError, ShmemError, MPI.Exception) as exc:
                 exchange_failure = exc
             # Undoing releases the new segments, which unmaps peers' copies and
             # detaches them from the window (release listeners).
-            if not self.agreement.all_ok(exchange_failure is None, call, "sharing the new memory"):
+            if not self.agreement.all_ok(exchange_failure is None,
+                                         call.step(Phase.SHARING, "sharing the new memory")):
                 self.local.undo_allocation(block, created)
                 raise ShmemError(f"{call.text} failed while PEs shared the new memory "
                                  f"({exchange_failure or 'see the other PEs'}); undone on every "
                                  f"PE") from exchange_failure
+            if self.offnode is not None:
+                attach_failure = None
+                try:
+                    for segment in created:
+                        self.offnode.attach(segment)
+                except (OSError, ShmemError, MPI.Exception) as exc:
+                    attach_failure = exc
+                if not self.agreement.all_ok(attach_failure is None, call.step(
+                        Phase.WINDOW_ATTACH, "attaching the new memory to the MPI window")):
+                    self.local.undo_allocation(block, created)
+                    raise ShmemError(f"{call.text} failed while PEs attached the new memory to "
+                                     f"the MPI window ({attach_failure or 'see the other PEs'}); "
+                                     f"undone on every PE") from attach_failure
         return block
 
     # -- the agreement (agreement.py) ----------------------------------------------
@@ -385,10 +422,11 @@ class SymmetricHeap:
         """Why the heap is unusable (a timed-out step), or None."""
         return self.agreement.broken if self.agreement is not None else None
 
-    def _collective(self, call: Call, flag: bool = True) -> bool:
-        """Agree that every PE makes this same call and release the blocks that
-        nothing views any more on any PE. The same outcome on every PE; returns
-        whether `flag` (a per-PE fact, not compared) holds on every PE."""
+    def agree(self, call: Call, *, flag: bool = True) -> Outcome:
+        """One agreed step of a collective (for this module and the ones built on
+        the heap, like collectives.py): every PE makes this same `call` (else
+        SymmetryError everywhere), and the blocks that nothing views on any PE
+        any more are released first. The same outcome on every PE."""
         self._check_usable()
         self._pending.update(self.local.take_dead())
         return self.agreement.collective(call, dead=self._pending, flag=flag)
@@ -398,15 +436,6 @@ class SymmetricHeap:
         for offset in sorted(offsets):
             self.local.release(offset)
         self._pending -= offsets
-
-    def _agree(self, op: str, args: tuple = (), text: str = "",
-               error: BaseException | None = None) -> None:
-        """_collective for callers outside this module (collectives.py)."""
-        self._collective(Call(op, args, text, error))
-
-    def _wait_for(self, request: MPI.Request, op: str, text: str) -> None:
-        """Agreement.wait for callers outside this module (collectives.py)."""
-        self.agreement.wait(request, Call(op, text=text))
 
     # -- one-sided access ------------------------------------------------------------
     def _check_pe(self, pe) -> int:
@@ -657,7 +686,7 @@ class SymmetricHeap:
         """
         with self._lock:
             self.quiet()
-            self._collective(Call("barrier", text="barrier_all()"))
+            self.agree(Call(Phase.BARRIER_ALL, text="barrier_all()"))
 
     def sync_all(self) -> None:
         """Wait for every PE (collective). This PE's own stores are complete
@@ -676,7 +705,7 @@ class SymmetricHeap:
         """
         with self._lock:
             self.backend.synchronize()
-            self._collective(Call("sync", text="sync_all()"))
+            self.agree(Call(Phase.SYNC_ALL, text="sync_all()"))
 
     def heap_info(self) -> dict:
         """This PE's heap in numbers (local, not collective).
@@ -714,7 +743,7 @@ class SymmetricHeap:
             ShmemError: the heap is finalized.
         """
         with self._lock:
-            self._collective(Call("trim", text="trim()"))
+            self.agree(Call(Phase.TRIM, text="trim()"))
             return self.local.trim()
 
     # -- atomics and signals (atomics.py): one-element int32/int64/uint64 views ------
@@ -760,7 +789,7 @@ class SymmetricHeap:
             if not self._broken:
                 with self._lock:
                     self.quiet()
-                    self._collective(Call("finalize", text="finalize()"))
+                    self.agree(Call(Phase.FINALIZE, text="finalize()"))
         except SymmetryError:
             raise  # other PEs are in another call: as the error says, nothing was done
         except BaseException:
@@ -803,6 +832,20 @@ def _note_rounding(heap_size, budget: int, backend, pe: int) -> None:
         log.info("shmemvm: heap_size %d (%r) rounded up to %d bytes, a multiple of the %s "
                  "backend's granularity %d", requested, heap_size if heap_size is not None
                  else setting("SHMEMVM_HEAP_SIZE"), budget, backend.name, backend.granularity)
+
+
+def _node_split(value) -> int | None:
+    """SHMEMVM_NODE_SPLIT=N (or node_split=N) fakes nodes of N PEs each."""
+    split = setting("SHMEMVM_NODE_SPLIT", None if value is None else str(value))
+    if not split:
+        return None
+    try:
+        size = int(split)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(f"SHMEMVM_NODE_SPLIT must be an integer >= 1, got {split!r}")
+    return size
 
 
 def _whole_elements(nbytes, dtype: torch.dtype) -> int:
