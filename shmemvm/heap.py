@@ -134,7 +134,7 @@ class SymmetricHeap:
             return None
         try:
             return OffNodeWindow(self.comm, self.local, healthy=lambda: not self._broken,
-                                 timeout=self.timeout, broken=self._mark_broken)
+                                 timeout=self.timeout, broken=self.agreement.mark_broken)
         except MPI.Exception as exc:  # e.g. Open MPI without a usable osc component
             self._window_error = (f"MPI could not create a dynamic window: {exc} (Open MPI 4.1: "
                                   f"run with -mca osc pt2pt and MPI4PY_RC_THREAD_LEVEL="
@@ -142,10 +142,6 @@ class SymmetricHeap:
             log.warning("shmemvm: %s; off-node access and atomics are unavailable",
                         self._window_error)
             return None
-
-    def _mark_broken(self, text: str) -> None:
-        """An operation on the window timed out: later calls say the heap is unusable."""
-        self._broken = self._broken or text
 
     def window(self, what: str) -> OffNodeWindow:
         """The MPI window, or UnsupportedError saying why `what` cannot use one."""
@@ -162,7 +158,16 @@ class SymmetricHeap:
 
     # -- properties ---------------------------------------------------------------
     def query_thread(self) -> int:
-        """The thread level this heap provides (shmemvm.THREAD_SINGLE .. THREAD_MULTIPLE)."""
+        """The thread level this heap provides.
+
+        Returns:
+            shmemvm.THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED or
+            THREAD_MULTIPLE (0..3): what init(thread_level=...) asked for, or
+            by default the highest level MPI was initialised at.
+
+        Raises:
+            Nothing; the level is fixed when the heap is made.
+        """
         return self.thread_level
 
     @property
