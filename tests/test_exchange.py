@@ -88,7 +88,7 @@ def test_failure_to_export_tells_the_peers_instead_of_timing_out(heap, monkeypat
     if heap.my_pe == victim:
         def no_descriptors(segment):
             raise OSError(errno.EMFILE, "Too many open files (injected)")
-        monkeypatch.setattr(heap.local, "_export", no_descriptors)
+        monkeypatch.setattr(heap.local, "export", no_descriptors)
     start = time.monotonic()
     with pytest.raises(ShmemError, match=r"failed while PEs shared the new memory") as info:
         heap.malloc(1 << 20)
