@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import os
 import socket
 import time
 
@@ -32,14 +33,18 @@ def injected() -> OSError:
     return OSError(errno.ENOMEM, "injected failure")
 
 
-def fail_once(obj, name: str):
-    """Make obj.name raise once, on its next call."""
+def fail_once(obj, name: str, owned_fd: int | None = None):
+    """Make obj.name raise once, on its next call. `owned_fd`: the position of
+    a descriptor argument the call owns (closes even when it fails), as the
+    real one would."""
     real = getattr(obj, name)
     state = {"armed": True}
 
     def failing(*args, **kwargs):
         if state["armed"]:
             state["armed"] = False
+            if owned_fd is not None:
+                os.close(args[owned_fd])
             raise injected()
         return real(*args, **kwargs)
     setattr(obj, name, failing)
@@ -79,8 +84,8 @@ STEPS = {
     "map": lambda heap: fail_once(heap.backend, "map"),
     "unmap (evicting cached memory)": lambda heap: fail_once(heap.backend, "unmap"),
     "export": lambda heap: fail_once(heap.backend, "export_fd"),
-    "import": lambda heap: fail_once(heap.backend, "import_fd"),
-    "map a peer's memory": lambda heap: fail_once(heap.peers, "map"),
+    "import": lambda heap: fail_once(heap.backend, "import_fd", owned_fd=0),
+    "map a peer's memory": lambda heap: fail_once(heap.peers, "map", owned_fd=2),
 }
 
 
