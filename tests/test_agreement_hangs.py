@@ -13,16 +13,14 @@ exit nonzero right after the first PE's PeerTimeoutError.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+
+from util import clean_env, mpiexec, run_jobs
 
 REPO = Path(__file__).resolve().parent.parent
 HELPER = REPO / "tests" / "helpers" / "agreement_hang.py"
@@ -33,60 +31,17 @@ JOB_LIMIT = 90         # seconds: a job that takes longer than this hangs
 SCENARIOS = ("late-init", "no-init", "gc")
 
 
-def _mpiexec() -> str:
-    for candidate in (os.environ.get("MPIEXEC"), str(Path(sys.executable).parent / "mpiexec"),
-                      shutil.which("mpiexec")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    pytest.skip("no mpiexec found (set MPIEXEC)")
-
-
-def _clean_env() -> dict[str, str]:
-    """Our environment minus what an enclosing MPI launch put there."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPI_LOCALRANKID",
-                                "MPI_LOCALNRANKS", "OMPI_", "SHMEMVM_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
 @pytest.fixture(scope="module")
 def outcomes():
-    mpiexec = _mpiexec()
+    launcher = mpiexec()
     root = Path(tempfile.mkdtemp(prefix="shmemvm-agreement-hang-"))
-    jobs = {}
     try:
-        for scenario in SCENARIOS:
-            outdir = root / scenario
-            outdir.mkdir()
-            log = open(outdir / "job.log", "w")
-            command = [mpiexec, "-n", "2", sys.executable, "-m", "mpi4py", str(HELPER),
-                       scenario, f"{TIMEOUT:g}", str(outdir)]
-            jobs[scenario] = (subprocess.Popen(command, env=_clean_env(), stdout=log,
-                                               stderr=subprocess.STDOUT, cwd=REPO,
-                                               start_new_session=True), log, time.monotonic())
-        results = {}
-        for scenario, (job, log, started) in jobs.items():
-            try:
-                returncode = job.wait(timeout=max(1.0, JOB_LIMIT - (time.monotonic() - started)))
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, 9)
-                job.wait()
-                returncode = None
-            ended = time.time()
-            log.close()
-            outdir = root / scenario
-            records = {pe: json.loads((outdir / f"pe{pe}.json").read_text())
-                       for pe in (0, 1) if (outdir / f"pe{pe}.json").exists()}
-            results[scenario] = {"returncode": returncode, "ended": ended, "records": records,
-                                 "log": (outdir / "job.log").read_text()[-3000:]}
-        yield results
+        # python -m mpi4py: an uncaught exception aborts the job at once
+        yield run_jobs(root, {scenario: ([launcher, "-n", "2", sys.executable, "-m", "mpi4py",
+                                          str(HELPER), scenario, f"{TIMEOUT:g}",
+                                          str(root / scenario)], clean_env())
+                              for scenario in SCENARIOS}, JOB_LIMIT, 2)
     finally:
-        for job, log, _ in jobs.values():
-            if job.poll() is None:
-                os.killpg(job.pid, 9)
-                job.wait()
-            log.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

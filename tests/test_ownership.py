@@ -32,15 +32,11 @@ from __future__ import annotations
 
 import gc
 import io
-import json
-import os
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +45,7 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import FreedTensorError, ShmemError, SymmetricHeap
+from util import clean_env, mpiexec, run_jobs
 
 comm = MPI.COMM_WORLD
 mpi = pytest.mark.mpi
@@ -635,63 +632,16 @@ def test_thread_multiple_rma_while_another_thread_allocates():
 SCENARIOS = ("save_ptr", "outlive", "evict")
 
 
-def _mpiexec() -> str:
-    candidates = [os.environ.get("MPIEXEC"), str(Path(sys.executable).parent / "mpiexec"),
-                  shutil.which("mpiexec")]
-    for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    pytest.skip("no mpiexec found (set MPIEXEC)")
-
-
-def _clean_env() -> dict[str, str]:
-    """Our environment minus what an enclosing MPI launch put there."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPI_LOCALRANKID",
-                                "MPI_LOCALNRANKS", "OMPI_", "SHMEMVM_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
 @pytest.fixture(scope="module")
 def scenario_results():
     """Every scenario's 2-PE job, started side by side."""
-    mpiexec = _mpiexec()
+    launcher = mpiexec()
     root = Path(tempfile.mkdtemp(prefix="shmemvm-ownership-"))
-    jobs = {}
     try:
-        for scenario in SCENARIOS:
-            outdir = root / scenario
-            outdir.mkdir()
-            log = open(outdir / "job.log", "w")
-            command = [mpiexec, "-n", "2", sys.executable, str(HELPER), scenario, str(outdir)]
-            jobs[scenario] = (subprocess.Popen(command, env=_clean_env(), stdout=log,
-                                               stderr=subprocess.STDOUT, cwd=REPO,
-                                               start_new_session=True), log, time.monotonic())
-        results = {}
-        for scenario, (job, log, started) in jobs.items():
-            try:
-                returncode = job.wait(timeout=max(1.0, JOB_LIMIT - (time.monotonic() - started)))
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, 9)
-                job.wait()
-                returncode = "timeout"
-            log.close()
-            outdir = root / scenario
-            reports = {}
-            for pe in range(2):
-                path = outdir / f"pe{pe}.json"
-                if path.exists():
-                    reports[pe] = json.loads(path.read_text())
-            results[scenario] = {"returncode": returncode, "reports": reports,
-                                 "log": (outdir / "job.log").read_text()[-3000:]}
-        yield results
+        yield run_jobs(root, {scenario: ([launcher, "-n", "2", sys.executable, str(HELPER),
+                                          scenario, str(root / scenario)], clean_env())
+                              for scenario in SCENARIOS}, JOB_LIMIT, 2)
     finally:
-        for job, log, _ in jobs.values():
-            if job.poll() is None:
-                os.killpg(job.pid, 9)
-                job.wait()
-            log.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -704,7 +654,7 @@ def test_scenario_in_its_own_job(scenario_results, scenario):
     lines = [f"returncode {result['returncode']}"]
     ok = result["returncode"] == 0
     for pe in range(2):
-        report = result["reports"].get(pe)
+        report = result["records"].get(pe)
         if report is None:
             lines.append(f"PE {pe}: no report")
             ok = False

@@ -14,18 +14,15 @@ tests/run_all.sh. The scenarios run side by side to keep the test short.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from util import REPO, clean_env, mpiexec
+from util import REPO, clean_env, mpiexec, run_jobs
 
 HELPER = REPO / "tests" / "helpers" / "peer_death.py"
 N_PES = 3
@@ -52,44 +49,18 @@ def outcomes():
     if not _is_hydra(launcher):
         pytest.skip(f"{launcher} is not MPICH's hydra; this test relies on -disable-auto-cleanup")
     root = Path(tempfile.mkdtemp(prefix="shmemvm-peer-death-"))
-    jobs = {}
+    results = {}
     try:
+        jobs = {}
         for scenario, how in SCENARIOS.items():
-            outdir = root / scenario
-            outdir.mkdir()
             timeout_arg = f"{TIMEOUT:g}" if how == "arg" else "env"
-            env = clean_env(f"{TIMEOUT:g}" if how == "env" else None)
-            log = open(outdir / "job.log", "w")
             command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
-                       str(HELPER), scenario, timeout_arg, str(outdir)]
-            jobs[scenario] = (subprocess.Popen(command, env=env, stdout=log,
-                                               stderr=subprocess.STDOUT, cwd=REPO,
-                                               start_new_session=True), log, time.monotonic())
-        results = {}
-        for scenario, (job, log, started) in jobs.items():
-            try:
-                returncode = job.wait(timeout=max(1.0, JOB_LIMIT - (time.monotonic() - started)))
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, 9)
-                job.wait()
-                returncode = None
-            log.close()
-            outdir = root / scenario
-            records = {}
-            for pe in range(N_PES):
-                path = outdir / f"pe{pe}.json"
-                if path.exists():
-                    records[pe] = json.loads(path.read_text())
-            results[scenario] = {"returncode": returncode, "records": records,
-                                 "log": (outdir / "job.log").read_text()[-4000:]}
+                       str(HELPER), scenario, timeout_arg, str(root / scenario)]
+            jobs[scenario] = (command, clean_env(f"{TIMEOUT:g}" if how == "env" else None))
+        results = run_jobs(root, jobs, JOB_LIMIT, N_PES)
         yield results
     finally:
-        for job, log, _ in jobs.values():
-            if job.poll() is None:
-                os.killpg(job.pid, 9)
-                job.wait()
-            log.close()
-        for result in locals().get("results", {}).values():
+        for result in results.values():
             for record in result["records"].values():
                 directory = record.get("directory", "")
                 if Path(directory).name.startswith("shmemvm-"):

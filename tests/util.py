@@ -55,3 +55,44 @@ def clean_env(timeout_env: str | None = None) -> dict[str, str]:
     if timeout_env is not None:
         env["SHMEMVM_TIMEOUT"] = timeout_env
     return env
+
+
+def run_jobs(root: Path, jobs: dict, limit: float, n_pes: int) -> dict:
+    """Run MPI jobs side by side. `jobs` maps a name to (command, env); each job
+    writes pe<N>.json records into root/<name> (made here; its command names
+    it). Returns name -> {"returncode" (None: killed at `limit` s), "ended"
+    (time.time() when it was seen to end), "records" {pe: dict}, "log" (its
+    output's tail)}. Nothing it started outlives it."""
+    import json
+    import subprocess
+    import time
+
+    started = {}
+    try:
+        for name, (command, env) in jobs.items():
+            (root / name).mkdir(parents=True, exist_ok=True)
+            log = open(root / name / "job.log", "w")
+            started[name] = (subprocess.Popen(command, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT, cwd=REPO,
+                                              start_new_session=True), log, time.monotonic())
+        results = {}
+        for name, (job, log, start) in started.items():
+            try:
+                returncode = job.wait(timeout=max(1.0, limit - (time.monotonic() - start)))
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, 9)
+                job.wait()
+                returncode = None
+            ended = time.time()
+            log.close()
+            records = {pe: json.loads((root / name / f"pe{pe}.json").read_text())
+                       for pe in range(n_pes) if (root / name / f"pe{pe}.json").exists()}
+            results[name] = {"returncode": returncode, "ended": ended, "records": records,
+                             "log": (root / name / "job.log").read_text()[-4000:]}
+        return results
+    finally:
+        for job, log, _ in started.values():
+            if job.poll() is None:
+                os.killpg(job.pid, 9)
+                job.wait()
+            log.close()
