@@ -162,7 +162,14 @@ class SymmetricHeap:
 
     # -- properties ---------------------------------------------------------------
     def query_thread(self) -> int:
-        """The thread level this heap provides (shmemvm.THREAD_SINGLE .. THREAD_MULTIPLE)."""
+        """The thread level this heap provides (shmemvm.THREAD_SINGLE .. THREAD_MULTIPLE).
+
+        Returns:
+            That level, an int.
+
+        Raises:
+            Nothing.
+        """
         return self.thread_level
 
     @property
