@@ -1,6 +1,5 @@
-"""Library information, profiling control and global exit (OpenSHMEM 1.5,
-sections 9.1.x): module functions, not heap methods, since none of them acts
-on a heap."""
+"""Library information, profiling control and global exit (OpenSHMEM 1.5):
+module functions, not heap methods, since none of them acts on a heap."""
 
 from __future__ import annotations
 

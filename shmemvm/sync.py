@@ -1,4 +1,4 @@
-"""Point-to-point synchronization over vectors (OpenSHMEM 1.5, section 9.10):
+"""Point-to-point synchronization over vectors (OpenSHMEM 1.5):
 wait_until_all/any/some, test_all/any/some and their _vector forms.
 
 `ivars` is a 1-D contiguous symmetric int32, int64 or uint64 tensor; this PE's
