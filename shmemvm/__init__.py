@@ -17,6 +17,13 @@ from .api import (alltoall, atomic_add, atomic_and, atomic_compare_swap, atomic_
                   atomic_fetch_xor, atomic_inc, atomic_or, atomic_set, atomic_swap, atomic_xor,
                   broadcast, fcollect, put_signal, reduce, signal_fetch, signal_wait_until, test,
                   wait_until)
+from .api import (atomic_compare_swap_nbi, atomic_fetch_add_nbi, atomic_fetch_and_nbi,
+                  atomic_fetch_inc_nbi, atomic_fetch_nbi, atomic_fetch_or_nbi,
+                  atomic_fetch_xor_nbi, atomic_swap_nbi, global_exit, iget, info_get_name,
+                  info_get_version, iput, pcontrol, put_signal_nbi, test_all, test_all_vector,
+                  test_any, test_any_vector, test_some, test_some_vector, wait_until_all,
+                  wait_until_all_vector, wait_until_any, wait_until_any_vector, wait_until_some,
+                  wait_until_some_vector)
 from .atomics import SIGNAL_ADD, SIGNAL_SET
 from .thread_levels import THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED, THREAD_SINGLE
 
@@ -35,4 +42,12 @@ __all__ = [
     "atomic_fetch_or", "atomic_fetch_xor", "atomic_and", "atomic_or", "atomic_xor",
     "wait_until", "test", "put_signal", "signal_fetch", "signal_wait_until",
     "SIGNAL_SET", "SIGNAL_ADD", "broadcast", "fcollect", "reduce", "alltoall",
+    # OpenSHMEM 1.5 additions
+    "atomic_fetch_nbi", "atomic_fetch_add_nbi", "atomic_fetch_inc_nbi", "atomic_swap_nbi",
+    "atomic_compare_swap_nbi", "atomic_fetch_and_nbi", "atomic_fetch_or_nbi",
+    "atomic_fetch_xor_nbi", "put_signal_nbi",
+    "wait_until_all", "wait_until_any", "wait_until_some", "wait_until_all_vector",
+    "wait_until_any_vector", "wait_until_some_vector", "test_all", "test_any", "test_some",
+    "test_all_vector", "test_any_vector", "test_some_vector", "iput", "iget",
+    "info_get_version", "info_get_name", "pcontrol", "global_exit",
 ]

@@ -7,10 +7,11 @@
     shmem.barrier_all()
     shmem.finalize()
 
-Every function but init/finalize/default_heap is the SymmetricHeap method of
+Every function but init/finalize/default_heap and info.py's (info_get_version,
+info_get_name, pcontrol, global_exit: they act on no heap) is the SymmetricHeap method of
 the same name, called on the default heap: the forwarders are generated
 below from the methods (_forward), so each function is written once, in
-heap.py, atomics.py or collectives.py, and help(shmemvm.put) shows that
+heap.py, atomics.py, sync.py, strided.py or collectives.py, and help(shmemvm.put) shows that
 method's signature (without the heap) and docstring.
 """
 
@@ -21,6 +22,7 @@ import inspect
 
 from .errors import ShmemError
 from .heap import SymmetricHeap
+from .info import global_exit, info_get_name, info_get_version, pcontrol
 
 _heap: SymmetricHeap | None = None
 
@@ -100,11 +102,24 @@ FORWARDED = (
     "atomic_fetch_inc", "atomic_swap", "atomic_compare_swap", "atomic_fetch_and",
     "atomic_fetch_or", "atomic_fetch_xor", "atomic_and", "atomic_or", "atomic_xor",
     "wait_until", "test", "put_signal", "signal_fetch", "signal_wait_until",
+    # OpenSHMEM 1.5 additions (atomics.py, sync.py, strided.py)
+    "atomic_fetch_nbi", "atomic_fetch_add_nbi", "atomic_fetch_inc_nbi", "atomic_swap_nbi",
+    "atomic_compare_swap_nbi", "atomic_fetch_and_nbi", "atomic_fetch_or_nbi",
+    "atomic_fetch_xor_nbi", "put_signal_nbi",
+    "wait_until_all", "wait_until_any", "wait_until_some", "wait_until_all_vector",
+    "wait_until_any_vector", "wait_until_some_vector", "test_all", "test_any", "test_some",
+    "test_all_vector", "test_any_vector", "test_some_vector",
+    "iput", "iget",
     # collectives (collectives.py)
     "broadcast", "fcollect", "reduce", "alltoall",
 )
 globals().update({_name: _forward(_name) for _name in FORWARDED})
 
-test.__test__ = False  # noqa: F821 -- not a pytest test when imported into a test module
+for _name in FORWARDED:  # test, test_all, ...: not pytest tests when imported into a test module
+    if _name == "test" or _name.startswith("test_"):
+        globals()[_name].__test__ = False
 
-__all__ = ["init", "finalize", "default_heap", "my_pe", "n_pes", *FORWARDED]
+#: module functions that act on no heap (info.py)
+NOT_HEAP = ("info_get_version", "info_get_name", "pcontrol", "global_exit")
+
+__all__ = ["init", "finalize", "default_heap", "my_pe", "n_pes", *FORWARDED, *NOT_HEAP]

@@ -56,8 +56,19 @@ ATOMIC_DTYPES = {
     torch.int64: (MPI.INT64_T, "q"),
     torch.uint64: (MPI.UINT64_T, "Q"),
 }
-for _dtype, (_, _code) in ATOMIC_DTYPES.items():
+#: dtypes that atomic_fetch, atomic_set and atomic_swap (and their nbi forms)
+#: also take, as OpenSHMEM 1.5's "extended AMO types" allow; every other atomic
+#: is for the integer dtypes above only
+FLOAT_ATOMIC_DTYPES = {
+    torch.float32: (MPI.FLOAT, "f"),
+    torch.float64: (MPI.DOUBLE, "d"),
+}
+for _dtype, (_, _code) in {**ATOMIC_DTYPES, **FLOAT_ATOMIC_DTYPES}.items():
     assert array.array(_code).itemsize == _dtype.itemsize, (_dtype, _code)
+
+#: the operations that take float32/float64 targets, for error messages
+FLOAT_OPERATIONS = ("atomic_fetch", "atomic_set", "atomic_swap", "atomic_fetch_nbi",
+                    "atomic_swap_nbi")
 
 #: comparisons of wait_until / test / signal_wait_until
 COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt,
@@ -75,27 +86,52 @@ _MAX_SLEEP = 0.2e-3     # as the heap's own waits: a waiting PE still serves MPI
 
 
 # -- checks -------------------------------------------------------------------
-def _target(heap, dest, pe, what: str):
+def _dtypes(floats: bool) -> dict:
+    return {**ATOMIC_DTYPES, **FLOAT_ATOMIC_DTYPES} if floats else ATOMIC_DTYPES
+
+
+def _check_dtype(tensor, what: str, role: str, floats: bool = False) -> None:
+    """TypeError unless `tensor` is a tensor of a dtype the operation takes."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: the {role} must be a symmetric tensor, got "
+                        f"{type(tensor).__name__}")
+    if tensor.dtype in _dtypes(floats):
+        return
+    also = "" if floats else (f"; float32 and float64 only with "
+                              f"{', '.join(FLOAT_OPERATIONS)}")
+    kinds = "int32, int64, uint64, float32 and float64" if floats else "int32, int64 and uint64"
+    raise TypeError(f"{what}: this operation works on {kinds} symmetric tensors{also}; the "
+                    f"{role} has dtype {tensor.dtype}. Allocate the variable with one of "
+                    f"those dtypes (e.g. heap.zeros(n, torch.int64))")
+
+
+def _target(heap, dest, pe, what: str, floats: bool = False):
     """(pe, displacement in pe's window, MPI datatype, typecode, OffNodeWindow) for
-    an atomic on `dest`, or a clear error."""
+    an atomic on `dest`, or a clear error. `floats`: the operation also takes
+    float32/float64 (FLOAT_OPERATIONS)."""
     pe = heap._check_pe(pe)
     if not isinstance(dest, torch.Tensor):
         raise TypeError(f"{what}: the target must be a one-element view of a symmetric "
                         f"tensor, got {type(dest).__name__}")
-    if dest.dtype not in ATOMIC_DTYPES:
-        raise TypeError(f"{what}: atomics work on int32, int64 and uint64 symmetric tensors; "
-                        f"the target has dtype {dest.dtype}. Allocate the variable with one "
-                        f"of those dtypes (e.g. heap.zeros(n, torch.int64))")
+    _check_dtype(dest, what, "target", floats)
     if dest.numel() != 1:
         raise ValueError(f"{what}: the target must be one element (a view like counter[3] "
                          f"or counter[3:4]), got shape {tuple(dest.shape)} with "
                          f"{dest.numel()} elements; index the element to update")
-    heap._symmetric(dest, f"target of {what} (a view of a tensor from this heap's "
-                          f"malloc/empty/zeros)")
-    if dest.data_ptr() % dest.element_size():
-        raise ValueError(f"{what}: the target at {dest.data_ptr():#x} is not aligned to its "
-                         f"{dest.element_size()}-byte element size; use an element of a "
-                         f"tensor allocated with dtype {dest.dtype}")
+    displacement, window = _located(heap, dest, pe, what, "target")
+    mpi_type, code = _dtypes(True)[dest.dtype]
+    return pe, displacement, mpi_type, code, window
+
+
+def _located(heap, tensor, pe: int, what: str, role: str):
+    """(displacement of `tensor` in PE `pe`'s window, OffNodeWindow), after checking
+    that `tensor` is symmetric, aligned and in memory MPI reaches."""
+    heap._symmetric(tensor, f"{role} of {what} (a view of a tensor from this heap's "
+                            f"malloc/empty/zeros)")
+    if tensor.data_ptr() % tensor.element_size():
+        raise ValueError(f"{what}: the {role} at {tensor.data_ptr():#x} is not aligned to "
+                         f"its {tensor.element_size()}-byte element size; use an element of "
+                         f"a tensor allocated with dtype {tensor.dtype}")
     if not heap.backend.mpi_accessible:
         raise UnsupportedError(
             f"{what}: this heap holds {heap.backend.name} backend memory on {heap.device}, "
@@ -103,13 +139,18 @@ def _target(heap, dest, pe, what: str):
             f"GPU-aware MPI); keep counters, flags and signals in a host-backend heap "
             f"(backend='host')")
     window = heap.window(what)
-    mpi_type, code = ATOMIC_DTYPES[dest.dtype]
-    return pe, window.displacement(dest, pe), mpi_type, code, window
+    return window.displacement(tensor, pe), window
 
 
-def _value(value, dtype: torch.dtype, what: str, name: str = "value") -> int:
+def _value(value, dtype: torch.dtype, what: str, name: str = "value") -> int | float:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
+    if dtype.is_floating_point:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) and \
+                not hasattr(value, "__float__"):
+            raise TypeError(f"{what}: {name} must be a real number, got "
+                            f"{type(value).__name__} {value!r}")
+        return float(value)
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{what}: {name} must be an integer, got {type(value).__name__} "
                         f"{value!r}")
@@ -122,14 +163,21 @@ def _value(value, dtype: torch.dtype, what: str, name: str = "value") -> int:
 
 
 # -- the MPI operations ------------------------------------------------------
-def _fetch_op(heap, dest, value, pe, op: MPI.Op, what: str) -> int:
-    """Apply `op` with `value` to dest on PE `pe`; the value it replaced. Complete at
-    the target on return (module doc), or PeerTimeoutError at the deadline."""
-    pe, displacement, mpi_type, code, window = _target(heap, dest, pe, what)
+def _issue(heap, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
+    """Start `op` with `value` on dest on PE `pe` (MPI_Rget_accumulate, module doc):
+    (request, pe, window, result array that holds the old value once complete)."""
+    pe, displacement, mpi_type, code, window = _target(heap, dest, pe, what, floats)
     origin = array.array(code, [_value(value, dest.dtype, what)])
     result = array.array(code, [0])
     request = window.win.Rget_accumulate([origin, 1, mpi_type], [result, 1, mpi_type], pe,
                                          [displacement, 1, mpi_type], op)
+    return request, pe, window, (origin, result)
+
+
+def _fetch_op(heap, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
+    """Apply `op` with `value` to dest on PE `pe`; the value it replaced. Complete at
+    the target on return (module doc), or PeerTimeoutError at the deadline."""
+    request, pe, window, (_, result) = _issue(heap, dest, value, pe, op, what, floats)
     window.finish(request, pe, what)
     return result[0]
 
@@ -165,37 +213,54 @@ def _raises(section: str):
 
 
 _documented = _raises(_RAISES)
+_documented_float = _raises("""
+    Raises:
+        TypeError: `dest` is not a tensor of dtype int32, int64, uint64, float32
+            or float64, `pe` is not an integer, or a value is not an integer
+            (a real number for float tensors).
+        ValueError: `dest` is not one element, `pe` is out of range, or a
+            value does not fit dest's dtype.
+        FreedTensorError: `dest` is not a view of a live tensor of this heap.
+        UnsupportedError: the heap's memory is not reachable by MPI (a device
+            heap) or MPI could not make the heap's window.
+        PeerTimeoutError: PE `pe` did not complete the operation within the
+            heap's timeout (SHMEMVM_TIMEOUT): it died, is stopped or stayed out
+            of MPI. The heap is unusable afterwards; every later call says so.
+""")
 
 
 # -- atomics ----------------------------------------------------------------------
-@_documented
-def atomic_fetch(heap, dest: torch.Tensor, pe: int) -> int:
+@_documented_float
+def atomic_fetch(heap, dest: torch.Tensor, pe: int) -> int | float:
     """Read `dest` on PE `pe` atomically.
 
     Args:
-        dest: a one-element view (``counter[3]``) of an int32, int64 or uint64
-            symmetric tensor; its copy on PE `pe` is read.
+        dest: a one-element view (``counter[3]``) of an int32, int64, uint64,
+            float32 or float64 symmetric tensor; its copy on PE `pe` is read.
         pe: the PE to read from (this PE too).
 
     Returns:
-        The value of `dest` on PE `pe`, as a Python int.
+        The value of `dest` on PE `pe`, as a Python int (float for a float
+        tensor).
     """
-    return _fetch_op(heap, dest, 0, pe, MPI.NO_OP, "atomic_fetch")
+    return _fetch_op(heap, dest, 0, pe, MPI.NO_OP, "atomic_fetch", floats=True)
 
 
-@_documented
-def atomic_set(heap, dest: torch.Tensor, value: int, pe: int) -> None:
+@_documented_float
+def atomic_set(heap, dest: torch.Tensor, value: int | float, pe: int) -> None:
     """Set `dest` on PE `pe` to `value` atomically; complete there on return.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
-        value: the new value (an integer that fits dest's dtype).
+        dest: a one-element view of an int32, int64, uint64, float32 or float64
+            symmetric tensor.
+        value: the new value (an integer that fits dest's dtype; a number for a
+            float tensor).
         pe: the PE whose copy of `dest` is set.
 
     Returns:
         None.
     """
-    _fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_set")
+    _fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_set", floats=True)
 
 
 @_documented
@@ -256,19 +321,22 @@ def atomic_fetch_inc(heap, dest: torch.Tensor, pe: int) -> int:
     return _fetch_op(heap, dest, 1, pe, MPI.SUM, "atomic_fetch_inc")
 
 
-@_documented
-def atomic_swap(heap, dest: torch.Tensor, value: int, pe: int) -> int:
+@_documented_float
+def atomic_swap(heap, dest: torch.Tensor, value: int | float, pe: int) -> int | float:
     """Set `dest` on PE `pe` to `value` atomically and return the value before.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
-        value: the new value (an integer that fits dest's dtype).
+        dest: a one-element view of an int32, int64, uint64, float32 or float64
+            symmetric tensor.
+        value: the new value (an integer that fits dest's dtype; a number for a
+            float tensor).
         pe: the PE whose copy of `dest` is swapped.
 
     Returns:
-        dest's value on PE `pe` just before the swap, as a Python int.
+        dest's value on PE `pe` just before the swap, as a Python int (float
+        for a float tensor).
     """
-    return _fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_swap")
+    return _fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_swap", floats=True)
 
 
 @_documented
@@ -285,7 +353,16 @@ def atomic_compare_swap(heap, dest: torch.Tensor, cond: int, value: int, pe: int
         dest's value on PE `pe` before the call, as a Python int: equal to
         `cond` exactly when the swap happened.
     """
-    what = "atomic_compare_swap"
+    read, pe, window, buffers = _issue_compare_swap(heap, dest, cond, value, pe,
+                                                    "atomic_compare_swap")
+    window.finish(read, pe, "atomic_compare_swap")
+    return buffers[-1][0]
+
+
+def _issue_compare_swap(heap, dest, cond, value, pe, what: str):
+    """Start a compare-and-swap on dest on PE `pe`: (request, pe, window, buffers),
+    buffers[-1] holding the old value once the request is complete and the window
+    flushed."""
     pe, displacement, mpi_type, code, window = _target(heap, dest, pe, what)
     origin = array.array(code, [_value(value, dest.dtype, what)])
     compare = array.array(code, [_value(cond, dest.dtype, what, "cond")])
@@ -305,8 +382,7 @@ def atomic_compare_swap(heap, dest: torch.Tensor, cond: int, value: int, pe: int
                          [result, 1, mpi_type], pe, displacement)
     read = win.Rget_accumulate([origin, 1, mpi_type], [after, 1, mpi_type], pe,
                                [displacement, 1, mpi_type], MPI.NO_OP)
-    window.finish(read, pe, what)
-    return result[0]
+    return read, pe, window, (origin, compare, after, result)
 
 
 @_documented
@@ -399,6 +475,223 @@ def atomic_xor(heap, dest: torch.Tensor, value: int, pe: int) -> None:
     _fetch_op(heap, dest, value, pe, MPI.BXOR, "atomic_xor")
 
 
+# -- non-blocking fetching atomics ---------------------------------------------------
+def _check_fetch(fetch, dest, what: str) -> None:
+    if not isinstance(fetch, torch.Tensor):
+        raise TypeError(f"{what}: fetch must be a one-element torch.Tensor that receives the "
+                        f"old value, got {type(fetch).__name__}")
+    if isinstance(dest, torch.Tensor) and fetch.dtype != dest.dtype:
+        raise TypeError(f"{what}: fetch has dtype {fetch.dtype}, the target {dest.dtype}; "
+                        f"fetch into a tensor of the target's dtype")
+    if fetch.numel() != 1:
+        raise ValueError(f"{what}: fetch must be one element (it receives the old value), "
+                         f"got shape {tuple(fetch.shape)}")
+
+
+def _defer(fetch, issued) -> None:
+    """Hand an issued operation to the window: quiet() completes it and then
+    stores the old value into `fetch`."""
+    request, pe, window, buffers = issued
+    result = buffers[-1]
+
+    def done():
+        fetch.copy_(torch.frombuffer(result, dtype=fetch.dtype).reshape(fetch.shape))
+
+    window.defer(request, pe, (fetch, buffers), done)
+
+
+def _fetch_nbi(heap, fetch, dest, value, pe, op: MPI.Op, what: str,
+               floats: bool = False) -> None:
+    _check_fetch(fetch, dest, what)
+    _defer(fetch, _issue(heap, dest, value, pe, op, what, floats))
+
+
+_NBI_RAISES = """
+    Raises:
+        TypeError: `dest` is not a tensor of a dtype the operation takes (see
+            Args), `fetch` is not a tensor of dest's dtype, `pe` is not an
+            integer, or a value is not a number of dest's kind.
+        ValueError: `dest` or `fetch` is not one element, `pe` is out of
+            range, or a value does not fit dest's dtype.
+        FreedTensorError: `dest` is not a view of a live tensor of this heap.
+        UnsupportedError: the heap's memory is not reachable by MPI (a device
+            heap) or MPI could not make the heap's window.
+        PeerTimeoutError: raised by quiet() (not by this call): PE `pe` did not
+            complete the operation within the heap's timeout (SHMEMVM_TIMEOUT).
+            The heap is unusable afterwards; every later call says so.
+"""
+_documented_nbi = _raises(_NBI_RAISES)
+
+#: what every nbi atomic's docstring says about completion
+_NBI_NOTE = """
+    Returns once the operation is issued; `fetch` holds the old value only
+    after quiet() (or fence(), barrier_all()) returns, and must stay alive and
+    untouched until then. The update is atomic with respect to every other
+    atomic, as the blocking form's.
+"""
+
+
+@_documented_nbi
+def atomic_fetch_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int) -> None:
+    """Non-blocking atomic_fetch: read `dest` on PE `pe` into `fetch`.
+
+    Args:
+        fetch: a one-element tensor of dest's dtype, in any memory (not
+            necessarily symmetric): receives dest's value at quiet().
+        dest: a one-element view of an int32, int64, uint64, float32 or
+            float64 symmetric tensor.
+        pe: the PE to read from.
+
+    Returns:
+        None.
+    """
+    _fetch_nbi(heap, fetch, dest, 0, pe, MPI.NO_OP, "atomic_fetch_nbi", floats=True)
+
+
+@_documented_nbi
+def atomic_fetch_add_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
+                         pe: int) -> None:
+    """Non-blocking atomic_fetch_add: add `value` to `dest` on PE `pe`, the value
+    before into `fetch`.
+
+    Args:
+        fetch: a one-element tensor of dest's dtype, in any memory: receives
+            dest's value before the addition, at quiet().
+        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        value: the integer to add (it must fit dest's dtype).
+        pe: the PE whose copy of `dest` is updated.
+
+    Returns:
+        None.
+    """
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.SUM, "atomic_fetch_add_nbi")
+
+
+@_documented_nbi
+def atomic_fetch_inc_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int) -> None:
+    """Non-blocking atomic_fetch_inc: add 1 to `dest` on PE `pe`, the value before
+    into `fetch`.
+
+    Args:
+        fetch: a one-element tensor of dest's dtype, in any memory: receives
+            dest's value before the increment, at quiet().
+        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        pe: the PE whose copy of `dest` is incremented.
+
+    Returns:
+        None.
+    """
+    _fetch_nbi(heap, fetch, dest, 1, pe, MPI.SUM, "atomic_fetch_inc_nbi")
+
+
+@_documented_nbi
+def atomic_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int | float,
+                    pe: int) -> None:
+    """Non-blocking atomic_swap: set `dest` on PE `pe` to `value`, the value before
+    into `fetch`.
+
+    Args:
+        fetch: a one-element tensor of dest's dtype, in any memory: receives
+            dest's value before the swap, at quiet().
+        dest: a one-element view of an int32, int64, uint64, float32 or
+            float64 symmetric tensor.
+        value: the new value (fitting dest's dtype).
+        pe: the PE whose copy of `dest` is swapped.
+
+    Returns:
+        None.
+    """
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.REPLACE, "atomic_swap_nbi", floats=True)
+
+
+@_documented_nbi
+def atomic_compare_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, cond: int,
+                            value: int, pe: int) -> None:
+    """Non-blocking atomic_compare_swap: set `dest` on PE `pe` to `value` if it
+    equals `cond`, the value before into `fetch`.
+
+    Args:
+        fetch: a one-element tensor of dest's dtype, in any memory: receives
+            dest's value before the call, at quiet() (equal to `cond` exactly
+            when the swap happened).
+        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        cond: the value `dest` must hold for the swap to happen.
+        value: the new value (an integer that fits dest's dtype).
+        pe: the PE whose copy of `dest` is compared and maybe swapped.
+
+    Returns:
+        None.
+    """
+    what = "atomic_compare_swap_nbi"
+    _check_fetch(fetch, dest, what)
+    _defer(fetch, _issue_compare_swap(heap, dest, cond, value, pe, what))
+
+
+@_documented_nbi
+def atomic_fetch_and_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
+                         pe: int) -> None:
+    """Non-blocking atomic_fetch_and: ``dest &= value`` on PE `pe`, the value before
+    into `fetch`.
+
+    Args:
+        fetch: a one-element tensor of dest's dtype, in any memory: receives
+            dest's value before the update, at quiet().
+        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        value: the mask (an integer that fits dest's dtype).
+        pe: the PE whose copy of `dest` is updated.
+
+    Returns:
+        None.
+    """
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BAND, "atomic_fetch_and_nbi")
+
+
+@_documented_nbi
+def atomic_fetch_or_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
+                        pe: int) -> None:
+    """Non-blocking atomic_fetch_or: ``dest |= value`` on PE `pe`, the value before
+    into `fetch`.
+
+    Args:
+        fetch: a one-element tensor of dest's dtype, in any memory: receives
+            dest's value before the update, at quiet().
+        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        value: the bits to set (an integer that fits dest's dtype).
+        pe: the PE whose copy of `dest` is updated.
+
+    Returns:
+        None.
+    """
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BOR, "atomic_fetch_or_nbi")
+
+
+@_documented_nbi
+def atomic_fetch_xor_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
+                         pe: int) -> None:
+    """Non-blocking atomic_fetch_xor: ``dest ^= value`` on PE `pe`, the value before
+    into `fetch`.
+
+    Args:
+        fetch: a one-element tensor of dest's dtype, in any memory: receives
+            dest's value before the update, at quiet().
+        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        value: the bits to flip (an integer that fits dest's dtype).
+        pe: the PE whose copy of `dest` is updated.
+
+    Returns:
+        None.
+    """
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BXOR, "atomic_fetch_xor_nbi")
+
+
+for _function in (atomic_fetch_nbi, atomic_fetch_add_nbi, atomic_fetch_inc_nbi,
+                  atomic_swap_nbi, atomic_compare_swap_nbi, atomic_fetch_and_nbi,
+                  atomic_fetch_or_nbi, atomic_fetch_xor_nbi):
+    if _function.__doc__:
+        _summary, _, _rest = _function.__doc__.partition("\n\n")
+        _function.__doc__ = _summary + "\n" + _NBI_NOTE + "\n" + _rest
+
+
 # -- point-to-point synchronization ------------------------------------------------
 def _comparison(cmp, ivar, value, what: str):
     if cmp not in COMPARISONS:
@@ -441,27 +734,45 @@ def test(heap, ivar: torch.Tensor, cmp: str, value: int) -> bool:
     return compare(_read_local(heap, ivar, "test"), value)
 
 
-def _wait_until(heap, ivar, cmp: str, value, timeout: float | None, what: str) -> int:
-    compare, value = _comparison(cmp, ivar, value, what)
+def _check_timeout(timeout, what: str) -> None:
     if timeout is not None and not timeout >= 0:
         raise ValueError(f"{what}: timeout must be a number of seconds >= 0 or None, "
                          f"got {timeout!r}")
+
+
+def _poll(heap, poll, timeout: float | None, unmet) -> object:
+    """Call poll() until it returns (True, result), then return result: reads back
+    to back at first, then sleeps doubling up to a cap, so that a waiting PE still
+    enters MPI often (passive-target progress). With `timeout` (seconds, checked
+    by the caller with _check_timeout), PeerTimeoutError once it has passed; its
+    message starts with unmet(last result), which says what was still unmet."""
     deadline = None if timeout is None else time.monotonic() + timeout
     polls, pause = 0, _FIRST_SLEEP
     while True:
-        current = _read_local(heap, ivar, what)
-        if compare(current, value):
-            return current
+        ok, result = poll()
+        if ok:
+            return result
         if deadline is not None and time.monotonic() > deadline:
             raise PeerTimeoutError(
-                f"PE {heap.my_pe}: {what}(ivar, {cmp!r}, {value}) still sees {current} "
-                f"after {timeout:g} s; no PE updated the variable to satisfy it. Check "
-                f"that the PE meant to update it does (with a put to this PE, an atomic "
-                f"or put_signal), or raise the timeout")
+                f"PE {heap.my_pe}: {unmet(result)} after {timeout:g} s; no PE updated the "
+                f"variable to satisfy it. Check that the PE meant to update it does (with "
+                f"a put to this PE, an atomic or put_signal), or raise the timeout")
         polls += 1
         if polls > _SPIN_POLLS:
             time.sleep(pause)
             pause = min(pause * 2, _MAX_SLEEP)
+
+
+def _wait_until(heap, ivar, cmp: str, value, timeout: float | None, what: str) -> int:
+    compare, value = _comparison(cmp, ivar, value, what)
+    _check_timeout(timeout, what)
+
+    def poll():
+        current = _read_local(heap, ivar, what)
+        return compare(current, value), current
+
+    return _poll(heap, poll, timeout,
+                 lambda current: f"{what}(ivar, {cmp!r}, {value}) still sees {current}")
 
 
 @_raises(_WAIT_RAISES)
@@ -518,6 +829,30 @@ def put_signal(heap, dest: torch.Tensor, source: torch.Tensor, sig: torch.Tensor
     heap.put(dest, source, pe)   # on the node: copied; off the node: put, complete there
     heap.backend.synchronize()
     _fetch_op(heap, sig, value, pe, _SIGNAL_OPS[op], f"{what} (signal)")
+
+
+def put_signal_nbi(heap, dest: torch.Tensor, source: torch.Tensor, sig: torch.Tensor,
+                   value: int, op: str, pe: int) -> None:
+    """put_signal that OpenSHMEM lets complete as late as quiet(); this one is
+    blocking (OpenSHMEM allows an nbi call to complete before it returns): data
+    and signal are complete at PE `pe` when it returns, and `source` may be
+    reused at once.
+
+    Args:
+        dest: symmetric destination tensor (as for put).
+        source: any tensor with dest's dtype and number of elements.
+        sig: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        value: the signal value (an integer that fits sig's dtype).
+        op: "set" (SIGNAL_SET: sig = value) or "add" (SIGNAL_ADD: sig += value).
+        pe: the PE that receives the data and the signal.
+
+    Returns:
+        None; data and signal are complete at PE `pe`.
+
+    Raises:
+        As put_signal.
+    """
+    put_signal(heap, dest, source, sig, value, op, pe)
 
 
 @_raises(_LOCAL_RAISES)

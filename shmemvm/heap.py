@@ -25,7 +25,7 @@ import threading
 import torch
 from mpi4py import MPI
 
-from . import atomics, collectives, thread_levels
+from . import atomics, collectives, strided, sync, thread_levels
 from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate, parse_timeout
 from .allocator import Block
 from .config import parse_size, setting
@@ -772,6 +772,31 @@ class SymmetricHeap:
     put_signal = atomics.put_signal
     signal_fetch = atomics.signal_fetch
     signal_wait_until = atomics.signal_wait_until
+    put_signal_nbi = atomics.put_signal_nbi
+    atomic_fetch_nbi = atomics.atomic_fetch_nbi
+    atomic_fetch_add_nbi = atomics.atomic_fetch_add_nbi
+    atomic_fetch_inc_nbi = atomics.atomic_fetch_inc_nbi
+    atomic_swap_nbi = atomics.atomic_swap_nbi
+    atomic_compare_swap_nbi = atomics.atomic_compare_swap_nbi
+    atomic_fetch_and_nbi = atomics.atomic_fetch_and_nbi
+    atomic_fetch_or_nbi = atomics.atomic_fetch_or_nbi
+    atomic_fetch_xor_nbi = atomics.atomic_fetch_xor_nbi
+    # point-to-point synchronization over vectors (sync.py): 1-D int ivars
+    wait_until_all = sync.wait_until_all
+    wait_until_any = sync.wait_until_any
+    wait_until_some = sync.wait_until_some
+    wait_until_all_vector = sync.wait_until_all_vector
+    wait_until_any_vector = sync.wait_until_any_vector
+    wait_until_some_vector = sync.wait_until_some_vector
+    test_all = sync.test_all
+    test_any = sync.test_any
+    test_some = sync.test_some
+    test_all_vector = sync.test_all_vector
+    test_any_vector = sync.test_any_vector
+    test_some_vector = sync.test_some_vector
+    # strided put/get (strided.py)
+    iput = strided.iput
+    iget = strided.iget
 
     # -- collectives (collectives.py): contiguous symmetric tensors ----------------------
     broadcast = collectives.broadcast

@@ -93,6 +93,8 @@ class OffNodeWindow:
         #: 0 and flush() costs nothing; code that issues an operation without
         #: completing it must count it here, so that quiet() completes it.
         self.outstanding = 0
+        #: operations issued by defer() (the nbi atomics): (request, pe, buffers, done)
+        self._deferred: list = []
         local.release_listeners.append(self.detach)
         self.win.Lock_all()
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -208,16 +210,30 @@ class OffNodeWindow:
             if datatype is not None:
                 datatype.Free()
 
+    def defer(self, request: MPI.Request, pe: int, buffers, done) -> None:
+        """Count an operation on PE `pe` issued without completing it (an nbi
+        atomic): flush() (quiet) waits for `request` with the deadline, flushes,
+        and then calls done(). `request` must need `pe`'s answer to complete
+        (MPI_Rget_accumulate); `buffers` are kept alive until then."""
+        self._deferred.append((request, pe, buffers, done))
+        self.outstanding += 1
+
     def flush(self) -> None:
         """Complete outstanding operations. Flush_all is skipped when there are
         none: it is not free even then (a round trip to every target in MPICH,
         about 4 us with both PEs polling and up to 100 us when a target is not in
         an MPI call), and quiet() runs on every free and barrier_all."""
         if self.outstanding:
-            for pe in range(self.comm.Get_size()):  # the deadline, as complete() gives it
-                self.complete(self._probe(pe), pe, "quiet")
+            deferred, self._deferred = self._deferred, []
+            for request, pe, _, _ in deferred:  # each needs pe's answer: the deadline
+                self.complete(request, pe, "quiet")
+            if self.outstanding > len(deferred):  # others: probe every PE first
+                for pe in range(self.comm.Get_size()):  # the deadline, as complete() gives it
+                    self.complete(self._probe(pe), pe, "quiet")
             self.win.Flush_all()
             self.outstanding = 0
+            for _, _, _, done in deferred:
+                done()
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import shmemvm
-from shmemvm import SymmetricHeap, api, atomics, collectives
+from shmemvm import SymmetricHeap, api, atomics, collectives, info, strided, sync
 
 # collectives.py's docstrings are one line each; Args/Returns/Raises there are
 # for whoever changes that module next (issue 12)
@@ -26,6 +26,10 @@ def test_api_module_defines_only_init_finalize_default_heap_and_forwarders():
     assert own == {"init", "finalize", "default_heap", "my_pe", "n_pes", *api.FORWARDED}
     for name in api.FORWARDED:
         assert getattr(shmemvm, name) is getattr(api, name), name
+    for name in api.NOT_HEAP:  # written once, in info.py
+        assert getattr(shmemvm, name) is getattr(info, name), name
+        doc = getattr(info, name).__doc__
+        assert "Returns:" in doc and "Raises:" in doc, name
 
 
 def test_atomics_and_collectives_are_the_heaps_methods_as_defined():
@@ -34,6 +38,13 @@ def test_atomics_and_collectives_are_the_heaps_methods_as_defined():
         assert vars(SymmetricHeap)[name] is getattr(atomics, name), name
     for name in ("broadcast", "fcollect", "reduce", "alltoall"):
         assert vars(SymmetricHeap)[name] is getattr(collectives, name), name
+    for name in api.FORWARDED:
+        if name.endswith("_nbi") and name.startswith(("atomic_", "put_signal")):
+            assert vars(SymmetricHeap)[name] is getattr(atomics, name), name
+        elif name.startswith(("wait_until_", "test_")):
+            assert vars(SymmetricHeap)[name] is getattr(sync, name), name
+    for name in ("iput", "iget"):
+        assert vars(SymmetricHeap)[name] is getattr(strided, name), name
 
 
 @pytest.mark.parametrize("name", api.FORWARDED)
@@ -67,7 +78,7 @@ def test_forwarders_without_a_heap_say_to_call_init():
 
 
 def test_names_kept():
-    assert shmemvm.test.__test__ is False
+    assert shmemvm.test.__test__ is False and shmemvm.test_all.__test__ is False
     assert shmemvm.calloc.__name__ == "calloc" and shmemvm.calloc.__doc__ == \
         SymmetricHeap.zeros.__doc__
     missing = [name for name in shmemvm.__all__ if not hasattr(shmemvm, name)]

@@ -1,0 +1,114 @@
+"""Library information, profiling control and global exit (OpenSHMEM 1.5):
+module functions, not heap methods, since none of them acts on a heap."""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import sys
+
+from mpi4py import MPI
+
+#: the OpenSHMEM specification version whose routines these follow
+SPEC_VERSION = (1, 5)
+
+_pcontrol_level = 1   # OpenSHMEM's default: profiling enabled at the default level
+
+
+def info_get_version() -> tuple[int, int]:
+    """The OpenSHMEM specification version this API follows (shmem_info_get_version).
+
+    Returns:
+        (major, minor): (1, 5).
+
+    Raises:
+        Nothing.
+    """
+    return SPEC_VERSION
+
+
+def info_get_name() -> str:
+    """The library's name and version (shmem_info_get_name).
+
+    Returns:
+        "shmemvm <version>", e.g. "shmemvm 0.1.0".
+
+    Raises:
+        Nothing.
+    """
+    from . import __version__  # the package's version, set after its imports
+    return f"shmemvm {__version__}"
+
+
+def pcontrol(level: int) -> None:
+    """Profiling control (shmem_pcontrol): the level is accepted and stored,
+    and has no effect, since shmemvm has no profiling interface; 0 disables
+    profiling, 1 is the default, 2 and above are profiler-defined.
+
+    Args:
+        level: an int.
+
+    Returns:
+        None.
+
+    Raises:
+        TypeError: `level` is not an int.
+    """
+    global _pcontrol_level
+    if isinstance(level, bool) or not hasattr(type(level), "__index__"):
+        raise TypeError(f"pcontrol: level must be an int, got {type(level).__name__} {level!r}")
+    _pcontrol_level = operator.index(level)
+
+
+def pcontrol_level() -> int:
+    """The level last given to pcontrol() (1 until then).
+
+    Returns:
+        That level.
+
+    Raises:
+        Nothing.
+    """
+    return _pcontrol_level
+
+
+def global_exit(status: int) -> None:
+    """End every PE of the job with exit status `status` (shmem_global_exit):
+    flushes this process's log handlers, stdout and stderr, then calls
+    MPI_Abort on MPI_COMM_WORLD, which the MPI launcher turns into the end of
+    every process; should MPI_Abort return (MPICH's can, while the launcher
+    ends the job), this process exits at once with `status`. It does not
+    complete outstanding operations (a quiet could
+    wait on a PE that is gone).
+
+    Args:
+        status: the exit status (an int; how much of it reaches the shell is
+            the launcher's choice, but it is nonzero when `status` is).
+
+    Returns:
+        Never.
+
+    Raises:
+        TypeError: `status` is not an int.
+    """
+    if isinstance(status, bool) or not hasattr(type(status), "__index__"):
+        raise TypeError(f"global_exit: status must be an int, got {type(status).__name__} "
+                        f"{status!r}")
+    status = operator.index(status)
+    loggers = [logging.getLogger(), logging.getLogger("shmemvm")]
+    for logger in loggers:
+        for handler in logger.handlers:
+            try:
+                handler.flush()
+            except Exception:  # noqa: BLE001 -- exiting anyway
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    MPI.COMM_WORLD.Abort(status)
+    # MPICH was seen to return from MPI_Abort (the launcher ends the job a moment
+    # later); this PE must not run on meanwhile
+    os._exit(status & 0xFF or 1)

@@ -1,0 +1,108 @@
+"""Strided put/get with OpenSHMEM's element strides (shmem_iput, shmem_iget).
+
+Both are torch views (``dest[::dst][:nelems]``) handed to the heap's put/get,
+which already write strided symmetric tensors in place, on the node (a copy
+into the peer mapping) and off it (an MPI derived datatype). They take the
+heap first and are the heap's methods as they are
+(`SymmetricHeap.iput is strided.iput`).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+
+def _strided(tensor, stride, nelems: int, what: str, role: str, name: str) -> torch.Tensor:
+    """tensor[::stride][:nelems], or a clear error."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: {role} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() != 1:
+        raise ValueError(f"{what}: {role} must be 1-D (strides count its elements), got shape "
+                         f"{tuple(tensor.shape)}; pass a flattened view such as t.view(-1)")
+    if isinstance(stride, bool) or not hasattr(type(stride), "__index__"):
+        raise TypeError(f"{what}: {name} must be an int, got {type(stride).__name__} "
+                        f"{stride!r}")
+    stride = operator.index(stride)
+    if stride < 1:
+        raise ValueError(f"{what}: {name} must be >= 1 (in elements; 1 is contiguous), got "
+                         f"{stride}")
+    if nelems and (nelems - 1) * stride + 1 > tensor.numel():
+        raise ValueError(f"{what}: {nelems} elements at stride {stride} reach element "
+                         f"{(nelems - 1) * stride} of {role}, which has {tensor.numel()}")
+    return tensor[::stride][:nelems]
+
+
+def _count(nelems, what: str) -> int:
+    if isinstance(nelems, bool) or not hasattr(type(nelems), "__index__"):
+        raise TypeError(f"{what}: nelems must be an int, got {type(nelems).__name__} "
+                        f"{nelems!r}")
+    nelems = operator.index(nelems)
+    if nelems < 0:
+        raise ValueError(f"{what}: nelems must be >= 0, got {nelems}")
+    return nelems
+
+
+def iput(heap, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nelems: int,
+         pe: int) -> None:
+    """Copy `nelems` elements of `source`, every `sst`-th, into every `dst`-th
+    element of symmetric `dest` on PE `pe` (shmem_iput):
+    ``dest[i*dst] = source[i*sst]`` for i < nelems.
+
+    Args:
+        dest: a 1-D symmetric tensor of this heap (or a 1-D view of one).
+        source: a 1-D tensor (any memory) of dest's dtype.
+        dst: stride between elements written in dest, in elements (>= 1).
+        sst: stride between elements read from source, in elements (>= 1).
+        nelems: the number of elements to copy (>= 0).
+        pe: the PE to write to.
+
+    Returns:
+        None, as put() returns (off the node: complete at PE `pe`).
+
+    Raises:
+        TypeError: a tensor is not a torch.Tensor, a stride, nelems or pe is
+            not an int, or the dtypes differ.
+        ValueError: a tensor is not 1-D, a stride is < 1, nelems < 0, the
+            strided elements run past the end of a tensor, or pe is out of
+            range.
+        FreedTensorError, UnsupportedError, PeerTimeoutError: as put().
+    """
+    nelems = _count(nelems, "iput")
+    target = _strided(dest, dst, nelems, "iput", "dest", "dst")
+    data = _strided(source, sst, nelems, "iput", "source", "sst")
+    if nelems:
+        heap.put(target, data, pe)
+
+
+def iget(heap, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nelems: int,
+         pe: int) -> None:
+    """Copy `nelems` elements of symmetric `source` on PE `pe`, every `sst`-th,
+    into every `dst`-th element of `dest` (shmem_iget):
+    ``dest[i*dst] = source[i*sst]`` for i < nelems.
+
+    Args:
+        dest: a 1-D tensor (any memory) of source's dtype.
+        source: a 1-D symmetric tensor of this heap (or a 1-D view of one).
+        dst: stride between elements written in dest, in elements (>= 1).
+        sst: stride between elements read from source, in elements (>= 1).
+        nelems: the number of elements to copy (>= 0).
+        pe: the PE to read from.
+
+    Returns:
+        None, once the data is in `dest`.
+
+    Raises:
+        TypeError: a tensor is not a torch.Tensor, a stride, nelems or pe is
+            not an int, or the dtypes differ.
+        ValueError: a tensor is not 1-D, a stride is < 1, nelems < 0, the
+            strided elements run past the end of a tensor, or pe is out of
+            range.
+        FreedTensorError, UnsupportedError, PeerTimeoutError: as get().
+    """
+    nelems = _count(nelems, "iget")
+    target = _strided(dest, dst, nelems, "iget", "dest", "dst")
+    data = _strided(source, sst, nelems, "iget", "source", "sst")
+    if nelems:
+        heap.get(target, data, pe)

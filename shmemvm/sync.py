@@ -1,0 +1,434 @@
+"""Point-to-point synchronization over vectors (OpenSHMEM 1.5):
+wait_until_all/any/some, test_all/any/some and their _vector forms.
+
+`ivars` is a 1-D contiguous symmetric int32, int64 or uint64 tensor; this PE's
+copy is read, as wait_until reads one variable (atomics.py): with one
+MPI_Get_accumulate(MPI_NO_OP) of the whole vector per poll, through the heap's
+MPI window on this PE. That read is atomic element by element with respect to
+other PEs' atomics, sees their puts, and lets MPI apply other PEs' operations
+to this PE while it polls. The waits poll as wait_until does (atomics._poll),
+for ever by default or up to `timeout` seconds.
+
+`status`, where given, has one entry per element: nonzero excludes the
+element (it is neither read for the result nor waited for). Where OpenSHMEM
+returns SIZE_MAX (no element satisfied or every element is excluded), these
+return None; where it returns a count and fills an index array, they return
+the list of indices.
+
+These functions take the heap first and are the heap's methods as they are
+(`SymmetricHeap.wait_until_all is sync.wait_until_all`).
+"""
+
+from __future__ import annotations
+
+import array
+
+import torch
+from mpi4py import MPI
+
+from . import atomics
+from .atomics import ATOMIC_DTYPES, COMPARISONS
+
+_RAISES = """
+    Raises:
+        TypeError: `ivars` is not an int32, int64 or uint64 tensor, a
+            comparison value is not an integer, or a `status` entry is not an
+            int or bool.
+        ValueError: `ivars` is not 1-D and contiguous, `cmp` is not one of
+            "eq", "ne", "gt", "ge", "lt", "le", a value does not fit ivars'
+            dtype, or `status` (or `values`) does not have one entry per
+            element of `ivars`.
+        FreedTensorError: `ivars` is not a view of a live tensor of this heap.
+        UnsupportedError: the heap's memory is not reachable by MPI (a device
+            heap) or MPI could not make the heap's window.
+"""
+
+_WAIT_RAISES = _RAISES + """        PeerTimeoutError: `timeout` passed and the condition still does not hold
+            (the heap stays usable).
+"""
+
+_documented = atomics._raises(_RAISES)
+_documented_wait = atomics._raises(_WAIT_RAISES)
+
+
+# -- checks and the read ---------------------------------------------------------
+def _check_ivars(heap, ivars, what: str):
+    """(displacement, window, MPI datatype, typecode) of `ivars` on this PE."""
+    if not isinstance(ivars, torch.Tensor):
+        raise TypeError(f"{what}: ivars must be a 1-D symmetric tensor, got "
+                        f"{type(ivars).__name__}")
+    if ivars.dtype not in ATOMIC_DTYPES:
+        raise TypeError(f"{what}: ivars must have dtype int32, int64 or uint64 (OpenSHMEM's "
+                        f"point-to-point synchronization types), got {ivars.dtype}; allocate "
+                        f"it with one of those (e.g. heap.zeros(n, torch.int64))")
+    if ivars.dim() != 1 or not ivars.is_contiguous():
+        raise ValueError(f"{what}: ivars must be a 1-D contiguous tensor (its elements read "
+                         f"in one MPI call), got shape {tuple(ivars.shape)} with strides "
+                         f"{tuple(ivars.stride())}; use a contiguous slice like flags[2:6] "
+                         f"or wait on a copy laid out contiguously")
+    displacement, window = atomics._located(heap, ivars, heap.my_pe, what, "ivars")
+    mpi_type, code = ATOMIC_DTYPES[ivars.dtype]
+    return displacement, window, mpi_type, code
+
+
+def _excluded(status, n: int, what: str) -> list[bool]:
+    """status as one bool per element (True: excluded)."""
+    if status is None:
+        return [False] * n
+    if isinstance(status, torch.Tensor):
+        if status.dim() != 1:
+            raise ValueError(f"{what}: status must be 1-D, got shape {tuple(status.shape)}")
+        status = status.tolist()
+    try:
+        length = len(status)
+    except TypeError:
+        raise TypeError(f"{what}: status must be a sequence or tensor of ints (nonzero "
+                        f"excludes an element), got {type(status).__name__}") from None
+    if length != n:
+        raise ValueError(f"{what}: status has {length} entries and ivars {n} elements; give "
+                         f"one entry per element (nonzero excludes it)")
+    out = []
+    for i, entry in enumerate(status):
+        if not hasattr(type(entry), "__index__"):
+            raise TypeError(f"{what}: status[{i}] must be an int or bool, got "
+                            f"{type(entry).__name__} {entry!r}")
+        out.append(entry.__index__() != 0)
+    return out
+
+
+def _compare(cmp, what: str):
+    if cmp not in COMPARISONS:
+        raise ValueError(f"{what}: cmp must be one of {', '.join(COMPARISONS)}, got {cmp!r}")
+    return COMPARISONS[cmp]
+
+
+def _values(values, ivars, n: int, what: str) -> list[int]:
+    """The vector forms' comparison values, one per element, checked against the dtype."""
+    if isinstance(values, torch.Tensor):
+        values = values.tolist() if values.dim() == 1 else values
+    try:
+        length = len(values)
+    except TypeError:
+        raise TypeError(f"{what}: values must be a sequence or 1-D tensor of integers, one "
+                        f"per element of ivars, got {type(values).__name__}") from None
+    if length != n:
+        raise ValueError(f"{what}: values has {length} entries and ivars {n} elements; give "
+                         f"one comparison value per element")
+    return [atomics._value(v, ivars.dtype, what, f"values[{i}]") for i, v in enumerate(values)]
+
+
+class _Condition:
+    """One call's checked arguments; check() reads ivars once and says which
+    included elements satisfy the comparison."""
+
+    def __init__(self, heap, ivars, cmp, values, status, what: str, vector: bool):
+        self.what = what
+        self.displacement, self.window, self.mpi_type, self.code = _check_ivars(heap, ivars, what)
+        self.n = ivars.numel()
+        self.compare = _compare(cmp, what)
+        self.cmp = cmp
+        if vector:
+            self.values = _values(values, ivars, self.n, what)
+        else:
+            self.values = [atomics._value(values, ivars.dtype, what)] * self.n
+        self.excluded = _excluded(status, self.n, what)
+        self.included = [i for i in range(self.n) if not self.excluded[i]]
+        self.my_pe = heap.my_pe
+        self._origin = array.array(self.code, [0]) * self.n
+        self._result = array.array(self.code, [0]) * self.n
+
+    def read(self) -> list[int]:
+        """ivars on this PE, read atomically element by element through MPI."""
+        if not self.n:
+            return []
+        count = [self.displacement, self.n, self.mpi_type]
+        request = self.window.win.Rget_accumulate([self._origin, self.n, self.mpi_type],
+                                                  [self._result, self.n, self.mpi_type],
+                                                  self.my_pe, count, MPI.NO_OP)
+        self.window.finish(request, self.my_pe, self.what)
+        return self._result.tolist()
+
+    def check(self) -> tuple[list[int], list[int]]:
+        """(indices of included elements that satisfy the comparison, values read)."""
+        current = self.read()
+        return [i for i in self.included if self.compare(current[i], self.values[i])], current
+
+    def unmet(self, current) -> str:
+        shown = current if len(current) <= 16 else f"{current[:16]} (first 16)"
+        return f"{self.what}(ivars, {self.cmp!r}, ...) still sees {shown}"
+
+
+def _wait(heap, condition: _Condition, timeout, done):
+    """Poll until done(satisfied indices) returns (True, result) (atomics._poll)."""
+    atomics._check_timeout(timeout, condition.what)
+
+    def poll():
+        satisfied, current = condition.check()
+        ok, result = done(satisfied)
+        return ok, (result if ok else current)
+
+    return atomics._poll(heap, poll, timeout, condition.unmet)
+
+
+def _all(condition: _Condition):
+    return lambda satisfied: (len(satisfied) == len(condition.included), None)
+
+
+def _any(satisfied):
+    return bool(satisfied), (satisfied[0] if satisfied else None)
+
+
+def _some(satisfied):
+    return bool(satisfied), satisfied
+
+
+# -- waits ------------------------------------------------------------------------
+@_documented_wait
+def wait_until_all(heap, ivars: torch.Tensor, cmp: str, value: int, status=None,
+                   timeout: float | None = None) -> None:
+    """Wait until every included element of this PE's `ivars` compares `cmp` to
+    `value` (shmem_wait_until_all).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor; other
+            PEs update this PE's copy (put, atomics, put_signal).
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
+        value: the integer to compare every element with.
+        status: None, or one int/bool per element (sequence or tensor);
+            nonzero excludes that element.
+        timeout: seconds to wait at most; None (the default) waits for ever.
+
+    Returns:
+        None, once the condition holds (at once when every element is
+        excluded or ivars is empty).
+    """
+    c = _Condition(heap, ivars, cmp, value, status, "wait_until_all", vector=False)
+    _wait(heap, c, timeout, _all(c))
+
+
+@_documented_wait
+def wait_until_any(heap, ivars: torch.Tensor, cmp: str, value: int, status=None,
+                   timeout: float | None = None) -> int | None:
+    """Wait until some included element of this PE's `ivars` compares `cmp` to
+    `value` (shmem_wait_until_any).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
+        value: the integer to compare every element with.
+        status: None, or one int/bool per element; nonzero excludes it.
+        timeout: seconds to wait at most; None (the default) waits for ever.
+
+    Returns:
+        The index of an element that satisfied the condition (the lowest one
+        seen satisfying it), or None at once when every element is excluded
+        or ivars is empty (OpenSHMEM's SIZE_MAX).
+    """
+    c = _Condition(heap, ivars, cmp, value, status, "wait_until_any", vector=False)
+    return _wait(heap, c, timeout, _any) if c.included else None
+
+
+@_documented_wait
+def wait_until_some(heap, ivars: torch.Tensor, cmp: str, value: int, status=None,
+                    timeout: float | None = None) -> list[int]:
+    """Wait until at least one included element of this PE's `ivars` compares
+    `cmp` to `value` (shmem_wait_until_some).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
+        value: the integer to compare every element with.
+        status: None, or one int/bool per element; nonzero excludes it.
+        timeout: seconds to wait at most; None (the default) waits for ever.
+
+    Returns:
+        The indices, ascending, of every included element that satisfied the
+        condition in the read that found one; [] at once when every element
+        is excluded or ivars is empty.
+    """
+    c = _Condition(heap, ivars, cmp, value, status, "wait_until_some", vector=False)
+    return _wait(heap, c, timeout, _some) if c.included else []
+
+
+@_documented_wait
+def wait_until_all_vector(heap, ivars: torch.Tensor, cmp: str, values, status=None,
+                          timeout: float | None = None) -> None:
+    """Wait until every included ivars[i] compares `cmp` to values[i]
+    (shmem_wait_until_all_vector).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
+        values: one integer per element (sequence or 1-D tensor).
+        status: None, or one int/bool per element; nonzero excludes it.
+        timeout: seconds to wait at most; None (the default) waits for ever.
+
+    Returns:
+        None, once the condition holds (at once when every element is
+        excluded or ivars is empty).
+    """
+    c = _Condition(heap, ivars, cmp, values, status, "wait_until_all_vector", vector=True)
+    _wait(heap, c, timeout, _all(c))
+
+
+@_documented_wait
+def wait_until_any_vector(heap, ivars: torch.Tensor, cmp: str, values, status=None,
+                          timeout: float | None = None) -> int | None:
+    """Wait until some included ivars[i] compares `cmp` to values[i]
+    (shmem_wait_until_any_vector).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
+        values: one integer per element (sequence or 1-D tensor).
+        status: None, or one int/bool per element; nonzero excludes it.
+        timeout: seconds to wait at most; None (the default) waits for ever.
+
+    Returns:
+        The index of an element that satisfied the condition, or None at once
+        when every element is excluded or ivars is empty.
+    """
+    c = _Condition(heap, ivars, cmp, values, status, "wait_until_any_vector", vector=True)
+    return _wait(heap, c, timeout, _any) if c.included else None
+
+
+@_documented_wait
+def wait_until_some_vector(heap, ivars: torch.Tensor, cmp: str, values, status=None,
+                           timeout: float | None = None) -> list[int]:
+    """Wait until at least one included ivars[i] compares `cmp` to values[i]
+    (shmem_wait_until_some_vector).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
+        values: one integer per element (sequence or 1-D tensor).
+        status: None, or one int/bool per element; nonzero excludes it.
+        timeout: seconds to wait at most; None (the default) waits for ever.
+
+    Returns:
+        The indices, ascending, of every included element that satisfied the
+        condition in the read that found one; [] at once when every element
+        is excluded or ivars is empty.
+    """
+    c = _Condition(heap, ivars, cmp, values, status, "wait_until_some_vector", vector=True)
+    return _wait(heap, c, timeout, _some) if c.included else []
+
+
+# -- tests (no waiting) -------------------------------------------------------------
+@_documented
+def test_all(heap, ivars: torch.Tensor, cmp: str, value: int, status=None) -> bool:
+    """Whether every included element of this PE's `ivars` compares `cmp` to
+    `value` now (shmem_test_all).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
+        value: the integer to compare every element with.
+        status: None, or one int/bool per element; nonzero excludes it.
+
+    Returns:
+        True when they all do (also when every element is excluded or ivars
+        is empty).
+    """
+    c = _Condition(heap, ivars, cmp, value, status, "test_all", vector=False)
+    return _all(c)(c.check()[0])[0]
+
+
+@_documented
+def test_any(heap, ivars: torch.Tensor, cmp: str, value: int, status=None) -> int | None:
+    """The index of an included element of this PE's `ivars` that compares `cmp`
+    to `value` now, or None (shmem_test_any).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
+        value: the integer to compare every element with.
+        status: None, or one int/bool per element; nonzero excludes it.
+
+    Returns:
+        The lowest such index, or None when none satisfies the condition or
+        every element is excluded (OpenSHMEM's SIZE_MAX).
+    """
+    c = _Condition(heap, ivars, cmp, value, status, "test_any", vector=False)
+    return _any(c.check()[0])[1]
+
+
+@_documented
+def test_some(heap, ivars: torch.Tensor, cmp: str, value: int, status=None) -> list[int]:
+    """The indices of the included elements of this PE's `ivars` that compare
+    `cmp` to `value` now (shmem_test_some).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
+        value: the integer to compare every element with.
+        status: None, or one int/bool per element; nonzero excludes it.
+
+    Returns:
+        Those indices, ascending; [] when there are none.
+    """
+    c = _Condition(heap, ivars, cmp, value, status, "test_some", vector=False)
+    return c.check()[0]
+
+
+@_documented
+def test_all_vector(heap, ivars: torch.Tensor, cmp: str, values, status=None) -> bool:
+    """Whether every included ivars[i] compares `cmp` to values[i] now
+    (shmem_test_all_vector).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
+        values: one integer per element (sequence or 1-D tensor).
+        status: None, or one int/bool per element; nonzero excludes it.
+
+    Returns:
+        True when they all do (also when every element is excluded or ivars
+        is empty).
+    """
+    c = _Condition(heap, ivars, cmp, values, status, "test_all_vector", vector=True)
+    return _all(c)(c.check()[0])[0]
+
+
+@_documented
+def test_any_vector(heap, ivars: torch.Tensor, cmp: str, values,
+                    status=None) -> int | None:
+    """The index of an included ivars[i] that compares `cmp` to values[i] now, or
+    None (shmem_test_any_vector).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
+        values: one integer per element (sequence or 1-D tensor).
+        status: None, or one int/bool per element; nonzero excludes it.
+
+    Returns:
+        The lowest such index, or None when none satisfies the condition or
+        every element is excluded (OpenSHMEM's SIZE_MAX).
+    """
+    c = _Condition(heap, ivars, cmp, values, status, "test_any_vector", vector=True)
+    return _any(c.check()[0])[1]
+
+
+@_documented
+def test_some_vector(heap, ivars: torch.Tensor, cmp: str, values,
+                     status=None) -> list[int]:
+    """The indices of the included ivars[i] that compare `cmp` to values[i] now
+    (shmem_test_some_vector).
+
+    Args:
+        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
+        values: one integer per element (sequence or 1-D tensor).
+        status: None, or one int/bool per element; nonzero excludes it.
+
+    Returns:
+        Those indices, ascending; [] when there are none.
+    """
+    c = _Condition(heap, ivars, cmp, values, status, "test_some_vector", vector=True)
+    return c.check()[0]
+
+
+for _function in (test_all, test_any, test_some, test_all_vector, test_any_vector,
+                  test_some_vector):
+    _function.__test__ = False  # not pytest tests when imported into a test module
