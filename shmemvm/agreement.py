@@ -126,7 +126,18 @@ class Call:
 def _encode(arg) -> tuple[int, int]:
     if type(arg) is int and 0 <= arg <= _WORD:
         return 0, arg
-    return _digest(type(arg).__name__, repr(arg))
+    try:
+        return _encode_value(type(arg), arg)
+    except TypeError:  # unhashable: digest its repr every time
+        return _digest(type(arg).__name__, repr(arg))
+
+
+@functools.lru_cache(maxsize=4096)
+def _encode_value(kind: type, arg) -> tuple[int, int]:
+    # Keyed by type and value, so the repr (most of the cost) is made once per
+    # shape or dtype. Shapes reach here as tuples of ints (vmem._shape_of), so
+    # hash-equal values of other types (1 and True) never share an entry.
+    return _digest(kind.__name__, repr(arg))
 
 
 @functools.lru_cache(maxsize=4096)  # programs use few distinct shapes and dtypes, often

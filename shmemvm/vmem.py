@@ -7,13 +7,14 @@ that view the blocks without copying.
 Ownership. A block's memory is reused only when nothing views it any more:
 every tensor handed out (and every view torch makes of it, which shares its
 storage) and every registered extra view (the symmetric heap's ptr() views)
-keeps the block allocated. The death of each such storage is observed with a
-weakref finalizer on the storage's Python object, which torch keeps alive for
-exactly as long as the storage itself lives. Finalizers only append to a
-deque (no lock, no I/O, safe from any thread and from the garbage collector);
-the bookkeeping runs at the next call. A finalizer is not run at interpreter
-exit (atexit=False), so nothing calls back into a half-torn-down interpreter;
-this is why no DLPack deleter (which would need a compiled callback) is used.
+keeps the block allocated. The death of each such storage is observed by a
+weak reference with a callback (a "watch") on the storage's Python object,
+which torch keeps alive for exactly as long as the storage itself lives. The
+callback only appends to a deque (no lock, no I/O, safe from any thread and
+from the garbage collector); the bookkeeping runs at the next call. During
+interpreter teardown it does nothing at all, so nothing calls back into a
+half-torn-down interpreter; this is why no DLPack deleter (which would need a
+compiled callback) is used. Dropping a watch disarms it.
 
 free(t) detaches `t` itself (it becomes an empty tensor) and releases the
 block at once when no other view exists; otherwise the block is *deferred*:
@@ -29,10 +30,11 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,6 +47,10 @@ from .errors import FreedTensorError, ShmemError
 log = logging.getLogger("shmemvm")
 
 _OWN, _VIEW = 0, 1   # what died: the block's own storage, or a registered view
+
+#: closed allocators whose memory tensors still view: held here until the last
+#: view dies, since otherwise nothing outside holds them, their watches included
+_LINGERING: set = set()
 
 
 def _shape_of(shape) -> tuple[int, ...]:
@@ -102,33 +108,50 @@ _HELD_ALONE = _calibrate()
 
 
 class _Mailbox:
-    """Where finalizers report dead storages. Kept apart from the allocator so
-    that a finalizer never keeps the allocator alive; after close() it also
-    drives the release of memory that was still viewed then."""
+    """Where watches report dead storages. Kept apart from the allocator so
+    that a watch never keeps the allocator alive; after close() it also drives
+    the release of memory that was still viewed then."""
 
     def __init__(self):
-        self.events: deque[tuple[int, int, int]] = deque()
-        self.after_close = None   # called after each post once the allocator is closed
+        self.events: deque[_Watch] = deque()
+        self.after_close = None   # called after each death once the allocator is closed
 
-    def post(self, offset: int, serial: int, kind: int) -> None:
-        self.events.append((offset, serial, kind))
+    def died(self, watch: "_Watch") -> None:
+        if sys.is_finalizing():
+            return  # interpreter teardown: the process gives everything back
+        self.events.append(watch)
         if self.after_close is not None:
             self.after_close()
+
+
+class _Watch(weakref.ref):
+    """A weak reference to a storage that views a block (its own, or a ptr()
+    view), which reports the storage's death to the mailbox. Cheaper than
+    weakref.finalize, and dropping the watch disarms it."""
+
+    __slots__ = ("offset", "serial", "kind")
+
+    def __new__(cls, storage, mailbox: _Mailbox, offset: int, serial: int, kind: int):
+        watch = super().__new__(cls, storage, mailbox.died)
+        watch.offset, watch.serial, watch.kind = offset, serial, kind
+        return watch
+
+    def __init__(self, storage, mailbox, offset, serial, kind):
+        super().__init__(storage, mailbox.died)
 
 
 @dataclass(eq=False)
 class _Record:
     """An allocated block and what views it on this process."""
     block: Block
-    storage: weakref.ref          # the block's own storage
-    finalizer: weakref.finalize
+    storage: _Watch               # the block's own storage
     own_alive: bool = True
-    views: int = 0                # registered extra views alive (ptr views)
+    views: set = field(default_factory=set)  # watches of registered views (ptr views) alive
     freed: bool = False           # free()d: no longer a symmetric tensor, maybe still viewed
 
     @property
     def viewed(self) -> bool:
-        return self.own_alive or self.views > 0
+        return self.own_alive or bool(self.views)
 
 
 class Retirement:
@@ -149,7 +172,7 @@ class Retirement:
             self.detached = True
         except RuntimeError:  # e.g. a tensor that requires grad: leave it as it is
             self.detached = False
-        self.alone = self.detached and record.views == 0 and _only_holder(self.storage)
+        self.alone = self.detached and not record.views and _only_holder(self.storage)
 
     def restore(self) -> None:
         if self.detached and self.storage is not None:
@@ -303,6 +326,7 @@ class VMemPow2Allocator:
                 log.debug("heap at %#x closed with %d segment(s) still viewed; they are "
                           "released when their last view dies", self.base, len(kept))
                 self._mailbox.after_close = self._drain_after_close
+                _LINGERING.add(self)
             else:
                 self._finish_close()
         self._drain_after_close()  # views that died meanwhile
@@ -380,9 +404,7 @@ class VMemPow2Allocator:
         Deterministic, so PEs whose backing succeeded can mirror a PE whose
         backing failed and stay identical."""
         with self._lock:
-            record = self._records.pop(block.offset, None)
-            if record is not None:
-                record.finalizer.detach()
+            self._records.pop(block.offset, None)  # its watch goes with it
             self._core.free(block.offset)
             for segment in created:
                 if self._core.is_cached(segment.offset):
@@ -392,11 +414,9 @@ class VMemPow2Allocator:
     def tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The block's own tensor; its storage's life decides the block's."""
         tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
-        storage = tensor.untyped_storage()
-        finalizer = weakref.finalize(storage, self._mailbox.post, block.offset, block.serial, _OWN)
-        finalizer.atexit = False
+        watch = _Watch(tensor.untyped_storage(), self._mailbox, block.offset, block.serial, _OWN)
         with self._lock:
-            self._records[block.offset] = _Record(block, weakref.ref(storage), finalizer)
+            self._records[block.offset] = _Record(block, watch)
         return tensor
 
     def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor:
@@ -407,10 +427,8 @@ class VMemPow2Allocator:
             if record is None or record.block.serial != block.serial or record.freed:
                 raise FreedTensorError(f"the block at heap offset {block.offset:#x} was freed "
                                        f"while a view of it was being made")
-            finalizer = weakref.finalize(view.untyped_storage(), self._mailbox.post,
-                                         block.offset, block.serial, _VIEW)
-            finalizer.atexit = False
-            record.views += 1
+            record.views.add(_Watch(view.untyped_storage(), self._mailbox, block.offset,
+                                    block.serial, _VIEW))
         return view
 
     def retire(self, tensor: torch.Tensor) -> Retirement:
@@ -426,7 +444,7 @@ class VMemPow2Allocator:
         with self._lock:
             self._records[offset].freed = True
             if release_now:
-                self.release(offset)           # its finalizer is detached first
+                self.release(offset)           # its watch goes first: no report
                 retirement.storage = None
             else:
                 retirement.storage = None      # our reference: the storage may die here
@@ -437,7 +455,7 @@ class VMemPow2Allocator:
         size class, same place); only when nothing viewed the old tensor anywhere."""
         offset = retirement.block.offset
         with self._lock:
-            self._records.pop(offset).finalizer.detach()
+            del self._records[offset]          # its watch goes first: no report
             retirement.storage = None
             return self.tensor_for(self._core.resize(offset, nbytes), dims, dtype)
 
@@ -454,8 +472,7 @@ class VMemPow2Allocator:
     def release(self, offset: int) -> Block:
         """Give the block back to the allocator (its segment is cached)."""
         with self._lock:
-            record = self._records.pop(offset)
-            record.finalizer.detach()
+            del self._records[offset]          # with its watches: they report nothing
             self._dead.discard(offset)
             return self._core.free(offset)
 
@@ -470,17 +487,18 @@ class VMemPow2Allocator:
                              "create a new one to allocate again")
 
     def _absorb_events(self) -> None:
-        """Apply the finalizers' reports (under the lock)."""
+        """Apply the watches' reports (under the lock)."""
         events = self._mailbox.events
         while events:
-            offset, serial, kind = events.popleft()
-            record = self._records.get(offset)
-            if record is None or record.block.serial != serial:
+            watch = events.popleft()
+            record = self._records.get(watch.offset)
+            if record is None or record.block.serial != watch.serial:
                 continue  # a block released since (explicit free with no other view)
-            if kind == _OWN:
+            if watch.kind == _OWN:
                 record.own_alive = False
             else:
-                record.views -= 1
+                record.views.discard(watch)
+            offset = watch.offset
             if not record.viewed:
                 self._dead.add(offset)
 
@@ -494,7 +512,7 @@ class VMemPow2Allocator:
 
     def _drain_after_close(self) -> None:
         """After close: release what the views that died leave unviewed. Runs
-        from finalizers, in any thread; a drainer already at work (this thread
+        from watches' callbacks, in any thread; a drainer already at work (this thread
         inside the garbage collector, or another) picks the events up."""
         if self._mailbox.after_close is None:
             return
@@ -517,9 +535,8 @@ class VMemPow2Allocator:
                 self._drain_lock.release()
 
     def _finish_close(self) -> None:
-        for record in self._records.values():
-            record.finalizer.detach()
-        self._records.clear()
+        _LINGERING.discard(self)
+        self._records.clear()  # with their watches
         self._dead.clear()
         self._mailbox.events.clear()
         for listener in self.close_listeners:
