@@ -28,7 +28,7 @@ from mpi4py import MPI
 from . import atomics, collectives, strided, sync, thread_levels
 from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate, parse_timeout
 from .allocator import Block
-from .config import parse_size, setting
+from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
                      SymmetryError, UnsupportedError)
 from .exchange import Exchange
@@ -88,7 +88,7 @@ class SymmetricHeap:
                                                release_dead=False,
                                                local_rank=self.node.Get_rank())
                 self.backend = self.local.backend
-                _note_rounding(heap_size, self.local.heap_size, self.backend, self.my_pe)
+                _note_rounding(heap_size, self.local, self.my_pe)
                 call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
                              self.backend.name)
                 call.text = (f"init(heap_size={self.local.heap_size}, backend="
@@ -340,11 +340,10 @@ class SymmetricHeap:
         try:
             with self._lock:
                 try:
-                    self.local.block_of(tensor)  # a live symmetric tensor, or the error
+                    retirement = self.local.retire(tensor)  # undone below if anything fails
+                    block = retirement.block
                     dtype = tensor.dtype
                     (count,), new_bytes = tensor_nbytes(_whole_elements(nbytes, dtype), dtype)
-                    retirement = self.local.retire(tensor)
-                    block = retirement.block
                     call.args = (block.offset, new_bytes, dtype)
                     call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
                 except (TypeError, ValueError, FreedTensorError) as exc:
@@ -855,13 +854,14 @@ class SymmetricHeap:
         self.finalize()
 
 
-def _note_rounding(heap_size, budget: int, backend, pe: int) -> None:
+def _note_rounding(heap_size, local: VMemPow2Allocator, pe: int) -> None:
     """Say (INFO, once: PE 0) where the heap size was rounded up to the granularity."""
-    requested = parse_size(setting("SHMEMVM_HEAP_SIZE", heap_size))
-    if budget != requested and pe == 0:
+    if local.heap_size != local.requested_size and pe == 0:
+        backend = local.backend
         log.info("shmemvm: heap_size %d (%r) rounded up to %d bytes, a multiple of the %s "
-                 "backend's granularity %d", requested, heap_size if heap_size is not None
-                 else setting("SHMEMVM_HEAP_SIZE"), budget, backend.name, backend.granularity)
+                 "backend's granularity %d", local.requested_size, heap_size
+                 if heap_size is not None else setting("SHMEMVM_HEAP_SIZE"), local.heap_size,
+                 backend.name, backend.granularity)
 
 
 def _node_split(value) -> int | None:

@@ -199,6 +199,8 @@ class VMemPow2Allocator:
         self.backend = create_backend(backend, **backend_options)
         granularity = self.backend.granularity
         requested = parse_size(setting("SHMEMVM_HEAP_SIZE", heap_size))
+        #: the size asked for, before rounding up to the granularity
+        self.requested_size = requested
         if requested <= 0:
             raise ValueError(f"heap size must be positive, got {requested}")
         budget = -(-requested // granularity) * granularity
@@ -318,10 +320,7 @@ class VMemPow2Allocator:
                 return
             self.closed = True
             self._absorb_events()
-            kept = self._viewed_segments()
-            for segment in self._core.segments():
-                if segment.offset not in kept:
-                    self._unback(segment)
+            kept = self._unback_unviewed()
             if kept:
                 log.debug("heap at %#x closed with %d segment(s) still viewed; they are "
                           "released when their last view dies", self.base, len(kept))
@@ -507,8 +506,14 @@ class VMemPow2Allocator:
             for offset in self.take_dead():
                 self.release(offset)
 
-    def _viewed_segments(self) -> set[int]:
-        return {r.block.segment.offset for r in self._records.values() if r.viewed}
+    def _unback_unviewed(self) -> set[int]:
+        """After close: unmap every backed segment no live view needs; returns
+        the offsets of those still kept."""
+        kept = {r.block.segment.offset for r in self._records.values() if r.viewed}
+        for segment in self._core.segments():
+            if segment.offset not in kept and segment.offset in self._handles:
+                self._unback(segment)
+        return kept
 
     def _drain_after_close(self) -> None:
         """After close: release what the views that died leave unviewed. Runs
@@ -524,11 +529,7 @@ class VMemPow2Allocator:
                     self._absorb_events()
                     for offset in [o for o, r in self._records.items() if not r.viewed]:
                         del self._records[offset]
-                    kept = self._viewed_segments()
-                    for segment in self._core.segments():
-                        if segment.offset not in kept and segment.offset in self._handles:
-                            self._unback(segment)
-                    if not kept:
+                    if not self._unback_unviewed():
                         self._mailbox.after_close = None
                         self._finish_close()
             finally:

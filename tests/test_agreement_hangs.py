@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from util import clean_env, mpiexec, run_jobs
+from util import REPO, clean_env, mpiexec, run_jobs
 
-REPO = Path(__file__).resolve().parent.parent
 HELPER = REPO / "tests" / "helpers" / "agreement_hang.py"
 TIMEOUT = 2.0          # SHMEMVM_TIMEOUT of the jobs
 MARGIN = 2.0           # scheduling slack on 2 cores with 6 processes

@@ -45,11 +45,10 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import FreedTensorError, ShmemError, SymmetricHeap
-from util import clean_env, mpiexec, run_jobs
+from util import REPO, clean_env, mpiexec, run_jobs
 
 comm = MPI.COMM_WORLD
 mpi = pytest.mark.mpi
-REPO = Path(__file__).resolve().parent.parent
 HELPER = REPO / "tests" / "helpers" / "ownership_scenarios.py"
 JOB_LIMIT = 150          # seconds for one helper job
 
