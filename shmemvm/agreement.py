@@ -90,7 +90,12 @@ _COUNTED = frozenset(p for p in Phase if Phase.INIT < p < 100)
 
 #: argument slots of a call; each takes two words of the allreduce
 N_ARGS = 5
-_ZEROS = bytes(8 * (2 * (3 + 2 * N_ARGS) + 2))   # an empty receive vector
+#: the allreduce vector (Call.vector): phase, 1 + 2 * N_ARGS words, step number; the
+#: same negated; the flag and the dead flag
+_COMPARED = 3 + 2 * N_ARGS
+_SEQ, _NEG_SEQ = _COMPARED - 1, 2 * _COMPARED - 1
+_FLAG_SLOT, _DEAD_SLOT = 2 * _COMPARED, 2 * _COMPARED + 1
+_ZEROS = bytes(8 * (2 * _COMPARED + 2))   # an empty receive vector
 _WORD = (1 << 63) - 1          # largest value whose negation fits an int64 too
 
 
@@ -113,14 +118,53 @@ class Call:
         slots); all -1 where the call could not be formed."""
         if self.error is not None:  # never a valid encoding: every word of one is >= 0
             return [-1] * (1 + 2 * N_ARGS)
-        if not self.args:
-            return [0] * (1 + 2 * N_ARGS)
-        if len(self.args) > N_ARGS:
-            raise ValueError(f"at most {N_ARGS} agreed arguments, got {self.args!r}")
-        out = [len(self.args)]
-        for arg in self.args:
-            out.extend(_encode(arg))
-        return out + [0] * (1 + 2 * N_ARGS - len(out))
+        return list(_arguments(self.args))
+
+    def vector(self) -> array.array:
+        """What collective() reduces with MAX, less the step number and the
+        flags (zeros): the phase, the words, a slot for the step number, the
+        same negated, then the two flag slots (_SEND_LENGTH in all). A copy of
+        a cached array: callers fill in the slots."""
+        if self.error is not None:
+            return _REJECTED[int(self.phase)][:]
+        try:
+            return _vector(self.phase, self.args, tuple(map(type, self.args)))[:]
+        except TypeError:  # an unhashable argument: encoded every time
+            return _make_vector(int(self.phase), _arguments(self.args))
+
+
+def _make_vector(phase: int, words: tuple) -> array.array:
+    head = (phase, *words, 0)
+    return array.array("q", (*head, *(-w for w in head), 0, 0))
+
+
+def _arguments(args: tuple) -> tuple:
+    """The encoding of words()."""
+    if len(args) > N_ARGS:
+        raise ValueError(f"at most {N_ARGS} agreed arguments, got {args!r}")
+    out = [len(args)]
+    for arg in args:
+        out.extend(_encode(arg))
+    return tuple(out + [0] * (1 + 2 * N_ARGS - len(out)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _vector(phase: Phase, args: tuple, kinds: tuple) -> array.array:
+    # Keyed by the phase and the arguments' values: a program repeats the same
+    # few calls (malloc of one size, free at a few offsets), so each is encoded
+    # once. 1, True and 1.0 are equal keys but encode differently: `kinds`
+    # (the arguments' types) keeps them apart.
+    return _make_vector(int(phase), _arguments(args))
+
+
+class _RejectedVectors(dict):
+    """phase -> the vector of a call that could not be formed (words all -1)."""
+    def __missing__(self, phase: int) -> array.array:
+        self[phase] = vector = _make_vector(phase, (-1,) * (1 + 2 * N_ARGS))
+        return vector
+
+
+_REJECTED = _RejectedVectors()
 
 
 def _encode(arg) -> tuple[int, int]:
@@ -264,19 +308,22 @@ class Agreement:
         self.seq += 1
         if call.phase in _COUNTED:
             self.calls += 1
-        compared = [int(call.phase), self.seq] + call.words()
         # MAX of v and of -v gives the max and minus the min of each word at once
-        send = array.array("q", compared)
-        send.extend([-v for v in compared])
-        send.append(-1 if flag else 0)
-        send.append(-1 if dead else 0)
-        recv = array.array("q", _ZEROS[:8 * len(send)])
+        send = call.vector()
+        send[_SEQ] = self.seq
+        send[_NEG_SEQ] = -self.seq
+        send[_FLAG_SLOT] = -1 if flag else 0
+        send[_DEAD_SLOT] = -1 if dead else 0
+        recv = array.array("q", _ZEROS)
         self.wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), lambda: self.describe(call))
-        n = len(compared)
-        if sum(recv[:2 * n]):  # a sum of (max - min) >= 0 terms: 0 iff every word agrees
+        everywhere, dead_everywhere = recv[_FLAG_SLOT] == -1, recv[_DEAD_SLOT] == -1
+        # Every word agrees iff its max is this PE's word and its -min this PE's
+        # negated word: then the vectors are equal, once the flags are.
+        recv[_FLAG_SLOT], recv[_DEAD_SLOT] = send[_FLAG_SLOT], send[_DEAD_SLOT]
+        if recv != send:
             self._raise_mismatch(call, self.describe(call))
-        outcome = _FLAG[recv[2 * n] == -1]
-        if recv[2 * n + 1] == -1:  # every PE has something dead
+        outcome = _FLAG[everywhere]
+        if dead_everywhere:
             released = self._release_dead(dead, self.describe(call))
             if released:
                 outcome = Outcome(outcome.flag_everywhere, released)

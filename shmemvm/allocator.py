@@ -145,6 +145,15 @@ class Pow2Allocator:
         self._small = Buddy(min_block.bit_length() - 1, self._g_order)
         self._segments: dict[int, Segment] = {}      # every backed segment
         self._small_users: dict[int, int] = {}      # small segment -> live blocks in it
+        # Freed small blocks not yet merged back, by order, last freed on top: a
+        # malloc of a size just freed takes it back at once, without splitting
+        # and merging a chunk every time. A chunk whose blocks are all free
+        # (its users 0) is "idle": counted as cached at once, and moved to the
+        # segment cache when the quick lists are merged (_flush_quick: before
+        # any new or evicted segment, at trim, or when they grow too long).
+        self._quick: list[list[int]] = [[] for _ in range(self._g_order)]
+        self._quick_blocks = 0
+        self._idle: dict[int, None] = {}  # idle chunks, in the order they became idle
         self._cache: OrderedDict[int, Segment] = OrderedDict()  # freed, still backed; oldest first
         self._cache_by_size: dict[int, list[int]] = {}  # size -> heap of cached offsets
         self._generations: dict[int, int] = {}
@@ -180,7 +189,7 @@ class Pow2Allocator:
         return [self._segments[o] for o in sorted(self._segments)]
 
     def is_cached(self, offset: int) -> bool:
-        return offset in self._cache
+        return offset in self._cache or offset in self._idle
 
     def size_class(self, nbytes: int) -> int:
         return max(self.min_block, next_pow2(nbytes))
@@ -188,8 +197,9 @@ class Pow2Allocator:
     def state(self) -> tuple:
         """Everything that decides future answers, for comparing allocators."""
         return (sorted(self._va.free.items()), sorted(self._small.free.items()),
-                tuple(self._cache), sorted(self._blocks), sorted(self._segments),
-                self.backed_bytes)
+                tuple(map(tuple, self._quick)), tuple(self._idle), tuple(self._cache),
+                sorted(self._blocks),
+                sorted(self._segments), self.backed_bytes)
 
     # -- requests -------------------------------------------------------------
     def allocate(self, nbytes: int) -> tuple[Block, list[Segment]]:
@@ -204,13 +214,24 @@ class Pow2Allocator:
             offset = segment.offset
         else:
             order = size.bit_length() - 1
-            offset = self._small.take(order)
-            if offset is None:
-                chunk = self._take_segment(self.granularity, nbytes, created)
-                self._small_users[chunk.offset] = 0
-                self._small.add(chunk.offset, self._g_order)
+            quick = self._quick[order]
+            if quick:
+                offset = quick.pop()
+                self._quick_blocks -= 1
+            else:
                 offset = self._small.take(order)
+                if offset is None and self._quick_blocks:
+                    self._flush_quick()
+                    offset = self._small.take(order)
+                if offset is None:
+                    chunk = self._take_segment(self.granularity, nbytes, created)
+                    self._small_users[chunk.offset] = 0
+                    self._small.add(chunk.offset, self._g_order)
+                    offset = self._small.take(order)
             chunk_offset = offset & ~(self.granularity - 1)
+            if chunk_offset in self._idle:  # in use again
+                del self._idle[chunk_offset]
+                self.cached_bytes -= self.granularity
             self._small_users[chunk_offset] += 1
             segment = self._segments[chunk_offset]
         self._serial += 1
@@ -229,13 +250,15 @@ class Pow2Allocator:
         if block.size >= self.granularity:
             self._cache_segment(block.segment)
         else:
-            self._small.add(offset, block.size.bit_length() - 1)
+            self._quick[block.size.bit_length() - 1].append(offset)
+            self._quick_blocks += 1
             chunk = block.segment.offset
             self._small_users[chunk] -= 1
             if self._small_users[chunk] == 0:
-                del self._small_users[chunk]
-                self._small.remove(chunk, self._g_order)
-                self._cache_segment(block.segment)
+                self._idle[chunk] = None
+                self.cached_bytes += self.granularity
+            if self._quick_blocks > _QUICK_LIMIT:
+                self._flush_quick()
         return block
 
     def resize(self, offset: int, nbytes: int) -> Block:
@@ -251,6 +274,7 @@ class Pow2Allocator:
 
     def trim(self) -> int:
         """Evict every cached segment; returns the bytes given back."""
+        self._flush_quick()
         before = self.cached_bytes
         while self._cache:
             self._evict_oldest()
@@ -258,6 +282,8 @@ class Pow2Allocator:
 
     def evict(self, offset: int) -> None:
         """Evict one cached segment (e.g. one that could not be backed)."""
+        if offset in self._idle:
+            self._flush_quick()
         segment = self._cache.pop(offset)
         self._release(segment)
 
@@ -269,6 +295,9 @@ class Pow2Allocator:
     # -- internals --------------------------------------------------------------
     def _take_segment(self, size: int, nbytes: int, created: list[Segment]) -> Segment:
         cached = self._pop_cached(size)
+        if cached is None and self._quick_blocks:  # chunks they free may be cached now
+            self._flush_quick()
+            cached = self._pop_cached(size)
         if cached is not None:
             return cached
         live_segment_bytes = self.backed_bytes - self.cached_bytes
@@ -291,6 +320,21 @@ class Pow2Allocator:
         self.backed_bytes += size
         created.append(segment)
         return segment
+
+    def _flush_quick(self) -> None:
+        """Merge the quick lists' blocks into the buddy system and move the idle
+        chunks, whole again, to the segment cache (in the order they became idle)."""
+        for order, quick in enumerate(self._quick):
+            for offset in quick:
+                self._small.add(offset, order)
+            quick.clear()
+        self._quick_blocks = 0
+        for chunk in self._idle:
+            del self._small_users[chunk]
+            self._small.remove(chunk, self._g_order)
+            self.cached_bytes -= self.granularity  # counted again by _cache_segment
+            self._cache_segment(self._segments[chunk])
+        self._idle.clear()
 
     def _pop_cached(self, size: int) -> Segment | None:
         heap = self._cache_by_size.get(size)
@@ -326,6 +370,10 @@ class Pow2Allocator:
                 f"heap size {format_bytes(self.budget)}, {format_bytes(live)} held by "
                 f"{len(self._blocks)} live allocations, {format_bytes(self.cached_bytes)} "
                 f"cached. Free tensors, or raise the heap size (heap_size= or SHMEMVM_HEAP_SIZE)")
+
+
+#: freed small blocks kept unmerged (quick lists) before they are all merged
+_QUICK_LIMIT = 256
 
 
 def _check_size(nbytes) -> int:

@@ -610,3 +610,48 @@ def test_seeded_soak_keeps_invariants_and_never_exceeds_budget():
             check_consistent(alloc, live)
     check_consistent(alloc, live)
     assert ooms > 0, "the soak should reach the budget at least once"
+
+
+# -- quick lists: a freed small block is taken back without splitting and merging
+def test_a_freed_small_block_is_taken_back_at_once_and_its_idle_chunk_counts_as_cached():
+    alloc = make()
+    a, created = alloc.allocate(100)
+    alloc.free(a.offset)
+    chunk = created[0].offset
+    assert alloc.is_cached(chunk) and alloc.cached_bytes == G   # idle: counted as cached
+    b, created2 = alloc.allocate(100)
+    assert created2 == [] and b.offset == a.offset and b.segment == a.segment
+    assert not alloc.is_cached(chunk) and alloc.cached_bytes == 0
+    alloc.free(b.offset)
+    assert alloc.trim() == G and [s.offset for s in alloc.take_released()] == [chunk]
+    assert alloc.backed_bytes == alloc.cached_bytes == 0 and alloc.segments() == []
+
+
+def test_an_idle_chunk_is_evicted_when_the_budget_needs_its_memory():
+    alloc = make(budget=2 * G)
+    small, _ = alloc.allocate(100)
+    alloc.free(small.offset)                       # idle chunk: G cached
+    big, created = alloc.allocate(2 * G)           # needs the whole budget
+    assert [s.size for s in created] == [2 * G]
+    assert [s.offset for s in alloc.take_released()] == [small.segment.offset]
+    assert alloc.backed_bytes == 2 * G and alloc.cached_bytes == 0
+
+
+def test_an_idle_chunk_can_be_evicted_by_offset():
+    alloc = make()
+    small, created = alloc.allocate(100)
+    alloc.free(small.offset)
+    alloc.evict(created[0].offset)                 # as undo_allocation does
+    assert alloc.take_released() == created and alloc.backed_bytes == alloc.cached_bytes == 0
+
+
+def test_many_freed_small_blocks_are_merged_and_their_chunks_cached():
+    alloc = make(budget=16 * G, va_size=64 * G)
+    blocks = [alloc.allocate(64)[0] for _ in range(600)]      # 10 chunks of 64 blocks
+    chunks = sorted({b.segment.offset for b in blocks})
+    for block in blocks:
+        alloc.free(block.offset)
+    assert all(alloc.is_cached(c) for c in chunks) and alloc.cached_bytes == len(chunks) * G
+    # after the merge every chunk is whole again: one of them serves a whole-granularity segment
+    seg, created = alloc.allocate(G)
+    assert created == [] and seg.offset in chunks
