@@ -95,6 +95,7 @@ FORWARDED = (
     "malloc", "empty", "zeros", "calloc", "realloc", "free",
     # one-sided access and its completion
     "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
+    "heap_bases",
     # synchronisation and state
     "barrier_all", "sync_all", "heap_info", "query_thread",
     # atomics, point-to-point synchronisation, signals (atomics.py)
