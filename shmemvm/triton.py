@@ -255,8 +255,9 @@ def atomic_cas(pointer, cmp, val, from_rank, to_rank, heap_bases, sem=None, scop
     Raises:
         Nothing at run time.
     """
-    return tl.atomic_cas(translate(pointer, from_rank, to_rank, heap_bases), cmp, val,
-                         sem=sem, scope=scope)
+    element = pointer.dtype.element_ty   # tl.atomic_cas wants cmp and val of that type
+    return tl.atomic_cas(translate(pointer, from_rank, to_rank, heap_bases),
+                         tl.cast(cmp, element), tl.cast(val, element), sem=sem, scope=scope)
 
 
 @triton.jit
