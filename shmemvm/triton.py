@@ -43,9 +43,11 @@ CMP_GT, CMP_GE, CMP_LT or CMP_LE (tl.constexpr).
 
 Backends. Nothing here is NVIDIA-specific: no inline assembly or externs, only
 tl.load/tl.store/tl.atomic_* and pointer arithmetic, which Triton's ROCm
-backend compiles as well. It was run on NVIDIA H200s (CUDA) and in Triton's
-interpreter (TRITON_INTERPRET=1) over the host heap; on AMD GPUs it is written
-for Triton's ROCm backend but has not been run there.
+backend compiles as well. The tests run it in Triton's interpreter
+(TRITON_INTERPRET=1) over the host heap, compile it for sm_90 (H100/H200) and
+gfx942 (MI300), and run it on NVIDIA GPUs (tests/test_gpu_triton.py); on AMD
+GPUs it is written for, and compiles with, Triton's ROCm backend, but has not
+been run there.
 
 TRITON_INTERPRET=1 must be set before this module is imported (Triton reads
 it when these functions are decorated); the interpreter addresses raw
@@ -84,7 +86,7 @@ CMP_LE = tl.constexpr(5)
 
 # -- addressing -----------------------------------------------------------------------
 @triton.jit
-def translate(ptr, from_rank, to_rank, heap_bases):
+def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None):
     """`ptr` (a pointer or block of pointers into PE `from_rank`'s heap, as
     mapped in this process) as the same place in PE `to_rank`'s heap.
 
@@ -94,6 +96,10 @@ def translate(ptr, from_rank, to_rank, heap_bases):
         from_rank: the PE `ptr` belongs to.
         to_rank: the PE to translate to.
         heap_bases: SymmetricHeap.heap_bases() (int64, one entry per PE).
+        hint: None, or a constexpr n: the translated block is n contiguous
+            elements starting at a multiple of n (tl.multiple_of and
+            tl.max_contiguous), which the compiler cannot see through the
+            integer arithmetic and needs for vector loads and stores.
 
     Returns:
         Pointer(s) of ptr's type into PE `to_rank`'s heap.
@@ -106,12 +112,15 @@ def translate(ptr, from_rank, to_rank, heap_bases):
     to_base = tl.load(heap_bases + to_rank)
     offset = tl.cast(ptr, tl.uint64) - from_base      # bytes into the heap
     moved = tl.cast(to_base, tl.pointer_type(tl.int8)) + offset
-    return tl.cast(moved, ptr.dtype)
+    moved = tl.cast(moved, ptr.dtype)
+    if hint is not None:
+        moved = tl.max_contiguous(tl.multiple_of(moved, hint), hint)
+    return moved
 
 
 # -- loads and stores -----------------------------------------------------------------
 @triton.jit
-def load(pointer, to_rank, from_rank, heap_bases, mask=None):
+def load(pointer, to_rank, from_rank, heap_bases, mask=None, hint: tl.constexpr = None):
     """Load PE `from_rank`'s copy of `pointer` (Iris's argument order).
 
     Args:
@@ -120,6 +129,7 @@ def load(pointer, to_rank, from_rank, heap_bases, mask=None):
         from_rank: the PE to read from.
         heap_bases: SymmetricHeap.heap_bases().
         mask: where False, nothing is read (the result is undefined there).
+        hint: as translate's (an extension of Iris's signature).
 
     Returns:
         The loaded block.
@@ -127,11 +137,11 @@ def load(pointer, to_rank, from_rank, heap_bases, mask=None):
     Raises:
         Nothing at run time.
     """
-    return tl.load(translate(pointer, to_rank, from_rank, heap_bases), mask=mask)
+    return tl.load(translate(pointer, to_rank, from_rank, heap_bases, hint), mask=mask)
 
 
 @triton.jit
-def store(pointer, value, from_rank, to_rank, heap_bases, mask=None):
+def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
     """Store `value` into PE `to_rank`'s copy of `pointer`.
 
     Args:
@@ -141,6 +151,7 @@ def store(pointer, value, from_rank, to_rank, heap_bases, mask=None):
         to_rank: the PE to write to.
         heap_bases: SymmetricHeap.heap_bases().
         mask: where False, nothing is written.
+        hint: as translate's (an extension of Iris's signature).
 
     Returns:
         None.
@@ -148,11 +159,11 @@ def store(pointer, value, from_rank, to_rank, heap_bases, mask=None):
     Raises:
         Nothing at run time.
     """
-    tl.store(translate(pointer, from_rank, to_rank, heap_bases), value, mask=mask)
+    tl.store(translate(pointer, from_rank, to_rank, heap_bases, hint), value, mask=mask)
 
 
 @triton.jit
-def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
+def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
     """Copy PE `from_rank`'s copy of `from_ptr` into local `to_ptr`.
 
     Args:
@@ -162,6 +173,7 @@ def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
         to_rank: this PE.
         heap_bases: SymmetricHeap.heap_bases().
         mask: where False, nothing is read or written.
+        hint: as translate's (an extension of Iris's signature).
 
     Returns:
         None.
@@ -169,12 +181,12 @@ def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
     Raises:
         Nothing at run time.
     """
-    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases), mask=mask)
+    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases, hint), mask=mask)
     tl.store(to_ptr, data, mask=mask)
 
 
 @triton.jit
-def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
+def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
     """Copy local `from_ptr` into PE `to_rank`'s copy of `to_ptr`.
 
     Args:
@@ -184,6 +196,7 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
         to_rank: the PE to write to.
         heap_bases: SymmetricHeap.heap_bases().
         mask: where False, nothing is read or written.
+        hint: as translate's (an extension of Iris's signature).
 
     Returns:
         None.
@@ -192,7 +205,7 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
         Nothing at run time.
     """
     data = tl.load(from_ptr, mask=mask)
-    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases), data, mask=mask)
+    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask)
 
 
 # -- atomics (each returns the values before the operation) ------------------------------
