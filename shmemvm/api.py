@@ -112,7 +112,7 @@ FORWARDED = (
     "test_all_vector", "test_any_vector", "test_some_vector",
     "iput", "iget",
     # collectives (collectives.py)
-    "broadcast", "fcollect", "reduce", "alltoall",
+    "broadcast", "fcollect", "reduce", "alltoall", "all_reduce",
 )
 globals().update({_name: _forward(_name) for _name in FORWARDED})
 

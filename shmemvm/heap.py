@@ -832,6 +832,7 @@ class SymmetricHeap:
     fcollect = collectives.fcollect
     reduce = collectives.reduce
     alltoall = collectives.alltoall
+    all_reduce = collectives.all_reduce
 
     # -- lifetime -----------------------------------------------------------------
     def _check_usable(self) -> None:
