@@ -33,6 +33,13 @@ except ImportError as exc:  # atomics.py turns this into UnsupportedError
                       "(or pip install shmemvm[triton])") from exc
 
 from . import triton as sv
+from .errors import UnsupportedError
+
+
+def _interpreted() -> bool:
+    """Whether the kernels were made for Triton's interpreter (TRITON_INTERPRET=1
+    when this module was imported), the only way they run on host memory."""
+    return type(_atomic).__name__ == "InterpretedFunction"
 
 #: operations of the kernel (tl.constexpr codes)
 FETCH, ADD, XCHG, AND, OR, XOR, CAS = range(7)
@@ -99,6 +106,10 @@ def apply(heap, dest: torch.Tensor, pe: int, op: str, value=0, cond=0):
         dest's value on PE `pe` before the operation, as a Python int (float
         for float targets).
     """
+    if dest.device.type == "cpu" and not _interpreted():
+        raise UnsupportedError(
+            "atomics as Triton kernels on host memory need Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before shmemvm is imported (or keep the memory MPI-reachable)")
     bits_dtype = _BITS[dest.dtype][0]
     target = dest.reshape(1).view(bits_dtype)
     args = torch.tensor([_to_bits(value, dest.dtype), _to_bits(cond, dest.dtype)],
