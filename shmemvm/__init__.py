@@ -10,9 +10,9 @@ from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, Shm
 from .vmem import VMemPow2Allocator
 from .heap import SymmetricHeap
 from .api import (barrier_all, calloc, default_heap, empty, fence, finalize, free, get, get_nbi,
-                  heap_info, init, malloc, my_pe, n_pes, ptr, put, put_nbi, query_thread, quiet,
+                  heap_bases, heap_info, init, malloc, my_pe, n_pes, ptr, put, put_nbi, query_thread, quiet,
                   realloc, sync_all, zeros)
-from .api import (alltoall, atomic_add, atomic_and, atomic_compare_swap, atomic_fetch,
+from .api import (all_reduce, alltoall, atomic_add, atomic_and, atomic_compare_swap, atomic_fetch,
                   atomic_fetch_add, atomic_fetch_and, atomic_fetch_inc, atomic_fetch_or,
                   atomic_fetch_xor, atomic_inc, atomic_or, atomic_set, atomic_swap, atomic_xor,
                   broadcast, fcollect, put_signal, reduce, signal_fetch, signal_wait_until, test,
@@ -33,7 +33,7 @@ __all__ = [
     "Pow2Allocator", "VMemPow2Allocator", "SymmetricHeap",
     "init", "finalize", "default_heap", "my_pe", "n_pes", "malloc", "empty", "zeros", "calloc",
     "realloc", "free", "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
-    "barrier_all", "sync_all", "heap_info", "query_thread",
+    "barrier_all", "sync_all", "heap_info", "heap_bases", "query_thread",
     "THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED", "THREAD_MULTIPLE",
     "ShmemError", "HeapExhaustedError", "SymmetryError", "PeerTimeoutError",
     "UnsupportedError", "FreedTensorError",
@@ -41,7 +41,7 @@ __all__ = [
     "atomic_fetch_inc", "atomic_swap", "atomic_compare_swap", "atomic_fetch_and",
     "atomic_fetch_or", "atomic_fetch_xor", "atomic_and", "atomic_or", "atomic_xor",
     "wait_until", "test", "put_signal", "signal_fetch", "signal_wait_until",
-    "SIGNAL_SET", "SIGNAL_ADD", "broadcast", "fcollect", "reduce", "alltoall",
+    "SIGNAL_SET", "SIGNAL_ADD", "broadcast", "fcollect", "reduce", "alltoall", "all_reduce",
     # OpenSHMEM 1.5 additions
     "atomic_fetch_nbi", "atomic_fetch_add_nbi", "atomic_fetch_inc_nbi", "atomic_swap_nbi",
     "atomic_compare_swap_nbi", "atomic_fetch_and_nbi", "atomic_fetch_or_nbi",

@@ -95,6 +95,7 @@ FORWARDED = (
     "malloc", "empty", "zeros", "calloc", "realloc", "free",
     # one-sided access and its completion
     "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
+    "heap_bases",
     # synchronisation and state
     "barrier_all", "sync_all", "heap_info", "query_thread",
     # atomics, point-to-point synchronisation, signals (atomics.py)
@@ -111,7 +112,7 @@ FORWARDED = (
     "test_all_vector", "test_any_vector", "test_some_vector",
     "iput", "iget",
     # collectives (collectives.py)
-    "broadcast", "fcollect", "reduce", "alltoall",
+    "broadcast", "fcollect", "reduce", "alltoall", "all_reduce",
 )
 globals().update({_name: _forward(_name) for _name in FORWARDED})
 

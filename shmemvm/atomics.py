@@ -32,6 +32,13 @@ of shmemvm forward to those methods: each is written here once.
 The target of an atomic is a one-element view of a symmetric tensor of dtype
 int32, int64 or uint64 (`counter[3]` or `counter[3:4]`).
 
+Device heaps (memory MPI is not given): atomics on PEs of this node run as
+one-program Triton kernels with system-scope atomics on the current stream
+(device_atomics.py), so they are atomic with respect to kernels' atomics of
+system scope; PEs on other nodes cannot be reached. wait_until, test and the
+signal calls poll device memory with such atomic reads, with the same
+deadlines. Requires Triton (pip install triton).
+
 `wait_until`/`test`/`signal_wait_until` read the local variable with an MPI
 atomic fetch (MPI_NO_OP) on this PE: that read is atomic with respect to the
 atomics of other PEs and also sees their plain puts. Polling calls into MPI,
@@ -105,10 +112,10 @@ def _check_dtype(tensor, what: str, role: str, floats: bool = False) -> None:
                     f"those dtypes (e.g. heap.zeros(n, torch.int64))")
 
 
-def _target(heap, dest, pe, what: str, floats: bool = False):
-    """(pe, displacement in pe's window, MPI datatype, typecode, OffNodeWindow) for
-    an atomic on `dest`, or a clear error. `floats`: the operation also takes
-    float32/float64 (FLOAT_OPERATIONS)."""
+def _check_target(heap, dest, pe, what: str, floats: bool = False) -> int:
+    """`pe` as an int after checking `pe` and `dest` (type, dtype, one element),
+    or a clear error. `floats`: the operation also takes float32/float64
+    (FLOAT_OPERATIONS)."""
     pe = heap._check_pe(pe)
     if not isinstance(dest, torch.Tensor):
         raise TypeError(f"{what}: the target must be a one-element view of a symmetric "
@@ -118,6 +125,14 @@ def _target(heap, dest, pe, what: str, floats: bool = False):
         raise ValueError(f"{what}: the target must be one element (a view like counter[3] "
                          f"or counter[3:4]), got shape {tuple(dest.shape)} with "
                          f"{dest.numel()} elements; index the element to update")
+    return pe
+
+
+def _target(heap, dest, pe, what: str, floats: bool = False):
+    """(pe, displacement in pe's window, MPI datatype, typecode, OffNodeWindow) for
+    an atomic on `dest`, or a clear error. `floats`: the operation also takes
+    float32/float64 (FLOAT_OPERATIONS)."""
+    pe = _check_target(heap, dest, pe, what, floats)
     displacement, window = _located(heap, dest, pe, what, "target")
     mpi_type, code = _dtypes(True)[dest.dtype]
     return pe, displacement, mpi_type, code, window
@@ -128,18 +143,51 @@ def _located(heap, tensor, pe: int, what: str, role: str):
     that `tensor` is symmetric, aligned and in memory MPI reaches."""
     heap._symmetric(tensor, f"{role} of {what} (a view of a tensor from this heap's "
                             f"malloc/empty/zeros)")
+    _check_aligned(tensor, what, role)
+    if not heap.backend.mpi_accessible:
+        raise UnsupportedError(
+            f"{what}: this heap holds {heap.backend.name} backend memory on {heap.device}, "
+            f"which shmemvm does not hand to MPI (no GPU-aware MPI is assumed), so PE {pe} "
+            f"on another node cannot be reached by atomics; PEs on this node can (Triton "
+            f"kernels), and a host-backend heap (backend='host') reaches every PE")
+    window = heap.window(what)
+    return window.displacement(tensor, pe), window
+
+
+def _check_aligned(tensor, what: str, role: str) -> None:
     if tensor.data_ptr() % tensor.element_size():
         raise ValueError(f"{what}: the {role} at {tensor.data_ptr():#x} is not aligned to "
                          f"its {tensor.element_size()}-byte element size; use an element of "
                          f"a tensor allocated with dtype {tensor.dtype}")
-    if not heap.backend.mpi_accessible:
-        raise UnsupportedError(
-            f"{what}: this heap holds {heap.backend.name} backend memory on {heap.device}, "
-            f"and atomics go through MPI, which shmemvm does not assume can reach it (no "
-            f"GPU-aware MPI); keep counters, flags and signals in a host-backend heap "
-            f"(backend='host')")
-    window = heap.window(what)
-    return window.displacement(tensor, pe), window
+
+
+# -- device heaps: atomics on this node's PEs as Triton kernels (device_atomics.py) --------
+#: MPI operation -> device_atomics operation
+_DEVICE_OPS = {op.py2f(): name for op, name in (
+    (MPI.NO_OP, "fetch"), (MPI.SUM, "add"), (MPI.REPLACE, "xchg"), (MPI.BAND, "and"),
+    (MPI.BOR, "or"), (MPI.BXOR, "xor"))}   # keyed by handle: MPI.Op is not hashable
+
+
+def _on_device(heap, pe: int) -> bool:
+    """Whether an atomic on PE `pe` runs as a kernel: the heap holds memory MPI is
+    not given (a device heap) and `pe` is this PE or a peer mapped here."""
+    return not heap.backend.mpi_accessible and (pe == heap.my_pe or pe in heap.peers)
+
+
+def _device(heap, dest, pe: int, op: str, what: str, value=0, cond=0):
+    """Run `op` on dest on PE `pe` as a kernel (device_atomics.apply), after the
+    checks the MPI path makes; dest's old value."""
+    block = heap._symmetric(dest, f"target of {what} (a view of a tensor from this heap's "
+                                  f"malloc/empty/zeros)")
+    _check_aligned(dest, what, "target")
+    if pe != heap.my_pe:
+        heap.peers.check(pe, block.segment)
+    try:
+        from . import device_atomics
+    except ImportError as exc:
+        raise UnsupportedError(f"{what}: on a {heap.backend.name} heap atomics run as Triton "
+                               f"kernels, and Triton is not installed: pip install triton") from exc
+    return device_atomics.apply(heap, dest, pe, op, value, cond)
 
 
 def _value(value, dtype: torch.dtype, what: str, name: str = "value") -> int | float:
@@ -176,7 +224,13 @@ def _issue(heap, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
 
 def _fetch_op(heap, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
     """Apply `op` with `value` to dest on PE `pe`; the value it replaced. Complete at
-    the target on return (module doc), or PeerTimeoutError at the deadline."""
+    the target on return (module doc), or PeerTimeoutError at the deadline.
+    Device heaps: a kernel for PEs of this node (_on_device)."""
+    if not heap.backend.mpi_accessible:
+        pe = _check_target(heap, dest, pe, what, floats)
+        if _on_device(heap, pe):
+            value = _value(value, dest.dtype, what)
+            return _device(heap, dest, pe, _DEVICE_OPS[op.py2f()], what, value)
     request, pe, window, (_, result) = _issue(heap, dest, value, pe, op, what, floats)
     window.finish(request, pe, what)
     return result[0]
@@ -195,8 +249,9 @@ _RAISES = """
         ValueError: `dest` is not one element, `pe` is out of range, or a
             value does not fit dest's dtype.
         FreedTensorError: `dest` is not a view of a live tensor of this heap.
-        UnsupportedError: the heap's memory is not reachable by MPI (a device
-            heap) or MPI could not make the heap's window.
+        UnsupportedError: a device heap and `pe` on another node (device
+            memory is not given to MPI), a device heap without Triton, or MPI
+            could not make the heap's window.
         PeerTimeoutError: PE `pe` did not complete the operation within the
             heap's timeout (SHMEMVM_TIMEOUT): it died, is stopped or stayed out
             of MPI. The heap is unusable afterwards; every later call says so.
@@ -221,8 +276,9 @@ _documented_float = _raises("""
         ValueError: `dest` is not one element, `pe` is out of range, or a
             value does not fit dest's dtype.
         FreedTensorError: `dest` is not a view of a live tensor of this heap.
-        UnsupportedError: the heap's memory is not reachable by MPI (a device
-            heap) or MPI could not make the heap's window.
+        UnsupportedError: a device heap and `pe` on another node (device
+            memory is not given to MPI), a device heap without Triton, or MPI
+            could not make the heap's window.
         PeerTimeoutError: PE `pe` did not complete the operation within the
             heap's timeout (SHMEMVM_TIMEOUT): it died, is stopped or stayed out
             of MPI. The heap is unusable afterwards; every later call says so.
@@ -353,8 +409,13 @@ def atomic_compare_swap(heap, dest: torch.Tensor, cond: int, value: int, pe: int
         dest's value on PE `pe` before the call, as a Python int: equal to
         `cond` exactly when the swap happened.
     """
-    read, pe, window, buffers = _issue_compare_swap(heap, dest, cond, value, pe,
-                                                    "atomic_compare_swap")
+    what = "atomic_compare_swap"
+    if not heap.backend.mpi_accessible:
+        pe = _check_target(heap, dest, pe, what)
+        if _on_device(heap, pe):
+            return _device(heap, dest, pe, "cas", what, _value(value, dest.dtype, what),
+                           _value(cond, dest.dtype, what, "cond"))
+    read, pe, window, buffers = _issue_compare_swap(heap, dest, cond, value, pe, what)
     window.finish(read, pe, "atomic_compare_swap")
     return buffers[-1][0]
 
@@ -503,7 +564,19 @@ def _defer(fetch, issued) -> None:
 def _fetch_nbi(heap, fetch, dest, value, pe, op: MPI.Op, what: str,
                floats: bool = False) -> None:
     _check_fetch(fetch, dest, what)
+    if not heap.backend.mpi_accessible:  # device heaps: complete at once (allowed for nbi)
+        _fill(fetch, _fetch_op(heap, dest, value, pe, op, what, floats))
+        return
     _defer(fetch, _issue(heap, dest, value, pe, op, what, floats))
+
+
+def _fill(fetch: torch.Tensor, old) -> None:
+    """fetch <- old (a Python number of fetch's dtype; uint64 through its bits)."""
+    if fetch.dtype == torch.uint64:
+        fetch.copy_(torch.tensor([old - (1 << 64) if old >= 1 << 63 else old])
+                    .view(torch.uint64).reshape(fetch.shape))
+    else:
+        fetch.fill_(old)
 
 
 _NBI_RAISES = """
@@ -514,8 +587,9 @@ _NBI_RAISES = """
         ValueError: `dest` or `fetch` is not one element, `pe` is out of
             range, or a value does not fit dest's dtype.
         FreedTensorError: `dest` is not a view of a live tensor of this heap.
-        UnsupportedError: the heap's memory is not reachable by MPI (a device
-            heap) or MPI could not make the heap's window.
+        UnsupportedError: a device heap and `pe` on another node (device
+            memory is not given to MPI), a device heap without Triton, or MPI
+            could not make the heap's window.
         PeerTimeoutError: raised by quiet() (not by this call): PE `pe` did not
             complete the operation within the heap's timeout (SHMEMVM_TIMEOUT).
             The heap is unusable afterwards; every later call says so.
@@ -624,6 +698,9 @@ def atomic_compare_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, cond:
     """
     what = "atomic_compare_swap_nbi"
     _check_fetch(fetch, dest, what)
+    if not heap.backend.mpi_accessible:  # device heaps: complete at once (allowed for nbi)
+        _fill(fetch, atomic_compare_swap(heap, dest, cond, value, pe))
+        return
     _defer(fetch, _issue_compare_swap(heap, dest, cond, value, pe, what))
 
 
@@ -708,7 +785,7 @@ _LOCAL_RAISES = """
         TypeError: the variable is not an int32, int64 or uint64 tensor, or
             `value` is not an integer.
         FreedTensorError: the variable is not a view of a live tensor of this heap.
-        UnsupportedError: the heap's memory is not reachable by MPI (a device heap).
+        UnsupportedError: a device heap where Triton is not installed.
 """
 
 
@@ -824,7 +901,9 @@ def put_signal(heap, dest: torch.Tensor, source: torch.Tensor, sig: torch.Tensor
     if op not in _SIGNAL_OPS:
         raise ValueError(f"{what}: op must be {SIGNAL_SET!r} or {SIGNAL_ADD!r} (the signal "
                          f"update), got {op!r}")
-    pe = _target(heap, sig, pe, f"{what} (signal)")[0]  # check before any data moves
+    pe = _check_target(heap, sig, pe, f"{what} (signal)")  # check before any data moves
+    if not _on_device(heap, pe):
+        _located(heap, sig, pe, f"{what} (signal)", "target")
     _value(value, sig.dtype, what)
     heap.put(dest, source, pe)   # on the node: copied; off the node: put, complete there
     heap.backend.synchronize()

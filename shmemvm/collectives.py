@@ -306,3 +306,36 @@ def reduce(heap, dest, source, op: str = "sum") -> None:
               f"{text} (gather)")
         if receive is not dest:
             dest.copy_(receive)
+
+
+def all_reduce(heap, dest, source, op: str = "sum") -> None:
+    """dest on every PE <- source combined over every PE, elementwise (the
+    torch.distributed name for reduce(), which already leaves the result on
+    every PE; the same call, so all_reduce on some PEs matches reduce on the
+    others).
+
+    On a node the PEs read each other's source through the peer mappings
+    (device heaps: torch kernels on the GPU, no MPI staging); every element is
+    combined in PE order 0, 1, ..., n_pes-1 by the PE that owns its chunk, so
+    the result is bit-identical on every PE, for floats too.
+
+    Args:
+        dest: a contiguous symmetric tensor with source's dtype and number of
+            elements (it may be source itself).
+        source: a contiguous symmetric tensor, the same one on every PE.
+        op: "sum" (default), "prod", "min", "max", "and", "or" or "xor".
+
+    Returns:
+        None, once dest holds the result on this PE.
+
+    Raises:
+        SymmetryError: the PEs passed different tensors, sizes, dtypes or ops,
+            or made another call (every PE raises it).
+        TypeError: not symmetric tensors, different dtypes, or an op that does
+            not apply to the dtype.
+        ValueError: an unknown op, non-contiguous or overlapping tensors, or
+            different numbers of elements.
+        FreedTensorError: a tensor is not a live tensor of this heap.
+        PeerTimeoutError: a PE did not join within the heap's timeout.
+    """
+    reduce(heap, dest, source, op)

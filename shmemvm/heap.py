@@ -54,6 +54,7 @@ class SymmetricHeap:
         # Built one by one in _setup; _teardown releases whatever was built.
         self.comm = self.node = self.agreement = self.exchange = None
         self.local = self.peers = self.channel = self.offnode = None
+        self._heap_bases: torch.Tensor | None = None   # heap_bases(), made once
         try:
             self._setup(comm, heap_size, backend, timeout, node_split, va_factor)
         except BaseException:
@@ -488,6 +489,35 @@ class SymmetricHeap:
         self.peers.check(pe, block.segment)
         return self.local.hold(block, self.peers.block_view(pe, block, tensor))
 
+    def heap_bases(self) -> torch.Tensor:
+        """Where each PE's heap lies in this process, for kernels that address
+        peers themselves (shmemvm.triton's translate/load/store/atomics).
+
+        Entry k is the address here of heap offset 0 of PE k: this PE's own
+        heap base at my_pe, a peer's window on this node, 0 for PEs only MPI
+        reaches. A symmetric tensor `t` lies on PE k at
+        ``heap_bases[k] + (t.data_ptr() - heap_bases[my_pe])``. The windows are
+        reserved once, at init, so the table stays valid across malloc/free
+        until finalize(); memory is only mapped at a peer's window where a
+        live segment is, so translate only pointers into live symmetric tensors.
+
+        Returns:
+            A 1-D int64 tensor of n_pes entries on the heap's device (the same
+            tensor on every call: do not write to it).
+
+        Raises:
+            ShmemError: the heap is finalized or unusable.
+        """
+        self._check_usable()
+        bases = self._heap_bases
+        if bases is None:
+            table = [0] * self.n_pes
+            table[self.my_pe] = self.local.base
+            for pe, window in self.peers.windows.items():
+                table[pe] = window
+            bases = self._heap_bases = torch.tensor(table, dtype=torch.int64, device=self.device)
+        return bases
+
     def _source_for(self, source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:
         """put's `source` as dest's shape, or a clear error."""
         if not isinstance(source, torch.Tensor):
@@ -802,6 +832,7 @@ class SymmetricHeap:
     fcollect = collectives.fcollect
     reduce = collectives.reduce
     alltoall = collectives.alltoall
+    all_reduce = collectives.all_reduce
 
     # -- lifetime -----------------------------------------------------------------
     def _check_usable(self) -> None:

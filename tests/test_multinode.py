@@ -256,12 +256,20 @@ def test_mpi_reachability_is_a_backend_attribute():
 
 
 @pytest.mark.mpi(min_size=1)
-def test_atomics_on_device_memory_are_unsupported(heap, monkeypatch):
+def test_atomics_on_memory_mpi_is_not_given_take_the_kernel_path(mheap, monkeypatch):
+    """Device heaps: atomics on PEs of this node run as Triton kernels
+    (device_atomics.py, tested in test_triton.py / test_gpu_triton.py); PEs on
+    another node cannot be reached, and say why."""
+    heap = mheap
     c = heap.zeros((1,), torch.int64)
     # Whether MPI reaches the memory is the backend's mpi_accessible, not its device type
     monkeypatch.setattr(heap.backend, "mpi_accessible", False)
-    with pytest.raises(UnsupportedError, match="GPU-aware"):
-        heap.atomic_fetch_add(c[0], 1, 0)
+    off_node = [pe for pe in range(heap.n_pes) if pe not in heap.node_pes]
+    if off_node:
+        with pytest.raises(UnsupportedError, match="another node"):
+            heap.atomic_fetch_add(c[0], 1, off_node[0])
+    with pytest.raises(UnsupportedError, match="pip install triton|TRITON_INTERPRET"):
+        heap.atomic_fetch_add(c[0], 1, heap.my_pe)   # host memory, no interpreter here
     monkeypatch.undo()
     assert heap.atomic_fetch_add(c[0], 1, heap.my_pe) == 0
     heap.barrier_all()

@@ -1,0 +1,70 @@
+"""Compile (not run) shmemvm.triton's device functions, the host atomics' kernel
+and the examples' kernels for sm_90 (CUDA) and gfx942 (ROCm), without a GPU.
+Prints "<backend> ok" per target; exits non-zero at the first failure.
+Run without TRITON_INTERPRET (tests/test_triton.py starts it)."""
+
+import sys
+from pathlib import Path
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+
+from shmemvm import device_atomics  # noqa: E402
+from shmemvm import triton as sv  # noqa: E402
+import producer_consumer  # noqa: E402
+import triton_allreduce  # noqa: E402
+
+
+@triton.jit
+def every_function(x, y, c, sig, out, heap_bases, me, pe, n, value, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, sv.load(x + offs, me, pe, heap_bases, mask=mask), mask=mask)
+    sv.store(y + offs, offs.to(tl.float32), me, pe, heap_bases, mask=mask)
+    sv.get(x + offs, y + offs, pe, me, heap_bases, mask=mask)
+    sv.put(x + offs, y + offs, me, pe, heap_bases, mask=mask)
+    one = tl.full((), 1, tl.int64)
+    sv.atomic_add(c, one, me, pe, heap_bases, scope="sys")
+    sv.atomic_sub(c, one, me, pe, heap_bases, sem="release", scope="sys")
+    sv.atomic_cas(c, 1, 2, me, pe, heap_bases, sem="acquire", scope="sys")
+    sv.atomic_xchg(c, one, me, pe, heap_bases)
+    sv.atomic_and(c + offs, one, me, pe, heap_bases, mask=mask)
+    sv.atomic_or(c, one, me, pe, heap_bases, scope="gpu")
+    sv.atomic_xor(c, one, me, pe, heap_bases, sem="relaxed")
+    sv.atomic_min(c, one, me, pe, heap_bases)
+    sv.atomic_max(c, one, me, pe, heap_bases, scope="cta")
+    sv.signal_set(sig, value, me, pe, heap_bases)
+    sv.signal_add(sig, value, me, pe, heap_bases)
+    seen = sv.signal_wait_until(sig, sv.CMP_GE, value)
+    seen += sv.signal_wait_until(sig, sv.CMP_LT, value, 100)
+    ok = sv.signal_test(sig, sv.CMP_NE, value)
+    tl.store(c + 1, seen + ok.to(tl.int64))
+
+
+def kernels():
+    yield every_function, {"x": "*fp32", "y": "*fp32", "c": "*i64", "sig": "*i64",
+                           "out": "*fp32", "heap_bases": "*i64", "me": "i32", "pe": "i32",
+                           "n": "i32", "value": "i64", "BLOCK": "constexpr"}, {"BLOCK": 256}
+    for bits in ("i32", "i64"):
+        for op in device_atomics.OPERATIONS.values():
+            yield device_atomics._atomic, {
+                "dest": f"*{bits}", "args": f"*{bits}", "out": f"*{bits}", "me": "i32",
+                "pe": "i32", "heap_bases": "*i64", "OP": "constexpr"}, {"OP": op}
+    yield from triton_allreduce.compile_signatures()
+    yield from producer_consumer.compile_signatures()
+
+
+for name, target, binary in (("cuda", GPUTarget("cuda", 90, 32), "cubin"),
+                             ("hip", GPUTarget("hip", "gfx942", 64), "hsaco")):
+    for fn, signature, constants in kernels():
+        try:
+            kernel = triton.compile(ASTSource(fn, signature, constants), target=target)
+        except Exception as exc:
+            print(f"{name}: {fn.__name__} {constants} failed to compile: {exc}")
+            raise
+        assert kernel.asm[binary], (name, fn.__name__)
+    print(f"{name} ok")

@@ -1,0 +1,227 @@
+"""The device-side API and the host API's atomics on the cuda heap, one GPU per
+PE (what test_triton.py checks in Triton's interpreter, here on real GPUs):
+remote load/store, device atomics from every program of every PE with none
+lost, host atomics mixed with device atomics, put_signal ordering,
+wait_until on device memory, and all_reduce against torch.distributed (NCCL).
+
+    SHMEMVM_TEST_BACKEND=cuda mpirun -n 2 python -m pytest -q -p no:cacheprovider \\
+        --with-mpi -m mpi tests/test_gpu_triton.py
+
+Skipped where there is no CUDA GPU, no cuda-bindings or no triton.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+
+import pytest
+import torch
+from mpi4py import MPI
+
+import shmemvm.backends
+from shmemvm import SymmetricHeap
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.gpu,
+    pytest.mark.skipif(not shmemvm.backends.available("cuda"),
+                       reason="needs a CUDA GPU, a CUDA build of torch and cuda-bindings"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                       reason="compiled kernels: run without TRITON_INTERPRET"),
+]
+triton = pytest.importorskip("triton", reason="needs triton (pip install triton)")
+import triton.language as tl  # noqa: E402
+
+from shmemvm import triton as sv  # noqa: E402
+
+comm = MPI.COMM_WORLD
+
+
+@pytest.fixture
+def gpu_heap():
+    h = SymmetricHeap(comm, heap_size="512M", backend="cuda", timeout=60)
+    yield h
+    gc.collect()
+    h.finalize()
+
+
+@triton.jit
+def store_ring(x, n, me, right, heap_bases, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    sv.store(x + offs, offs + me * 1000000, me, right, heap_bases, mask=offs < n, hint=BLOCK)
+
+
+@triton.jit
+def load_from(x, out, n, me, src, heap_bases, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, sv.load(x + offs, me, src, heap_bases, mask=mask, hint=BLOCK), mask=mask)
+
+
+@triton.jit
+def hammer(c, me, heap_bases, REPS: tl.constexpr, N_PES: tl.constexpr):
+    """Every program of every PE: REPS adds, subs (of 2), CAS increments on every PE."""
+    one = tl.full((), 1, tl.int64)
+    for _ in range(REPS):
+        for pe in tl.static_range(N_PES):
+            sv.atomic_add(c + 0, one, me, pe, heap_bases, sem="relaxed", scope="sys")
+            sv.atomic_sub(c + 1, one * 2, me, pe, heap_bases, scope="sys")
+            old = sv.atomic_add(c + 2, one * 0, me, pe, heap_bases, scope="sys")
+            seen = sv.atomic_cas(c + 2, old, old + 1, me, pe, heap_bases, scope="sys")
+            while seen != old:
+                old = seen
+                seen = sv.atomic_cas(c + 2, old, old + 1, me, pe, heap_bases, scope="sys")
+            sv.atomic_max(c + 3, (me * 10000 + tl.program_id(0)).to(tl.int64), me, pe,
+                          heap_bases, scope="sys")
+
+
+@triton.jit
+def consume(data, sig, out, n, value, BLOCK: tl.constexpr):
+    sv.signal_wait_until(sig, sv.CMP_EQ, value)
+    bad = tl.zeros((BLOCK,), tl.int32)
+    start = 0
+    while start < n:
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        bad += (mask & (tl.load(data + offs, mask=mask, other=0) != offs + value)).to(tl.int32)
+        start += BLOCK
+    tl.store(out, tl.sum(bad, axis=0))
+
+
+def test_remote_store_and_load_between_gpus(gpu_heap):
+    me, n = gpu_heap.my_pe, gpu_heap.n_pes
+    right, left = (me + 1) % n, (me - 1) % n
+    count, block = (1 << 22) + 5, 1024
+    x = gpu_heap.zeros(count + 1024, torch.int32)
+    grid = (triton.cdiv(count, block),)
+    store_ring[grid](x, count, me, right, gpu_heap.heap_bases(), BLOCK=block)
+    gpu_heap.barrier_all()
+    idx = torch.arange(count, dtype=torch.int32, device=x.device)
+    assert torch.equal(x[:count], idx + left * 1000000)
+    assert (x[count:] == 0).all()
+    out = torch.empty(count, dtype=torch.int32, device=x.device)
+    load_from[grid](x, out, count, me, right, gpu_heap.heap_bases(), BLOCK=block)
+    torch.cuda.synchronize()
+    assert torch.equal(out, idx + me * 1000000)
+    gpu_heap.barrier_all()
+
+
+def test_device_atomics_from_every_program_of_every_pe_lose_nothing(gpu_heap):
+    me, n = gpu_heap.my_pe, gpu_heap.n_pes
+    programs, reps = 264, 20
+    c = gpu_heap.zeros(4, torch.int64)
+    gpu_heap.barrier_all()
+    hammer[(programs,)](c, me, gpu_heap.heap_bases(), REPS=reps, N_PES=n)
+    gpu_heap.barrier_all()       # waits for this PE's kernel, then for every PE
+    total = n * programs * reps
+    assert c.tolist() == [total, -2 * total, total, (n - 1) * 10000 + programs - 1]
+    gpu_heap.barrier_all()
+
+
+def test_host_atomics_mixed_with_device_atomics(gpu_heap):
+    me, n = gpu_heap.my_pe, gpu_heap.n_pes
+    programs, reps, host_ops = 132, 50, 200
+    c = gpu_heap.zeros(4, torch.int64)
+    gpu_heap.barrier_all()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):    # the kernel runs while this thread issues host atomics
+        hammer[(programs,)](c, me, gpu_heap.heap_bases(), REPS=reps, N_PES=n)
+    olds = set()
+    for i in range(host_ops):
+        pe = i % n
+        gpu_heap.atomic_add(c[0], 1, pe)
+        olds.add((pe, gpu_heap.atomic_fetch_add(c[1], -2, pe)))
+        gpu_heap.atomic_fetch_inc(c[2], pe)
+    side.synchronize()
+    assert len(olds) == host_ops      # every fetch saw a distinct value on its PE
+    gpu_heap.barrier_all()
+    assert c[0].item() == n * programs * reps + host_ops
+    assert c[1].item() == -2 * (n * programs * reps + host_ops)
+    assert c[2].item() == n * programs * reps + host_ops
+    gpu_heap.barrier_all()
+
+
+def test_every_host_atomic_and_wait_on_device_memory(gpu_heap):
+    h = gpu_heap
+    me, n = h.my_pe, h.n_pes
+    peer = (me + 1) % n
+    c = h.zeros(4, torch.int64)
+    u = h.zeros(1, torch.uint64)
+    f = h.zeros(1, torch.float32)
+    flag = h.zeros(1, torch.int64)
+    h.barrier_all()
+    assert h.atomic_swap(u[0], 2**64 - 1, peer) in (0, 2**64 - 1)
+    h.atomic_set(f[0], 1.5, peer)
+    assert h.atomic_fetch(f[0], peer) == 1.5
+    h.atomic_or(c[0], 1 << me, peer)
+    h.atomic_xor(c[1], 1 << me, peer)
+    h.atomic_fetch_and(c[2], 0, peer)
+    if h.atomic_compare_swap(c[3], 0, me + 1, peer) == 0:
+        assert h.atomic_fetch(c[3], peer) == me + 1
+    h.atomic_inc(flag[0], peer)
+    assert h.wait_until(flag[0], "ge", 1, timeout=30) >= 1
+    assert h.test(flag[0], "eq", 1)
+    h.barrier_all()
+    left = (me - 1) % n
+    assert c[0].item() == 1 << left and c[1].item() == 1 << left
+    assert u.item() == 2**64 - 1 and f.item() == 1.5
+    h.barrier_all()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_put_signal_data_is_there_when_the_signal_is(gpu_heap):
+    h = gpu_heap
+    me, n = h.my_pe, h.n_pes
+    count = (16 << 20) // 4
+    data = h.zeros(count, torch.int32)
+    sig = h.zeros(1, torch.int64)
+    out = torch.zeros(1, dtype=torch.int32, device=h.device)
+    h.barrier_all()
+    for r in range(1, 4):
+        value = 100 * r
+        if me == 0:
+            payload = torch.arange(count, dtype=torch.int32, device=h.device) + value
+            for pe in range(1, n):
+                h.put_signal(data, payload, sig, value, "set", pe)
+        else:
+            # a kernel polls the signal while the host of PE 0 puts and signals
+            consume[(1,)](data, sig, out, count, value, BLOCK=4096)
+            assert out.item() == 0
+            assert h.signal_fetch(sig) == value
+            assert h.signal_wait_until(sig, "eq", value, timeout=5) == value
+        h.barrier_all()
+
+
+def test_all_reduce_matches_nccl_and_is_bit_identical(gpu_heap):
+    import datetime
+
+    import torch.distributed as dist
+    h = gpu_heap
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29561")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    dist.init_process_group("nccl", init_method="env://", rank=h.my_pe, world_size=h.n_pes,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        count = (1 << 20) + 3
+        src = h.empty(count, torch.int64)
+        dst = h.empty(count, torch.int64)
+        src.copy_(torch.randint(-1000, 1000, (count,),
+                                generator=torch.Generator().manual_seed(h.my_pe)))
+        h.all_reduce(dst, src)
+        ref = src.clone()
+        dist.all_reduce(ref)      # integers: exact, so equal to NCCL's whatever its order
+        assert torch.equal(dst, ref)
+        fsrc = h.empty(count, torch.float32)
+        fdst = h.empty(count, torch.float32)
+        fsrc.copy_(torch.randn(count, generator=torch.Generator().manual_seed(h.my_pe)))
+        h.all_reduce(fdst, fsrc)
+        digest = hashlib.sha256(fdst.cpu().numpy().tobytes()).hexdigest()
+        assert len(set(comm.allgather(digest))) == 1
+        fref = fsrc.clone()
+        dist.all_reduce(fref)
+        torch.testing.assert_close(fdst, fref, rtol=1e-5, atol=1e-5)
+    finally:
+        dist.destroy_process_group()
