@@ -108,7 +108,7 @@ class Team:
 
     def __repr__(self) -> str:
         state = ", destroyed" if self.destroyed else ""
-        return f"<shmemvm.Team {self.name}, {len(self.pes)} PEs{state}>"
+        return f"<shmemvm.Team: {self.name}, n_pes={len(self.pes)}{state}>"
 
     # -- state --------------------------------------------------------------------------
     def check_usable(self) -> None:
