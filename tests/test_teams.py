@@ -395,7 +395,7 @@ def test_bad_arguments_give_clear_errors_on_every_pe(mheap):
                           ((n, 1, 1), "start is out of range"),
                           ((-1, 1, 1), "start is out of range"),
                           ((0, 1, n + 1), "the last PE would be"),
-                          ((0, 2, n // 2 + 1), "the last PE would be")):
+                          ((0, 2, (n + 1) // 2 + 1), "the last PE would be")):
         with pytest.raises(ValueError, match=pattern):
             w.split_strided(*args)
     with pytest.raises(TypeError, match="start must be an int"):
@@ -431,7 +431,7 @@ def test_bad_arguments_give_clear_errors_on_every_pe(mheap):
     with pytest.raises(ValueError, match="nelems must be an integer >= 0"):
         h.alltoalls(y, x, 1, 1, -1)
     with pytest.raises(ValueError, match=r"alltoalls: source has 4 elements"):
-        h.alltoalls(y, x, 1, 5, 1)
+        h.alltoalls(y, x, 1, 5, 2)
     with pytest.raises(ValueError, match="overlap"):
         h.alltoalls(y, y, 1, 1, 1)
     uneven_a, uneven_b = h.zeros(n + 1, torch.int64), h.zeros(n + 1, torch.int64)
