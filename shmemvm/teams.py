@@ -406,9 +406,11 @@ class Team:
                              f"cannot be destroyed")
         with self.heap._lock:
             self.check_usable()
-            for context in list(self._contexts):
-                if not getattr(context, "destroyed", False):
+            for context in self._contexts:
+                try:
                     context.destroy()
+                except ShmemError:  # the user destroyed it already
+                    pass
             self.agree(Call(Phase.TEAM_DESTROY, text=f"{self.label}destroy()"))
             self._release()
             if self in self.heap._teams:

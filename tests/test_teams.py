@@ -355,6 +355,25 @@ def test_teams_run_independently_of_each_other_and_the_world(mheap):
     h.barrier_all()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_non_member_calling_with_team_none_meets_the_members_next_world_call(mheap):
+    """team=None is every PE of the heap: a PE left out of a split that calls a
+    collective with the None it got is in a world call; the members, done with
+    their team call, meet it at their next world call and every PE raises."""
+    h, me = mheap, mheap.my_pe
+    first = h.team_world().split_strided(0, 1, 1)     # PE 0 alone
+    x = h.zeros(4, torch.int64)
+    with pytest.raises(SymmetryError, match=r"barrier_all\(\).*broadcast|broadcast.*barrier_all"):
+        if me == 0:
+            first.broadcast(x, x, 0)
+            h.barrier_all()
+        else:
+            h.broadcast(x, x, 0, team=first)           # first is None here
+    if first is not None:
+        first.destroy()
+    h.barrier_all()
+
+
 # -- lifetime and errors -----------------------------------------------------------------------------
 @pytest.mark.mpi(min_size=1)
 def test_destroyed_team_raises_shmem_error(mheap):
