@@ -303,7 +303,7 @@ def test_alltoalls_strides_and_world_alltoall_equivalence(mheap):
     h.barrier_all()
 
 
-# -- agreement over the team --------------------------------------------------------------------------
+# -- agreement over the team ---------------------------------------------------------------
 @pytest.mark.mpi(min_size=2)
 def test_mismatched_team_calls_raise_symmetry_error_on_every_member(mheap):
     h, me, n = mheap, mheap.my_pe, mheap.n_pes
@@ -374,7 +374,7 @@ def test_a_non_member_calling_with_team_none_meets_the_members_next_world_call(m
     h.barrier_all()
 
 
-# -- lifetime and errors -----------------------------------------------------------------------------
+# -- lifetime and errors ------------------------------------------------------------------
 @pytest.mark.mpi(min_size=1)
 def test_destroyed_team_raises_shmem_error(mheap):
     h, n = mheap, mheap.n_pes
