@@ -549,3 +549,11 @@ def reduce(heap, dest, source, op: str = "sum", *, team=None) -> None:
                f"{text} (gather)")
         if receive is not dest:
             dest.copy_(receive)
+
+
+for _name in ("broadcast", "collect", "fcollect", "alltoall", "alltoalls", "reduce"):
+    # help(team.broadcast) shows the one implementation's documentation (set here:
+    # teams.py is loaded while this module is, before these functions exist)
+    getattr(teams.Team, _name).__doc__ = (
+        f"heap.{_name}(..., team=self): the collective over this team's members, with "
+        f"team-relative PE numbers.\n\n    " + globals()[_name].__doc__)
