@@ -24,7 +24,10 @@ from .api import (atomic_compare_swap_nbi, atomic_fetch_add_nbi, atomic_fetch_an
                   test_any, test_any_vector, test_some, test_some_vector, wait_until_all,
                   wait_until_all_vector, wait_until_any, wait_until_any_vector, wait_until_some,
                   wait_until_some_vector)
+from .api import (alltoalls, collect, team_destroy, team_my_pe, team_n_pes, team_shared,
+                  team_split_2d, team_split_strided, team_sync, team_translate_pe, team_world)
 from .atomics import SIGNAL_ADD, SIGNAL_SET
+from .teams import Team
 from .thread_levels import THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED, THREAD_SINGLE
 
 __version__ = "0.1.0"
@@ -50,4 +53,7 @@ __all__ = [
     "wait_until_any_vector", "wait_until_some_vector", "test_all", "test_any", "test_some",
     "test_all_vector", "test_any_vector", "test_some_vector", "iput", "iget",
     "info_get_version", "info_get_name", "pcontrol", "global_exit",
+    # teams and the collectives OpenSHMEM 1.5 adds
+    "Team", "team_world", "team_shared", "team_split_strided", "team_split_2d", "team_my_pe",
+    "team_n_pes", "team_translate_pe", "team_sync", "team_destroy", "collect", "alltoalls",
 ]

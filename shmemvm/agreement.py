@@ -62,6 +62,12 @@ class Phase(enum.IntEnum):
     FCOLLECT = 11
     REDUCE = 12
     ALLTOALL = 13
+    TEAM_SPLIT_STRIDED = 20     # teams.py: on the parent team
+    TEAM_SPLIT_2D = 21
+    TEAM_SYNC = 22              # on the team (the world team's sync is SYNC_ALL)
+    TEAM_DESTROY = 23
+    COLLECT = 24
+    ALLTOALLS = 25
     # internal steps of those calls
     INIT_NODE = 101             # init: the PEs of the node tell each other their mailboxes
     INIT_PEERS = 102            # init: every PE reserved its peers' windows
@@ -77,6 +83,9 @@ class Phase(enum.IntEnum):
     ALLTOALL_COPIED = 112
     REDUCE_COMBINED = 113
     REDUCE_GATHERED = 114
+    COLLECT_SIZES = 120         # collect: every PE's number of elements
+    COLLECT_COPIED = 121
+    ALLTOALLS_COPIED = 122
 
     @property
     def counted(self) -> bool:

@@ -11,7 +11,7 @@ Every function but init/finalize/default_heap and info.py's (info_get_version,
 info_get_name, pcontrol, global_exit: they act on no heap) is the SymmetricHeap method of
 the same name, called on the default heap: the forwarders are generated
 below from the methods (_forward), so each function is written once, in
-heap.py, atomics.py, sync.py, strided.py or collectives.py, and help(shmemvm.put) shows that
+heap.py, atomics.py, sync.py, strided.py, collectives.py or teams.py, and help(shmemvm.put) shows that
 method's signature (without the heap) and docstring.
 """
 
@@ -112,7 +112,10 @@ FORWARDED = (
     "test_all_vector", "test_any_vector", "test_some_vector",
     "iput", "iget",
     # collectives (collectives.py)
-    "broadcast", "fcollect", "reduce", "alltoall", "all_reduce",
+    "broadcast", "fcollect", "reduce", "alltoall", "collect", "alltoalls", "all_reduce",
+    # teams (teams.py)
+    "team_world", "team_shared", "team_split_strided", "team_split_2d", "team_my_pe",
+    "team_n_pes", "team_translate_pe", "team_sync", "team_destroy",
 )
 globals().update({_name: _forward(_name) for _name in FORWARDED})
 

@@ -25,7 +25,7 @@ import threading
 import torch
 from mpi4py import MPI
 
-from . import atomics, collectives, strided, sync, thread_levels
+from . import atomics, collectives, strided, sync, teams, thread_levels
 from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate, parse_timeout
 from .allocator import Block
 from .config import setting
@@ -55,6 +55,7 @@ class SymmetricHeap:
         self.comm = self.node = self.agreement = self.exchange = None
         self.local = self.peers = self.channel = self.offnode = None
         self._heap_bases: torch.Tensor | None = None   # heap_bases(), made once
+        self._teams = teams.TeamRegistry()  # its teams, destroyed at finalize (teams.py)
         try:
             self._setup(comm, heap_size, backend, timeout, node_split, va_factor)
         except BaseException:
@@ -829,10 +830,23 @@ class SymmetricHeap:
 
     # -- collectives (collectives.py): contiguous symmetric tensors ----------------------
     broadcast = collectives.broadcast
+    collect = collectives.collect
     fcollect = collectives.fcollect
     reduce = collectives.reduce
     alltoall = collectives.alltoall
     all_reduce = collectives.all_reduce
+    alltoalls = collectives.alltoalls
+
+    # -- teams (teams.py): views of this heap over a subset of its PEs ----------------------
+    team_world = teams.team_world
+    team_shared = teams.team_shared
+    team_split_strided = teams.team_split_strided
+    team_split_2d = teams.team_split_2d
+    team_my_pe = teams.team_my_pe
+    team_n_pes = teams.team_n_pes
+    team_translate_pe = teams.team_translate_pe
+    team_sync = teams.team_sync
+    team_destroy = teams.team_destroy
 
     # -- lifetime -----------------------------------------------------------------
     def _check_usable(self) -> None:
@@ -861,6 +875,7 @@ class SymmetricHeap:
 
     def _teardown(self) -> None:
         self.closed = True
+        self._teams.close()  # before the communicators they were split from
         # The peer table goes with the allocator (a close listener): memory that
         # tensors or ptr() views still view stays mapped until they die.
         for part in (self.offnode, self.channel, self.local):

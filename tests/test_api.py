@@ -12,12 +12,7 @@ import pytest
 import torch
 
 import shmemvm
-from shmemvm import SymmetricHeap, api, atomics, collectives, info, strided, sync
-
-# collectives.py's docstrings are one line each; Args/Returns/Raises there are
-# for whoever changes that module next (issue 12)
-NOT_YET_DOCUMENTED = {"broadcast", "fcollect", "reduce", "alltoall"}
-
+from shmemvm import SymmetricHeap, api, atomics, collectives, info, strided, sync, teams
 
 def test_api_module_defines_only_init_finalize_default_heap_and_forwarders():
     own = {name for name, value in vars(api).items()
@@ -36,8 +31,11 @@ def test_atomics_and_collectives_are_the_heaps_methods_as_defined():
     for name in ("atomic_fetch", "atomic_add", "atomic_compare_swap", "wait_until", "test",
                  "put_signal", "signal_fetch", "signal_wait_until"):
         assert vars(SymmetricHeap)[name] is getattr(atomics, name), name
-    for name in ("broadcast", "fcollect", "reduce", "alltoall"):
+    for name in ("broadcast", "fcollect", "reduce", "alltoall", "collect", "alltoalls"):
         assert vars(SymmetricHeap)[name] is getattr(collectives, name), name
+    for name in api.FORWARDED:
+        if name.startswith("team_"):
+            assert vars(SymmetricHeap)[name] is getattr(teams, name), name
     for name in api.FORWARDED:
         if name.endswith("_nbi") and name.startswith(("atomic_", "put_signal")):
             assert vars(SymmetricHeap)[name] is getattr(atomics, name), name
@@ -56,12 +54,11 @@ def test_forwarder_shows_the_methods_signature_and_docstring(name):
     assert list(inspect.signature(function).parameters.values()) == public
     text = pydoc.render_doc(function, renderer=pydoc.plaintext)
     assert f"{name}(" in text and "heap" not in str(inspect.signature(function))
-    if name not in NOT_YET_DOCUMENTED:
-        assert "Returns:" in method.__doc__ and "Raises:" in method.__doc__, name
-        if public:
-            assert "Args:" in method.__doc__, name
-        for parameter in public:
-            assert f"{parameter.name}:" in method.__doc__, (name, parameter.name)
+    assert "Returns:" in method.__doc__ and "Raises:" in method.__doc__, name
+    if public:
+        assert "Args:" in method.__doc__, name
+    for parameter in public:
+        assert f"{parameter.name}:" in method.__doc__, (name, parameter.name)
 
 
 def test_put_help_is_useful():
