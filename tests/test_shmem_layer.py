@@ -386,10 +386,10 @@ def test_teams(world):
     shmem.barrier_all()
     data = shmem.full(2, me, dtype=np.int64)
     total = shmem.zeros(2, dtype=np.int64)
+    got = shmem.zeros(2, dtype=np.int64)    # allocation is collective over the world
     if evens:
         shmem.reduce(total, data, shmem.OP_SUM, team=evens)
         assert (total == sum(range(0, n, 2))).all()
-        got = shmem.zeros(2, dtype=np.int64)
         shmem.broadcast(got, data, evens.n_pes() - 1, team=evens)
         assert (got == 2 * (evens.n_pes() - 1)).all()
         shmem.sync(evens)
