@@ -86,6 +86,16 @@ _dl_device = _dl.device
 _dl_dtype = _dl.dtype
 _managed_address = ctypes.addressof(_managed)
 _shape_pointer = ctypes.cast(_shape, ctypes.POINTER(ctypes.c_int64))
+# The fields every capsule has alike (compact strides, no offset, one lane),
+# set once; the device and dtype of the last tensor made (tensor_at).
+_dl.shape = _shape_pointer
+_dl.strides = None
+_dl.byte_offset = 0
+_dl_dtype.lanes = 1
+_last: list = [None, None]
+# torch's own capsule consumer: torch.utils.dlpack.from_dlpack only adds checks
+# for objects with __dlpack__, which a capsule is not
+_from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
 
 
 def check_dtype(dtype: torch.dtype) -> None:
@@ -101,25 +111,26 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
     """A contiguous tensor of `shape`/`dtype` whose first element is at `address`.
     `device_type` overrides the DLPack device type (ROCm torch calls its devices
     "cuda" but only accepts kDLROCM)."""
-    check_dtype(dtype)
-    code, bits = _DTYPES[dtype]
+    try:
+        code, bits = _DTYPES[dtype]
+    except (KeyError, TypeError):
+        check_dtype(dtype)
+        raise
     ndim = len(shape)
     if ndim > MAX_NDIM:
         raise ValueError(f"at most {MAX_NDIM} dimensions are supported, got {ndim}")
+    device_key = (device_type or _DEVICE_TYPE[device.type], device.index or 0)
     with _lock:
-        for i, extent in enumerate(shape):
-            _shape[i] = extent
+        # Only what changed since the last tensor is written: each ctypes field
+        # write costs about as much as a Python call.
+        _shape[:ndim] = shape
         dl = _dl
         dl.data = address
-        _dl_device.device_type = device_type or _DEVICE_TYPE[device.type]
-        _dl_device.device_id = device.index or 0
         dl.ndim = ndim
-        _dl_dtype.code = code
-        _dl_dtype.bits = bits
-        _dl_dtype.lanes = 1
-        dl.shape = _shape_pointer
-        dl.strides = None  # compact row-major
-        dl.byte_offset = 0
-        _managed.deleter = None
+        if _last[0] != device_key:
+            _dl_device.device_type, _dl_device.device_id = _last[0] = device_key
+        if _last[1] is not dtype:
+            _dl_dtype.code, _dl_dtype.bits = code, bits
+            _last[1] = dtype
         capsule = _PyCapsule_New(_managed_address, b"dltensor", None)
-        return torch.utils.dlpack.from_dlpack(capsule)
+        return _from_dlpack(capsule)

@@ -1043,7 +1043,7 @@ class TestData:
                         strides=bool(dl.strides), deleter=managed.deleter)
             return "tensor"
 
-        monkeypatch.setattr(torch.utils.dlpack, "from_dlpack", from_dlpack)
+        monkeypatch.setattr(_dlpack, "_from_dlpack", from_dlpack)
         assert be.tensor(0x7F00_0020_0000, (3, 5), torch.bfloat16) == "tensor"
         assert seen == {"data": 0x7F00_0020_0000, "device": (_dlpack.KDL_ROCM, 1),
                         "shape": [3, 5], "dtype": (4, 16, 1), "strides": False,
