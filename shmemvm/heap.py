@@ -25,7 +25,7 @@ import threading
 import torch
 from mpi4py import MPI
 
-from . import atomics, collectives, strided, sync, teams, thread_levels
+from . import atomics, collectives, profile, strided, sync, teams, thread_levels
 from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate, parse_timeout
 from .allocator import Block
 from .config import setting
@@ -122,6 +122,8 @@ class SymmetricHeap:
         self.offnode = self._open_window()
         self.agreement.collective(call.step(Phase.INIT_READY, "peers ready"))
         self.agreement.initialized = True
+        if profile.ENABLED:   # SHMEMVM_PROFILE=1: time every step (profile.py)
+            profile.instrument(self)
         log.debug("PE %d/%d ready: node PEs %s, backend %s", self.my_pe, self.n_pes,
                   self.node_pes, self.backend.name)
 

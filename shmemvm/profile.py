@@ -1,0 +1,141 @@
+"""Opt-in timing of the steps of a collective allocation (SHMEMVM_PROFILE=1).
+
+Where does a malloc's time go? With profiling on, the heap's step functions
+are timed with perf_counter_ns and summed per step:
+
+    agreement     Agreement.collective / all_ok (the allreduce and its Python)
+    allocate      the local allocator and backing (vmem allocate_block), with
+      back          creating and mapping our new segment, split into
+        create, map, set_access   the backend calls
+    exchange      the fd exchange (exchange.py), with
+      export        our segment's fd (backend export_fd)
+      fd_send       sending the datagram (SCM_RIGHTS)
+      fd_receive    receiving the peers' datagrams (includes waiting for them)
+      peer_map      importing and mapping a peer's segment, split into
+        import_fd, map, set_access, release
+    tensor        making the returned tensor (vmem tensor_for)
+    retire / finish_free   free's local halves
+
+A step nested in another is recorded under its path ("exchange/peer_map/map")
+so the inclusive totals of the outer steps stay meaningful; what a caller's
+own end-to-end time has beyond the top-level steps is the Python around them.
+
+The steps are timed by wrapping the bound methods of one heap's objects
+(instrument()), so a heap that is not instrumented runs exactly the code it
+runs without this module: the cost of profiling off is nothing at all. With
+it on, each timed call costs about a microsecond of wrapper.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from contextlib import contextmanager
+
+ENABLED = os.environ.get("SHMEMVM_PROFILE", "") not in ("", "0")
+
+_totals: dict[str, int] = {}     # step path -> nanoseconds
+_counts: dict[str, int] = {}     # step path -> calls
+_stack: list[str] = []           # the steps being timed, outermost first
+_recording = [ENABLED]           # only calls inside measuring() are summed (all, with
+                                 # SHMEMVM_PROFILE=1)
+
+
+def reset() -> None:
+    """Forget every step's totals (the next measurement starts from zero)."""
+    _totals.clear()
+    _counts.clear()
+
+
+def totals() -> dict[str, dict[str, float]]:
+    """{step path: {"us": total microseconds, "calls": n}}, in first-seen order."""
+    return {path: {"us": ns / 1e3, "calls": _counts[path]} for path, ns in _totals.items()}
+
+
+def _timed(name: str, fn):
+    clock = time.perf_counter_ns
+
+    @functools.wraps(fn)
+    def step(*args, **kwargs):
+        if not _recording[0]:
+            return fn(*args, **kwargs)
+        path = f"{_stack[-1]}/{name}" if _stack else name
+        _stack.append(path)
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _totals[path] = _totals.get(path, 0) + clock() - t0
+            _counts[path] = _counts.get(path, 0) + 1
+            _stack.pop()
+    step.__shmemvm_profiled__ = fn
+    return step
+
+
+def _targets(heap) -> list[tuple[object, str, str]]:
+    """(object, method, step name) of every timed step of `heap`."""
+    targets = [(heap.agreement, "collective", "agreement"), (heap.agreement, "all_ok", "agreement"),
+               (heap.local, "allocate_block", "allocate"), (heap.local, "_back", "back"),
+               (heap.local, "tensor_for", "tensor"), (heap.local, "retire", "retire"),
+               (heap.local, "finish_free", "finish_free"), (heap.local, "export", "export"),
+               (heap.backend, "create", "create"), (heap.backend, "map", "map"),
+               (heap.backend, "set_access", "set_access"),
+               (heap.backend, "export_fd", "export_fd"), (heap.backend, "import_fd", "import_fd"),
+               (heap.backend, "release", "release")]
+    if heap.exchange is not None:
+        targets += [(heap.exchange, "run", "exchange"), (heap.peers, "map", "peer_map"),
+                    (heap.channel, "try_send", "fd_send"), (heap.channel, "receive", "fd_receive")]
+    return [(obj, method, name) for obj, method, name in targets if obj is not None]
+
+
+def instrument(heap) -> None:
+    """Make `heap`'s steps timed (idempotent); SHMEMVM_PROFILE=1 does it at
+    init and records every call (measuring() is then on for the whole run)."""
+    for obj, method, name in _targets(heap):
+        current = getattr(obj, method)
+        if not hasattr(current, "__shmemvm_profiled__"):
+            setattr(obj, method, _timed(name, current))
+
+
+def uninstrument(heap) -> None:
+    """Stop timing `heap`'s steps: its objects run their own methods again."""
+    for obj, method, _ in _targets(heap):
+        if hasattr(getattr(obj, method), "__shmemvm_profiled__"):
+            delattr(obj, method)   # the instance attribute; the class's method shows again
+
+
+@contextmanager
+def instrumented(heap):
+    """`with instrumented(heap):` makes `heap`'s steps timeable inside the
+    block (only those inside measuring() are summed), from zero."""
+    was = hasattr(getattr(heap.agreement, "collective"), "__shmemvm_profiled__")
+    instrument(heap)
+    reset()
+    try:
+        yield
+    finally:
+        if not was:
+            uninstrument(heap)
+
+
+@contextmanager
+def measuring():
+    """Sum the steps of the calls made inside the block (the calls a caller
+    times end to end; setup around them, like free() or trim(), stays out)."""
+    before = _recording[0]
+    _recording[0] = True
+    try:
+        yield
+    finally:
+        _recording[0] = before
+
+
+def breakdown(total_ns: int, calls: int) -> dict[str, float]:
+    """Microseconds per call of every step, plus "python": `total_ns` (the
+    callers' own end-to-end time over `calls` calls) less the top-level steps."""
+    steps = {path: ns / 1e3 / calls for path, ns in _totals.items()}
+    top = sum(ns for path, ns in _totals.items() if "/" not in path)
+    steps["python"] = (total_ns - top) / 1e3 / calls
+    steps["total"] = total_ns / 1e3 / calls
+    return steps
