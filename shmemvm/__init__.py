@@ -24,7 +24,11 @@ from .api import (atomic_compare_swap_nbi, atomic_fetch_add_nbi, atomic_fetch_an
                   test_any, test_any_vector, test_some, test_some_vector, wait_until_all,
                   wait_until_all_vector, wait_until_any, wait_until_any_vector, wait_until_some,
                   wait_until_some_vector)
+from .api import (align, clear_lock, ctx_create, ctx_destroy, malloc_with_hints, set_lock,
+                  test_lock)
 from .atomics import SIGNAL_ADD, SIGNAL_SET
+from .contexts import CTX_NOSTORE, CTX_PRIVATE, CTX_SERIALIZED, Ctx
+from .heap import MALLOC_ATOMICS_REMOTE, MALLOC_SIGNAL_REMOTE
 from .thread_levels import THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED, THREAD_SINGLE
 
 __version__ = "0.1.0"
@@ -50,4 +54,7 @@ __all__ = [
     "wait_until_any_vector", "wait_until_some_vector", "test_all", "test_any", "test_some",
     "test_all_vector", "test_any_vector", "test_some_vector", "iput", "iget",
     "info_get_version", "info_get_name", "pcontrol", "global_exit",
+    "align", "malloc_with_hints", "MALLOC_ATOMICS_REMOTE", "MALLOC_SIGNAL_REMOTE",
+    "set_lock", "clear_lock", "test_lock",
+    "ctx_create", "ctx_destroy", "Ctx", "CTX_SERIALIZED", "CTX_PRIVATE", "CTX_NOSTORE",
 ]

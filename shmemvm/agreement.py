@@ -62,6 +62,9 @@ class Phase(enum.IntEnum):
     FCOLLECT = 11
     REDUCE = 12
     ALLTOALL = 13
+    # (numbered apart from the other OpenSHMEM 1.5 calls, which are added in parallel)
+    ALIGN = 40                  # align (aligned allocation)
+    MALLOC_WITH_HINTS = 41
     # internal steps of those calls
     INIT_NODE = 101             # init: the PEs of the node tell each other their mailboxes
     INIT_PEERS = 102            # init: every PE reserved its peers' windows
