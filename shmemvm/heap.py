@@ -286,9 +286,9 @@ class SymmetricHeap:
 
         Blocks of 2**k bytes lie at multiples of 2**k from the heap's base, so an
         alignment up to the block's size costs nothing; a larger one takes a
-        block of `alignment` bytes (the rest of it is unused). The base itself is
-        aligned to at least the backend's granularity; beyond the base's own
-        alignment no block can be aligned, which is a ValueError.
+        block of `alignment` bytes (the rest of it is unused). The base is
+        aligned to the backend's granularity (heap_info()'s backend; 2 MiB on
+        CUDA) and no more on every PE, so that is the largest alignment.
 
         Args:
             alignment: a power of two (bytes), the same on every PE.
@@ -301,9 +301,8 @@ class SymmetricHeap:
 
         Raises:
             TypeError: `alignment` or `nbytes` is not an integer.
-            ValueError: `alignment` is not a power of two, exceeds the heap's
-                size or this PE's heap base alignment, or `nbytes` < 0 (every PE
-                raises: this error where every PE has it, else SymmetryError).
+            ValueError: `alignment` is not a power of two or exceeds the
+                backend's granularity, or `nbytes` < 0.
             SymmetryError: the PEs made different calls or passed different
                 arguments (every PE raises it; nothing was done).
             HeapExhaustedError: the heap cannot hold the aligned block.
@@ -317,11 +316,11 @@ class SymmetricHeap:
             (count,), nbytes = tensor_nbytes((nbytes,), torch.uint8)
             if alignment < 1 or alignment & (alignment - 1):
                 raise ValueError(f"align: alignment must be a power of two, got {alignment}")
-            base_alignment = self.local.base & -self.local.base
-            if alignment > min(base_alignment, self.local.va_size):
-                raise ValueError(f"align: alignment {alignment} exceeds what this heap can give "
-                                 f"on PE {self.my_pe}: its base {self.local.base:#x} is aligned "
-                                 f"to {min(base_alignment, self.local.va_size)} bytes")
+            if alignment > self.backend.granularity:  # the same limit on every PE
+                raise ValueError(f"align: alignment {alignment} exceeds the {self.backend.name} "
+                                 f"backend's granularity {self.backend.granularity}, the "
+                                 f"alignment of the heap's base on every PE and so the largest "
+                                 f"this heap can give")
             call.args = (alignment, nbytes)
         except (TypeError, ValueError) as exc:
             call.error = exc
