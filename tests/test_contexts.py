@@ -150,6 +150,29 @@ def test_offnode_nbi_puts_stay_with_their_context(mheap):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_nbi_strided_and_staged_land_at_quiet(mheap):
+    """put_nbi into a strided view (an MPI derived datatype off the node, freed
+    at quiet) and get_nbi into a non-contiguous tensor (staged, copied at quiet)."""
+    h, me, n = mheap, mheap.my_pe, mheap.n_pes
+    right = (me + 1) % n
+    grid = h.zeros((6, 8), torch.int64)
+    h.barrier_all()
+    with h.ctx_create() as ctx:
+        source = torch.arange(6, dtype=torch.int64) + 100 * me
+        ctx.put_nbi(grid[:, 3], source, right)                # a column: stride 8
+        ctx.quiet()
+        out = torch.zeros((6, 2), dtype=torch.int64)
+        ctx.get_nbi(out[:, 1], grid[:, 3], right)             # into a strided column
+        ctx.quiet()
+        assert torch.equal(out[:, 1], source) and not out[:, 0].any()
+    h.barrier_all()
+    expected = torch.zeros((6, 8), dtype=torch.int64)
+    expected[:, 3] = torch.arange(6) + 100 * ((me - 1) % n)
+    assert torch.equal(grid, expected)
+    h.barrier_all()
+
+
+@pytest.mark.mpi(min_size=1)
 def test_free_completes_every_context(mheap):
     h, me = mheap, mheap.my_pe
     counter = h.zeros((1,), torch.int64)
