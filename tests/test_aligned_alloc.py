@@ -8,7 +8,6 @@ import pytest
 import torch
 from mpi4py import MPI
 
-import shmemvm
 from shmemvm import MALLOC_ATOMICS_REMOTE, MALLOC_SIGNAL_REMOTE, SymmetricHeap, SymmetryError
 
 WORLD = MPI.COMM_WORLD
