@@ -28,6 +28,10 @@ from .api import (alltoalls, collect, team_destroy, team_my_pe, team_n_pes, team
                   team_split_2d, team_split_strided, team_sync, team_translate_pe, team_world)
 from .atomics import SIGNAL_ADD, SIGNAL_SET
 from .teams import Team
+from .api import (align, clear_lock, ctx_create, ctx_destroy, malloc_with_hints, set_lock,
+                  test_lock)
+from .contexts import CTX_NOSTORE, CTX_PRIVATE, CTX_SERIALIZED, Ctx
+from .heap import MALLOC_ATOMICS_REMOTE, MALLOC_SIGNAL_REMOTE
 from .thread_levels import THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED, THREAD_SINGLE
 
 __version__ = "0.1.0"
@@ -56,4 +60,7 @@ __all__ = [
     # teams and the collectives OpenSHMEM 1.5 adds
     "Team", "team_world", "team_shared", "team_split_strided", "team_split_2d", "team_my_pe",
     "team_n_pes", "team_translate_pe", "team_sync", "team_destroy", "collect", "alltoalls",
+    "align", "malloc_with_hints", "MALLOC_ATOMICS_REMOTE", "MALLOC_SIGNAL_REMOTE",
+    "set_lock", "clear_lock", "test_lock",
+    "ctx_create", "ctx_destroy", "Ctx", "CTX_SERIALIZED", "CTX_PRIVATE", "CTX_NOSTORE",
 ]

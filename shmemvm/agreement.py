@@ -68,6 +68,8 @@ class Phase(enum.IntEnum):
     TEAM_DESTROY = 23
     COLLECT = 24
     ALLTOALLS = 25
+    ALIGN = 40                  # align (aligned allocation)
+    MALLOC_WITH_HINTS = 41
     # internal steps of those calls
     INIT_NODE = 101             # init: the PEs of the node tell each other their mailboxes
     INIT_PEERS = 102            # init: every PE reserved its peers' windows

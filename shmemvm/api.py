@@ -11,7 +11,7 @@ Every function but init/finalize/default_heap and info.py's (info_get_version,
 info_get_name, pcontrol, global_exit: they act on no heap) is the SymmetricHeap method of
 the same name, called on the default heap: the forwarders are generated
 below from the methods (_forward), so each function is written once, in
-heap.py, atomics.py, sync.py, strided.py, collectives.py or teams.py, and help(shmemvm.put) shows that
+heap.py, atomics.py, sync.py, strided.py, collectives.py, locks.py or teams.py, and help(shmemvm.put) shows that
 method's signature (without the heap) and docstring.
 """
 
@@ -111,6 +111,9 @@ FORWARDED = (
     "wait_until_any_vector", "wait_until_some_vector", "test_all", "test_any", "test_some",
     "test_all_vector", "test_any_vector", "test_some_vector",
     "iput", "iget",
+    # aligned and hinted allocation, locks, contexts (heap.py, locks.py, contexts.py)
+    "align", "malloc_with_hints", "set_lock", "clear_lock", "test_lock", "ctx_create",
+    "ctx_destroy",
     # collectives (collectives.py)
     "broadcast", "fcollect", "reduce", "alltoall", "collect", "alltoalls", "all_reduce",
     # teams (teams.py)

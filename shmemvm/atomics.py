@@ -549,25 +549,27 @@ def _check_fetch(fetch, dest, what: str) -> None:
                          f"got shape {tuple(fetch.shape)}")
 
 
-def _defer(fetch, issued) -> None:
-    """Hand an issued operation to the window: quiet() completes it and then
-    stores the old value into `fetch`."""
+def _defer(heap, fetch, issued, tracker) -> None:
+    """Hand an issued operation to the completion tracker of the context that
+    issued it (`tracker`; None: the heap's default one): its quiet() completes it
+    and then stores the old value into `fetch`."""
     request, pe, window, buffers = issued
     result = buffers[-1]
 
     def done():
         fetch.copy_(torch.frombuffer(result, dtype=fetch.dtype).reshape(fetch.shape))
 
-    window.defer(request, pe, (fetch, buffers), done)
+    (heap.completion if tracker is None else tracker).defer(request, pe, window,
+                                                            (fetch, buffers), done)
 
 
 def _fetch_nbi(heap, fetch, dest, value, pe, op: MPI.Op, what: str,
-               floats: bool = False) -> None:
+               floats: bool = False, tracker=None) -> None:
     _check_fetch(fetch, dest, what)
     if not heap.backend.mpi_accessible:  # device heaps: complete at once (allowed for nbi)
         _fill(fetch, _fetch_op(heap, dest, value, pe, op, what, floats))
         return
-    _defer(fetch, _issue(heap, dest, value, pe, op, what, floats))
+    _defer(heap, fetch, _issue(heap, dest, value, pe, op, what, floats), tracker)
 
 
 def _fill(fetch: torch.Tensor, old) -> None:
@@ -606,7 +608,8 @@ _NBI_NOTE = """
 
 
 @_documented_nbi
-def atomic_fetch_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int) -> None:
+def atomic_fetch_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int, *,
+                     _tracker=None) -> None:
     """Non-blocking atomic_fetch: read `dest` on PE `pe` into `fetch`.
 
     Args:
@@ -619,12 +622,13 @@ def atomic_fetch_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int) -> 
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, 0, pe, MPI.NO_OP, "atomic_fetch_nbi", floats=True)
+    _fetch_nbi(heap, fetch, dest, 0, pe, MPI.NO_OP, "atomic_fetch_nbi", floats=True,
+               tracker=_tracker)
 
 
 @_documented_nbi
 def atomic_fetch_add_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
-                         pe: int) -> None:
+                         pe: int, *, _tracker=None) -> None:
     """Non-blocking atomic_fetch_add: add `value` to `dest` on PE `pe`, the value
     before into `fetch`.
 
@@ -638,11 +642,12 @@ def atomic_fetch_add_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: i
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.SUM, "atomic_fetch_add_nbi")
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.SUM, "atomic_fetch_add_nbi", tracker=_tracker)
 
 
 @_documented_nbi
-def atomic_fetch_inc_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int) -> None:
+def atomic_fetch_inc_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int, *,
+                         _tracker=None) -> None:
     """Non-blocking atomic_fetch_inc: add 1 to `dest` on PE `pe`, the value before
     into `fetch`.
 
@@ -655,12 +660,12 @@ def atomic_fetch_inc_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int)
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, 1, pe, MPI.SUM, "atomic_fetch_inc_nbi")
+    _fetch_nbi(heap, fetch, dest, 1, pe, MPI.SUM, "atomic_fetch_inc_nbi", tracker=_tracker)
 
 
 @_documented_nbi
 def atomic_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int | float,
-                    pe: int) -> None:
+                    pe: int, *, _tracker=None) -> None:
     """Non-blocking atomic_swap: set `dest` on PE `pe` to `value`, the value before
     into `fetch`.
 
@@ -675,12 +680,13 @@ def atomic_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int | 
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.REPLACE, "atomic_swap_nbi", floats=True)
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.REPLACE, "atomic_swap_nbi", floats=True,
+               tracker=_tracker)
 
 
 @_documented_nbi
 def atomic_compare_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, cond: int,
-                            value: int, pe: int) -> None:
+                            value: int, pe: int, *, _tracker=None) -> None:
     """Non-blocking atomic_compare_swap: set `dest` on PE `pe` to `value` if it
     equals `cond`, the value before into `fetch`.
 
@@ -701,12 +707,12 @@ def atomic_compare_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, cond:
     if not heap.backend.mpi_accessible:  # device heaps: complete at once (allowed for nbi)
         _fill(fetch, atomic_compare_swap(heap, dest, cond, value, pe))
         return
-    _defer(fetch, _issue_compare_swap(heap, dest, cond, value, pe, what))
+    _defer(heap, fetch, _issue_compare_swap(heap, dest, cond, value, pe, what), _tracker)
 
 
 @_documented_nbi
 def atomic_fetch_and_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
-                         pe: int) -> None:
+                         pe: int, *, _tracker=None) -> None:
     """Non-blocking atomic_fetch_and: ``dest &= value`` on PE `pe`, the value before
     into `fetch`.
 
@@ -720,12 +726,12 @@ def atomic_fetch_and_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: i
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BAND, "atomic_fetch_and_nbi")
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BAND, "atomic_fetch_and_nbi", tracker=_tracker)
 
 
 @_documented_nbi
 def atomic_fetch_or_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
-                        pe: int) -> None:
+                        pe: int, *, _tracker=None) -> None:
     """Non-blocking atomic_fetch_or: ``dest |= value`` on PE `pe`, the value before
     into `fetch`.
 
@@ -739,12 +745,12 @@ def atomic_fetch_or_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: in
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BOR, "atomic_fetch_or_nbi")
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BOR, "atomic_fetch_or_nbi", tracker=_tracker)
 
 
 @_documented_nbi
 def atomic_fetch_xor_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
-                         pe: int) -> None:
+                         pe: int, *, _tracker=None) -> None:
     """Non-blocking atomic_fetch_xor: ``dest ^= value`` on PE `pe`, the value before
     into `fetch`.
 
@@ -758,7 +764,7 @@ def atomic_fetch_xor_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: i
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BXOR, "atomic_fetch_xor_nbi")
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BXOR, "atomic_fetch_xor_nbi", tracker=_tracker)
 
 
 for _function in (atomic_fetch_nbi, atomic_fetch_add_nbi, atomic_fetch_inc_nbi,

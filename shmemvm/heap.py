@@ -21,13 +21,15 @@ import logging
 import operator
 import os
 import threading
+import weakref
 
 import torch
 from mpi4py import MPI
 
-from . import atomics, collectives, profile, strided, sync, teams, thread_levels
+from . import atomics, collectives, locks, profile, strided, sync, teams, thread_levels
 from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate, parse_timeout
 from .allocator import Block
+from .completion import CompletionTracker
 from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
                      SymmetryError, UnsupportedError)
@@ -38,6 +40,10 @@ from .peers import PeerTable
 from .vmem import VMemPow2Allocator, tensor_nbytes
 
 log = logging.getLogger("shmemvm")
+
+#: malloc_with_hints' hints (OpenSHMEM 1.5 values): accepted and recorded, no effect yet
+MALLOC_ATOMICS_REMOTE = 1
+MALLOC_SIGNAL_REMOTE = 2
 
 class SymmetricHeap:
     """One symmetric heap over the PEs of `comm` (collective constructor)."""
@@ -51,6 +57,11 @@ class SymmetricHeap:
         self._lock = threading.RLock()
         self._pending: set[int] = set()    # offsets GC'd here, not yet agreed
         self.closed = False
+        #: the default context's outstanding nbi operations (quiet() completes them)
+        self.completion: CompletionTracker | None = None
+        self._contexts = weakref.WeakSet()   # live Ctx objects (contexts.py)
+        self._held_locks: dict[int, int] = {}  # lock offset -> this PE's ticket (locks.py)
+        self._hints: dict[int, int] = {}       # block offset -> malloc_with_hints' hints
         # Built one by one in _setup; _teardown releases whatever was built.
         self.comm = self.node = self.agreement = self.exchange = None
         self.local = self.peers = self.channel = self.offnode = None
@@ -90,6 +101,7 @@ class SymmetricHeap:
                                                release_dead=False,
                                                local_rank=self.node.Get_rank())
                 self.backend = self.local.backend
+                self.completion = CompletionTracker(self.backend, current_stream=True)
                 _note_rounding(heap_size, self.local, self.my_pe)
                 call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
                              self.backend.name)
@@ -272,14 +284,105 @@ class SymmetricHeap:
 
     calloc = zeros
 
+    def align(self, alignment: int, nbytes: int) -> torch.Tensor:
+        """`nbytes` of symmetric memory whose address is a multiple of
+        `alignment` on every PE (collective, shmem_align).
+
+        Blocks of 2**k bytes lie at multiples of 2**k from the heap's base, so an
+        alignment up to the block's size costs nothing; a larger one takes a
+        block of `alignment` bytes (the rest of it is unused). The base is
+        aligned to the backend's granularity (heap_info()'s backend; 2 MiB on
+        CUDA) and no more on every PE, so that is the largest alignment.
+
+        Args:
+            alignment: a power of two (bytes), the same on every PE.
+            nbytes: the size in bytes, an integer >= 0, the same on every PE.
+
+        Returns:
+            A 1-D uint8 tensor of `nbytes` elements at the same heap offset on
+            every PE, with data_ptr() % alignment == 0. It frees itself once
+            dropped on every PE, or with free().
+
+        Raises:
+            TypeError: `alignment` or `nbytes` is not an integer.
+            ValueError: `alignment` is not a power of two or exceeds the
+                backend's granularity, or `nbytes` < 0.
+            SymmetryError: the PEs made different calls or passed different
+                arguments (every PE raises it; nothing was done).
+            HeapExhaustedError: the heap cannot hold the aligned block.
+            PeerTimeoutError: a PE did not join within the heap's timeout.
+            ShmemError: the heap is finalized.
+        """
+        text = f"align({alignment!r}, {nbytes!r})"
+        call = Call(Phase.ALIGN, text=text)
+        try:
+            alignment = _whole_int(alignment, "alignment")
+            (count,), nbytes = tensor_nbytes((nbytes,), torch.uint8)
+            if alignment < 1 or alignment & (alignment - 1):
+                raise ValueError(f"align: alignment must be a power of two, got {alignment}")
+            if alignment > self.backend.granularity:  # the same limit on every PE
+                raise ValueError(f"align: alignment {alignment} exceeds the {self.backend.name} "
+                                 f"backend's granularity {self.backend.granularity}, the "
+                                 f"alignment of the heap's base on every PE and so the largest "
+                                 f"this heap can give")
+            call.args = (alignment, nbytes)
+        except (TypeError, ValueError) as exc:
+            call.error = exc
+        with self._lock:
+            self.agree(call)
+            block = self._allocate_collectively(max(nbytes, alignment), call)
+            return self.local.tensor_for(block, (count,), torch.uint8)
+
+    def malloc_with_hints(self, nbytes: int, hints: int = 0) -> torch.Tensor:
+        """malloc() with OpenSHMEM 1.5's usage hints (collective,
+        shmem_malloc_with_hints). The hints are checked, agreed on (part of what
+        every PE must pass alike) and recorded with the block, but change nothing
+        yet: every block already suits atomics and signals, which all go through
+        the heap's MPI window.
+
+        Args:
+            nbytes: the size in bytes, an integer >= 0, the same on every PE.
+            hints: 0, or an OR of shmemvm.MALLOC_ATOMICS_REMOTE (1) and
+                MALLOC_SIGNAL_REMOTE (2); the same on every PE.
+
+        Returns:
+            A 1-D uint8 tensor of `nbytes` elements, as malloc() returns.
+
+        Raises:
+            TypeError: `nbytes` or `hints` is not an integer.
+            ValueError: `nbytes` < 0 or `hints` has bits other than those two.
+            SymmetryError: the PEs made different calls or passed different
+                arguments (hints included; every PE raises it).
+            HeapExhaustedError: the heap cannot hold the request.
+            PeerTimeoutError: a PE did not join within the heap's timeout.
+            ShmemError: the heap is finalized.
+        """
+        call = Call(Phase.MALLOC_WITH_HINTS, text=f"malloc_with_hints({nbytes!r}, {hints!r})")
+        try:
+            hints = _whole_int(hints, "hints")
+            if hints < 0 or hints & ~(MALLOC_ATOMICS_REMOTE | MALLOC_SIGNAL_REMOTE):
+                raise ValueError(f"malloc_with_hints: hints must be 0 or an OR of "
+                                 f"MALLOC_ATOMICS_REMOTE (1) and MALLOC_SIGNAL_REMOTE (2), got "
+                                 f"{hints}")
+            (count,), nbytes = tensor_nbytes((nbytes,), torch.uint8)
+            call.args = (nbytes, hints)
+        except (TypeError, ValueError) as exc:
+            call.error = exc
+        with self._lock:
+            self.agree(call)
+            block = self._allocate_collectively(nbytes, call)
+            self._hints[block.offset] = hints
+            return self.local.tensor_for(block, (count,), torch.uint8)
+
     def free(self, tensor: torch.Tensor) -> None:
         """Free a symmetric tensor (collective). `tensor` itself becomes empty;
         views of it made before (slices, ptr() views, on any PE) keep the old
         memory and data, but are no longer symmetric tensors; the block is
         reused only once all of them are gone (heap_info()'s deferred count).
 
-        This PE's outstanding put/get are completed first (quiet()), on every
-        stream they were issued on.
+        This PE's outstanding put/get/nbi operations are completed first, on
+        every context (the default one and every Ctx): nothing may still be in
+        flight into memory that is released.
 
         Args:
             tensor: a tensor from this heap (malloc/empty/zeros/realloc), the
@@ -304,7 +407,7 @@ class SymmetricHeap:
                     call.text = f"free(tensor at heap offset {retirement.block.offset:#x})"
                 except (TypeError, FreedTensorError) as exc:
                     call.error = exc
-                self.quiet()
+                self._quiet_every_context()
                 alone_everywhere = self.agree(
                     call, flag=retirement is not None and retirement.alone).flag_everywhere
                 self.local.finish_free(retirement, release_now=alone_everywhere)
@@ -352,7 +455,7 @@ class SymmetricHeap:
                     call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
                 except (TypeError, ValueError, FreedTensorError) as exc:
                     call.error = exc
-                self.quiet()
+                self._quiet_every_context()
                 alone_everywhere = self.agree(
                     call, flag=retirement is not None and retirement.alone).flag_everywhere
                 if alone_everywhere and self.local.size_class(new_bytes) == block.size:
@@ -422,6 +525,7 @@ class SymmetricHeap:
                     raise ShmemError(f"{call.text} failed while PEs attached the new memory to "
                                      f"the MPI window ({attach_failure or 'see the other PEs'}); "
                                      f"undone on every PE") from attach_failure
+        self._hints.pop(block.offset, None)  # a former block's (malloc_with_hints sets its own)
         return block
 
     # -- the agreement (agreement.py) ----------------------------------------------
@@ -550,7 +654,8 @@ class SymmetricHeap:
             raise ValueError(f"get: source has {source.numel()} elements, destination "
                              f"{dest.numel()}; slice them to the same length")
 
-    def put(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
+    def put(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
+            _nbi: CompletionTracker | None = None) -> None:
         """Copy `source` (any tensor) into symmetric `dest` on PE `pe`.
 
         Args:
@@ -582,17 +687,22 @@ class SymmetricHeap:
         block = self._symmetric(dest, "destination")
         source = self._source_for(source, dest, "put")
         if pe == self.my_pe:
-            self.backend.copy(dest, source, _blocking)
+            target = dest
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
             # = local.offset_of(dest): block_of() found dest's storage at block.offset
             offset = block.offset + dest.storage_offset() * dest.element_size()
-            remote = self.peers.copy_view(pe, offset, dest)
-            self.backend.copy(remote, source, _blocking)
+            target = self.peers.copy_view(pe, offset, dest)
         else:
-            self.window(f"put to PE {pe} on another node").put(dest, source, pe, block)
+            self.window(f"put to PE {pe} on another node").put(dest, source, pe, block, _nbi)
+            return
+        if _nbi is None:
+            self.backend.copy(target, source, True)
+        else:  # put_nbi: the context that issued it completes it (completion.py)
+            _nbi.copy(target, source)
 
-    def get(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *, _blocking: bool = True) -> None:
+    def get(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
+            _nbi: CompletionTracker | None = None) -> None:
         """Copy symmetric `source` on PE `pe` into `dest` (any tensor).
 
         Args:
@@ -630,17 +740,23 @@ class SymmetricHeap:
             dest.copy_(staged.view(dest.shape))
             return
         if pe == self.my_pe:
-            self.backend.copy(target, source, _blocking)
+            remote = source
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
             offset = block.offset + source.storage_offset() * source.element_size()  # offset_of()
             remote = self.peers.copy_view(pe, offset, source)
-            self.backend.copy(target, remote, _blocking)
         else:
-            self.window(f"get from PE {pe} on another node").get(target, source, pe, block)
+            self.window(f"get from PE {pe} on another node").get(target, source, pe, block, _nbi)
+            return
+        if _nbi is None:
+            self.backend.copy(target, remote, True)
+        else:  # get_nbi: the context that issued it completes it (completion.py)
+            _nbi.copy(target, remote)
 
-    def put_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-        """put() that returns once the copy is enqueued; quiet() completes it.
+    def put_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
+                _tracker: CompletionTracker | None = None) -> None:
+        """put() that returns once the copy is issued; quiet() completes it (the
+        default context's quiet(): a Ctx's put_nbi is completed by its own).
 
         Args:
             dest: a symmetric tensor of this heap (or a view of one).
@@ -649,16 +765,18 @@ class SymmetricHeap:
             pe: the PE to write to.
 
         Returns:
-            None; the copy may still be running (device heaps). Off the node it
-            is complete, as for put().
+            None; the copy may still be running (device heaps on the node; MPI
+            off the node, where `pe`'s answer is awaited at quiet()).
 
         Raises:
-            As put().
+            As put(); a PE that does not answer raises PeerTimeoutError at quiet().
         """
-        self.put(dest, source, pe, _blocking=False)
+        self.put(dest, source, pe, _nbi=self.completion if _tracker is None else _tracker)
 
-    def get_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-        """get() that returns once the copy is enqueued; quiet() completes it.
+    def get_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
+                _tracker: CompletionTracker | None = None) -> None:
+        """get() that returns once the copy is issued; quiet() completes it (the
+        default context's quiet(): a Ctx's get_nbi is completed by its own).
 
         Args:
             dest: any tensor with source's dtype and number of elements; read it
@@ -667,43 +785,54 @@ class SymmetricHeap:
             pe: the PE to read from.
 
         Returns:
-            None; the copy may still be running (device heaps).
+            None; the copy may still be running (device heaps on the node; MPI
+            off the node).
 
         Raises:
-            As get().
+            As get(); a PE that does not answer raises PeerTimeoutError at quiet().
         """
-        self.get(dest, source, pe, _blocking=False)
+        self.get(dest, source, pe, _nbi=self.completion if _tracker is None else _tracker)
 
     def quiet(self) -> None:
-        """Complete every put/get (blocking or nbi) issued by this PE.
+        """Complete every put/get/nbi atomic issued by this PE on the default
+        context (the heap's own calls), as shmem_quiet does: operations issued
+        through a Ctx are completed by that context's quiet() (or its destroy(),
+        or free/realloc/finalize, which complete every context's).
 
         Returns:
-            None, once they are all complete.
+            None, once they are all complete (nbi atomics' fetched values stored).
 
         Raises:
             ShmemError: the heap is finalized.
+            PeerTimeoutError: a PE did not answer an nbi operation within the
+                heap's timeout; the heap is unusable afterwards.
         """
         if self.closed:
             self._check_usable()  # raises: finalized (its MPI window is gone)
-        self.backend.synchronize()
-        if self.offnode is not None:
-            self.offnode.flush()
+        self.completion.quiet()
+
+    def _quiet_every_context(self) -> None:
+        """quiet() the default context and every live Ctx: before memory is freed
+        or the window goes, nothing may still be in flight into it."""
+        self.quiet()
+        for ctx in list(self._contexts):
+            ctx.completion.quiet()
 
     def fence(self) -> None:
-        """Order this PE's puts to each PE. Copies on the node already complete
-        in issue order (one stream); off the node each put is complete when it
-        returns.
+        """Order this PE's puts to each PE on the default context. Copies on the
+        node already complete in issue order (one stream); off the node the
+        outstanding nbi operations are completed.
 
         Returns:
             None.
 
         Raises:
             ShmemError: the heap is finalized.
+            PeerTimeoutError: a PE did not answer within the heap's timeout.
         """
         if self.closed:
             self._check_usable()  # raises: finalized (its MPI window is gone)
-        if self.offnode is not None:
-            self.offnode.flush()
+        self.completion.fence()
 
     def barrier_all(self) -> None:
         """Complete this PE's puts, then wait for every PE (collective).
@@ -829,6 +958,48 @@ class SymmetricHeap:
     # strided put/get (strided.py)
     iput = strided.iput
     iget = strided.iget
+    # distributed locks (locks.py)
+    set_lock = locks.set_lock
+    clear_lock = locks.clear_lock
+    test_lock = locks.test_lock
+
+    # -- contexts (contexts.py) ------------------------------------------------------------
+    def ctx_create(self, options: int = 0):
+        """A communication context on this heap (shmem_ctx_create; not collective).
+
+        Args:
+            options: 0 or an OR of shmemvm.CTX_SERIALIZED (1), CTX_PRIVATE (2)
+                and CTX_NOSTORE (4), recorded on the context (see contexts.Ctx).
+
+        Returns:
+            A contexts.Ctx: put/get/nbi/atomics whose quiet() completes only its
+            own operations. Usable as a context manager (destroyed on exit).
+
+        Raises:
+            TypeError: `options` is not an integer.
+            ValueError: `options` has other bits.
+            ShmemError: the heap is finalized.
+        """
+        from .contexts import Ctx  # contexts.py builds on this module
+        return Ctx(self, options)
+
+    def ctx_destroy(self, ctx) -> None:
+        """Complete `ctx`'s operations and make it unusable (shmem_ctx_destroy).
+
+        Args:
+            ctx: a contexts.Ctx of this heap (destroying it twice is harmless).
+
+        Returns:
+            None.
+
+        Raises:
+            TypeError: `ctx` is not a context of this heap.
+            PeerTimeoutError: a PE did not answer ctx's nbi operations in time.
+        """
+        if getattr(ctx, "heap", None) is not self or not hasattr(ctx, "destroy"):
+            raise TypeError(f"ctx_destroy: expected a context made by this heap's ctx_create, "
+                            f"got {type(ctx).__name__}")
+        ctx.destroy()
 
     # -- collectives (collectives.py): contiguous symmetric tensors ----------------------
     broadcast = collectives.broadcast
@@ -864,7 +1035,7 @@ class SymmetricHeap:
         try:
             if not self._broken:
                 with self._lock:
-                    self.quiet()
+                    self._quiet_every_context()
                     self.agree(Call(Phase.FINALIZE, text="finalize()"))
         except SymmetryError:
             raise  # other PEs are in another call: as the error says, nothing was done
@@ -924,6 +1095,14 @@ def _node_split(value) -> int | None:
     if size < 1:
         raise ValueError(f"SHMEMVM_NODE_SPLIT must be an integer >= 1, got {split!r}")
     return size
+
+
+def _whole_int(value, name: str) -> int:
+    """`value` as an int (NumPy and other integer types too), or TypeError."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__") or \
+            isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return operator.index(value)
 
 
 def _whole_elements(nbytes, dtype: torch.dtype) -> int:

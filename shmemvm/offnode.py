@@ -11,7 +11,9 @@ only with respect to other MPI atomics, so atomics.py sends *all* atomics
 through it, to PEs on the node too.
 
 put/get here are blocking: they return once the data is complete at the
-target (put) or here (get). A destination that is not contiguous (a strided
+target (put) or here (get). Given a context's completion tracker (put_nbi,
+get_nbi; completion.py) they return once the operation is issued, and the
+tracker's quiet() completes it with the same deadline. A destination that is not contiguous (a strided
 slice) is described to MPI by a derived datatype, so it is written in place;
 the local side is staged contiguously.
 
@@ -88,13 +90,6 @@ class OffNodeWindow:
         pairs = comm.allgather((local.base, MPI.Get_address(self._probe_memory)))
         self.bases = [base for base, _ in pairs]
         self._probes = [probe for _, probe in pairs]
-        #: operations issued and not yet complete at their target. put/get here and
-        #: every atomic complete each operation before they return, so this stays
-        #: 0 and flush() costs nothing; code that issues an operation without
-        #: completing it must count it here, so that quiet() completes it.
-        self.outstanding = 0
-        #: operations issued by defer() (the nbi atomics): (request, pe, buffers, done)
-        self._deferred: list = []
         local.release_listeners.append(self.detach)
         self.win.Lock_all()
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -165,10 +160,12 @@ class OffNodeWindow:
         self.complete(requests, pe, what)
         self.win.Flush(pe)
 
-    def _probe(self, pe: int) -> MPI.Request:
-        """A read of PE `pe`'s probe word: its completion needs `pe`'s answer."""
-        return self.win.Rget([self._probe_result, 1, MPI.INT64_T], pe,
-                             [self._probes[pe], 1, MPI.INT64_T])
+    def _probe(self, pe: int, result: array.array | None = None) -> MPI.Request:
+        """A read of PE `pe`'s probe word into `result` (default: a buffer of the
+        window's, for probes completed before the next is issued): its completion
+        needs `pe`'s answer."""
+        return self.win.Rget([self._probe_result if result is None else result, 1,
+                              MPI.INT64_T], pe, [self._probes[pe], 1, MPI.INT64_T])
 
     # -- put/get ----------------------------------------------------------------------
     def _target(self, tensor: torch.Tensor, pe: int, op: str, writing: bool):
@@ -181,59 +178,63 @@ class OffNodeWindow:
         datatype = _strided_type(tensor, op, writing)
         return displacement, [displacement, 1, datatype], nbytes, datatype
 
-    def put(self, dest: torch.Tensor, source: torch.Tensor, pe: int, block: Block) -> None:
-        """dest (symmetric, any strides) on PE `pe` <- source (any tensor of dest's shape)."""
+    def put(self, dest: torch.Tensor, source: torch.Tensor, pe: int, block: Block,
+            tracker=None) -> None:
+        """dest (symmetric, any strides) on PE `pe` <- source (any tensor of dest's
+        shape): complete at `pe` on return, or, given a `tracker` (put_nbi), issued
+        and left for tracker.quiet() to complete (the staged copy of `source` is
+        made here, so the caller may reuse `source` at once)."""
         _, target, nbytes, datatype = self._target(dest, pe, "put", writing=True)
+        deferred = False
         try:
             if nbytes:
                 staged = source.to("cpu").contiguous()
                 put = self.win.Rput([MPI.memory.fromaddress(staged.data_ptr(), nbytes),
                                      MPI.BYTE], pe, target)
-                self.finish([put, self._probe(pe)], pe, "off-node put")
+                if tracker is None:
+                    self.finish([put, self._probe(pe)], pe, "off-node put")
+                else:
+                    # The probe needs pe's answer, so quiet() can wait for it with the
+                    # deadline; it reads into a buffer of its own (others may be in flight).
+                    answer = array.array("q", [0])
+                    tracker.defer([put, self._probe(pe, answer)], pe, self,
+                                  buffers=(staged, answer, datatype),
+                                  done=datatype.Free if datatype is not None else None)
+                    deferred = True
         finally:
-            if datatype is not None:
+            if datatype is not None and not deferred:
                 datatype.Free()
 
-    def get(self, dest: torch.Tensor, source: torch.Tensor, pe: int, block: Block) -> None:
-        """dest (any tensor of source's shape) <- source (symmetric, any strides) on PE `pe`."""
+    def get(self, dest: torch.Tensor, source: torch.Tensor, pe: int, block: Block,
+            tracker=None) -> None:
+        """dest (any tensor of source's shape) <- source (symmetric, any strides) on
+        PE `pe`: the data is in `dest` on return, or, given a `tracker` (get_nbi),
+        once tracker.quiet() has returned."""
         _, target, nbytes, datatype = self._target(source, pe, "get", writing=False)
+        deferred = False
         try:
             staging = dest if dest.device.type == "cpu" and dest.is_contiguous() else \
                 torch.empty(dest.shape, dtype=dest.dtype)
+
+            def unstage():
+                if staging is not dest:
+                    dest.copy_(staging)
+                if datatype is not None:
+                    datatype.Free()
+
             if nbytes:
                 get = self.win.Rget([MPI.memory.fromaddress(staging.data_ptr(), nbytes),
                                      MPI.BYTE], pe, target)
+                if tracker is not None:  # an Rget completes only with pe's answer
+                    tracker.defer(get, pe, self, buffers=(staging, dest), done=unstage)
+                    deferred = True
+                    return
                 self.complete(get, pe, "off-node get")  # complete: the data is here
             if staging is not dest:
                 dest.copy_(staging)
         finally:
-            if datatype is not None:
+            if datatype is not None and not deferred:
                 datatype.Free()
-
-    def defer(self, request: MPI.Request, pe: int, buffers, done) -> None:
-        """Count an operation on PE `pe` issued without completing it (an nbi
-        atomic): flush() (quiet) waits for `request` with the deadline, flushes,
-        and then calls done(). `request` must need `pe`'s answer to complete
-        (MPI_Rget_accumulate); `buffers` are kept alive until then."""
-        self._deferred.append((request, pe, buffers, done))
-        self.outstanding += 1
-
-    def flush(self) -> None:
-        """Complete outstanding operations. Flush_all is skipped when there are
-        none: it is not free even then (a round trip to every target in MPICH,
-        about 4 us with both PEs polling and up to 100 us when a target is not in
-        an MPI call), and quiet() runs on every free and barrier_all."""
-        if self.outstanding:
-            deferred, self._deferred = self._deferred, []
-            for request, pe, _, _ in deferred:  # each needs pe's answer: the deadline
-                self.complete(request, pe, "quiet")
-            if self.outstanding > len(deferred):  # others: probe every PE first
-                for pe in range(self.comm.Get_size()):  # the deadline, as complete() gives it
-                    self.complete(self._probe(pe), pe, "quiet")
-            self.win.Flush_all()
-            self.outstanding = 0
-            for _, _, _, done in deferred:
-                done()
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import shmemvm
-from shmemvm import SymmetricHeap, api, atomics, collectives, info, strided, sync, teams
+from shmemvm import SymmetricHeap, api, atomics, collectives, info, locks, strided, sync, teams
 
 def test_api_module_defines_only_init_finalize_default_heap_and_forwarders():
     own = {name for name, value in vars(api).items()
@@ -39,10 +39,12 @@ def test_atomics_and_collectives_are_the_heaps_methods_as_defined():
     for name in api.FORWARDED:
         if name.endswith("_nbi") and name.startswith(("atomic_", "put_signal")):
             assert vars(SymmetricHeap)[name] is getattr(atomics, name), name
-        elif name.startswith(("wait_until_", "test_")):
+        elif name.startswith(("wait_until_", "test_")) and name != "test_lock":
             assert vars(SymmetricHeap)[name] is getattr(sync, name), name
     for name in ("iput", "iget"):
         assert vars(SymmetricHeap)[name] is getattr(strided, name), name
+    for name in ("set_lock", "clear_lock", "test_lock"):
+        assert vars(SymmetricHeap)[name] is getattr(locks, name), name
 
 
 @pytest.mark.parametrize("name", api.FORWARDED)

@@ -13,15 +13,11 @@ import sys
 
 import pytest
 
-from shmemvm import SymmetricHeap
 from util import REPO, clean_env, mpiexec
 
 EXAMPLES = REPO / "examples" / "shmem4py"
 NAMES = sorted(path.stem for path in EXAMPLES.glob("*.py"))
 LIMIT = 180  # seconds per job; a hang fails the test instead of the run
-
-#: examples that need heap methods other helpers add (merged by the lead)
-NEEDS = {"collect": "collect", "lock_counter": "set_lock"}
 
 
 def test_every_named_example_is_there():
@@ -71,8 +67,6 @@ def test_example_runs_on_two_simulated_nodes(name):
 
 
 def _check(name, n_pes, node_split):
-    if name in NEEDS and not hasattr(SymmetricHeap, NEEDS[name]):
-        pytest.skip(f"needs SymmetricHeap.{NEEDS[name]} (teams/locks helpers; runs once merged)")
     result = _run(name, n_pes, node_split)
     assert result.returncode == 0, f"{name} at -n {n_pes}:\n{result.stdout[-3000:]}"
     assert "FAILED" not in result.stdout

@@ -4,9 +4,6 @@ clear errors for arrays that are not symmetric. Every test that moves data runs
 with all PEs on one node and split into simulated nodes.
 
     mpirun -n 2 python -m pytest --with-mpi -m mpi tests/test_shmem_layer.py
-
-Tests marked MERGE need the teams/contexts/locks helpers' heap methods and skip
-(saying so) until those are merged.
 """
 
 import gc
@@ -17,18 +14,12 @@ import pytest
 from mpi4py import MPI
 
 import shmemvm
-from shmemvm import FreedTensorError, SymmetricHeap, rc
+from shmemvm import FreedTensorError, rc
 
 rc(initialize=False, finalize=False)  # this module makes and ends its own heaps
 from shmemvm import shmem  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
-HAS_TEAMS = hasattr(SymmetricHeap, "team_world")
-HAS_CTX = hasattr(SymmetricHeap, "ctx_create")
-HAS_LOCKS = hasattr(SymmetricHeap, "set_lock")
-needs_teams = pytest.mark.skipif(not HAS_TEAMS, reason="MERGE: needs shmemvm.teams")
-needs_ctx = pytest.mark.skipif(not HAS_CTX, reason="MERGE: needs shmemvm.contexts")
-needs_locks = pytest.mark.skipif(not HAS_LOCKS, reason="MERGE: needs shmemvm.locks")
 
 
 @pytest.fixture(params=["one-node", "split-nodes"])
@@ -107,7 +98,6 @@ def test_constants_have_openshmems_values():
     assert shmem.Team(shmem.TEAM_WORLD) == shmem.TEAM_WORLD != shmem.TEAM_SHARED
 
 
-@needs_ctx
 def test_ctx_and_malloc_constants_are_shmemvms():
     assert (shmem.CTX_SERIALIZED, shmem.CTX_PRIVATE, shmem.CTX_NOSTORE) == \
         (shmemvm.CTX_SERIALIZED, shmemvm.CTX_PRIVATE, shmemvm.CTX_NOSTORE)
@@ -372,8 +362,7 @@ def test_world_team_and_default_context(world):
     shmem.barrier_all()
 
 
-# -- teams, contexts, locks (MERGE) ----------------------------------------------------------------
-@needs_teams
+# -- teams, contexts, locks ----------------------------------------------------------------
 @pytest.mark.mpi
 def test_teams(world):
     me, n, right, left = _neighbours()
@@ -406,7 +395,6 @@ def test_teams(world):
     shmem.barrier_all()
 
 
-@needs_teams
 @pytest.mark.mpi
 def test_collect_and_alltoalls(world):
     me, n, right, left = _neighbours()
@@ -420,7 +408,6 @@ def test_collect_and_alltoalls(world):
     assert np.array_equal(dst[::2], 100 * np.arange(n) + 2 * me)
 
 
-@needs_ctx
 @pytest.mark.mpi
 def test_contexts(world):
     me, n, right, left = _neighbours()
@@ -436,7 +423,6 @@ def test_contexts(world):
     assert (a == left).all()
 
 
-@needs_locks
 @pytest.mark.mpi
 def test_locks_lose_no_increment(world):
     me, n, right, left = _neighbours()

@@ -103,13 +103,16 @@ class VMMBackend(abc.ABC):
         """A zero-copy tensor over mapped memory at `va`."""
         return _dlpack.tensor_at(va, shape, dtype, self.device)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, blocking: bool) -> None:
-        """dst <- src where either may be peer memory. Non-blocking copies are
-        completed by synchronize()."""
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, blocking: bool):
+        """dst <- src where either may be peer memory. Returns the stream a
+        non-blocking copy may still be running on, which the caller completes
+        (the context that issued it: completion.py), or None when the copy is
+        complete (always on the host)."""
         dst.copy_(src, non_blocking=not blocking)
+        return None
 
     def synchronize(self) -> None:
-        """Wait for every copy started with blocking=False."""
+        """Wait for the work queued on the current device stream."""
 
     def import_external(self, tensor: torch.Tensor) -> tuple[Handle, int]:
         """(handle, size) for memory that another allocator made, if possible."""

@@ -124,8 +124,6 @@ class CudaBackend(VMMBackend):
         self.device = torch.device("cuda", index)
         self._closed = False
         self._local = threading.local()
-        self._streams_lock = threading.Lock()
-        self._pending_streams: dict[int, torch.cuda.Stream] = {}  # with unfinished nbi copies
 
         # Let torch create (or pick up) the device's primary context first, then
         # take our own reference to that same context.
@@ -252,27 +250,20 @@ class CudaBackend(VMMBackend):
                va=va, size=size, device=self.index, flags="PROT_READWRITE")
 
     # -- data -----------------------------------------------------------------
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, blocking: bool) -> None:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, blocking: bool):
         """Copy engine, ordered on the current stream of this device. A
-        non-blocking copy records its stream, so that synchronize() (quiet,
-        barriers, free) completes it whatever stream is current then."""
+        non-blocking copy returns its stream, which the context that issued it
+        keeps and synchronizes at its quiet() (completion.py)."""
         stream = torch.cuda.current_stream(self.device)
         dst.copy_(src, non_blocking=True)
         if blocking:
             stream.synchronize()
-        else:
-            with self._streams_lock:
-                self._pending_streams[stream.stream_id] = stream
+            return None
+        return stream
 
     def synchronize(self) -> None:
-        """Wait for the current stream and every stream a non-blocking copy used."""
-        with self._streams_lock:
-            streams = dict(self._pending_streams)
-            self._pending_streams.clear()
-        current = torch.cuda.current_stream(self.device)
-        streams.setdefault(current.stream_id, current)
-        for stream in streams.values():
-            stream.synchronize()
+        """Wait for the current stream (kernels and copies queued on it)."""
+        torch.cuda.current_stream(self.device).synchronize()
 
     def import_external(self, tensor: torch.Tensor) -> tuple[int, int]:
         """Memory from torch's caching allocator cannot become a heap piece.

@@ -265,7 +265,6 @@ class HipBackend(VMMBackend):
         self._lock = threading.RLock()
         self._reservations: dict[int, _Reservation] = {}
         self._bases: list[int] = []           # sorted reservation bases
-        self._pending_streams: dict = {}      # streams with unfinished non-blocking copies
         self._filler = None                   # the filler piece, made on first need
 
         requested = setting("SHMEMVM_DEVICE", device)
@@ -612,37 +611,25 @@ class HipBackend(VMMBackend):
     def _current_stream(self):
         return torch.cuda.current_stream(self.device)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, blocking: bool) -> None:
-        """Copy engine, ordered on the current stream of this device."""
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, blocking: bool):
+        """Copy engine, ordered on the current stream of this device. A
+        non-blocking copy returns its stream, which the context that issued it
+        keeps and synchronizes at its quiet() (completion.py)."""
         stream = self._current_stream()
         dst.copy_(src, non_blocking=True)
         if blocking:
             stream.synchronize()
-        else:
-            with self._lock:
-                self._pending_streams[(stream.device_index, stream.stream_id)] = stream
-
-    def _take_pending_streams(self) -> dict:
-        with self._lock:
-            streams = dict(self._pending_streams)
-            self._pending_streams.clear()
-        return streams
+            return None
+        return stream
 
     def synchronize(self) -> None:
-        """Wait for the current stream (kernels writing symmetric memory) and
-        every stream a non-blocking copy used, each once."""
-        streams = self._take_pending_streams()
-        current = self._current_stream()
-        streams.setdefault((current.device_index, current.stream_id), current)
-        for stream in streams.values():
-            stream.synchronize()
+        """Wait for the current stream (kernels and copies queued on it)."""
+        self._current_stream().synchronize()
 
     def close(self) -> None:
         """Unmap every filler granule left (reservations still alive keep their
         real pieces) and release the filler piece."""
         if not self._closed:
-            for stream in self._take_pending_streams().values():
-                stream.synchronize()
             with self._lock:
                 for res in self._reservations.values():
                     self._unfill(res, res.fillers_in(res.base, res.end))

@@ -1,0 +1,178 @@
+"""Distributed locks over one symmetric int64 word (shmem_set_lock,
+shmem_clear_lock, shmem_test_lock).
+
+A ticket lock on PE 0's copy of the word: the high 32 bits count the tickets
+taken, the low 32 bits the ticket now served; the lock is free when they are
+equal. set_lock takes a ticket with one atomic fetch-add of 2**32 and polls
+the word until its ticket is served; clear_lock serves the next ticket with one
+atomic add of 1 to the low half. Why a ticket lock rather than MCS: it needs
+nothing but the one word the user allocates (MCS needs a symmetric queue node
+per PE, which a non-collective set_lock cannot allocate), it is FIFO, so no PE
+starves under contention, and MCS's advantage, spinning on local memory, buys
+nothing here: every read of the word goes through MPI anyway (the atomics'
+path, atomic with respect to each other on and off the node), and a waiter
+backs off in proportion to its place in the queue, so PE 0 is not flooded.
+
+Waiting for a lock that a live PE holds for a long time is legitimate, so the
+poll has no deadline; each MPI operation still has the heap's (an unanswering
+PE 0 raises PeerTimeoutError). A new word is all zeros, which is a free lock,
+as OpenSHMEM's ``long lock = 0``. The word wraps after 2**32 acquisitions of
+one lock without ill effect; the ticket count after 2**31 wraps through the
+int64 sign, which the arithmetic here takes modulo 2**64.
+
+These functions take the heap first and are the heap's methods as they are
+(`SymmetricHeap.set_lock is locks.set_lock`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .errors import ShmemError
+
+#: the PE whose copy of the lock word is the lock
+HOME_PE = 0
+_TICKET = 1 << 32
+_LOW = _TICKET - 1
+_MASK64 = (1 << 64) - 1
+
+# Polling: a waiter sleeps about this long per PE ahead of it, up to the cap,
+# so the head of the queue notices its turn at once and the tail stays quiet.
+_SLEEP_PER_WAITER = 20e-6
+_MAX_SLEEP = 2e-3
+
+
+def _signed(word: int) -> int:
+    """A 64-bit pattern as the int64 that holds it."""
+    word &= _MASK64
+    return word - (1 << 64) if word >> 63 else word
+
+
+def _lock_offset(heap, lock, what: str) -> int:
+    """The lock word's heap offset, after checking it is a one-element int64
+    symmetric tensor (TypeError, ValueError, FreedTensorError otherwise)."""
+    if not isinstance(lock, torch.Tensor):
+        raise TypeError(f"{what}: lock must be a symmetric int64 tensor of one element, got "
+                        f"{type(lock).__name__}")
+    if lock.dtype != torch.int64:
+        raise TypeError(f"{what}: lock must have dtype torch.int64 (OpenSHMEM's long), got "
+                        f"{lock.dtype}; allocate it with heap.zeros(1, torch.int64)")
+    if lock.numel() != 1:
+        raise ValueError(f"{what}: lock must have exactly one element, got shape "
+                         f"{tuple(lock.shape)}; pass a one-element tensor or view (locks[i:i+1])")
+    heap._symmetric(lock, f"lock of {what} (a tensor from this heap's zeros)")
+    return heap.local.offset_of(lock)
+
+
+def set_lock(heap, lock: torch.Tensor) -> None:
+    """Acquire `lock`, waiting for it as long as other PEs hold it (shmem_set_lock).
+
+    PEs are served in the order they asked (a ticket lock), so none starves.
+    Not collective. Once it returns, this PE sees every store that earlier
+    holders made before their clear_lock.
+
+    Args:
+        lock: a one-element int64 symmetric tensor (or a view of one), allocated
+            and zeroed collectively (``heap.zeros(1, torch.int64)``), and used
+            only through set_lock/clear_lock/test_lock.
+
+    Returns:
+        None, once this PE holds the lock.
+
+    Raises:
+        TypeError: `lock` is not a tensor of dtype int64.
+        ValueError: `lock` is not one element.
+        FreedTensorError: `lock` is not a live symmetric tensor of this heap.
+        ShmemError: this PE already holds `lock` (it would wait for itself).
+        UnsupportedError: the heap's memory is not reachable by MPI (a device
+            heap: keep locks in a host-backend heap).
+        PeerTimeoutError: PE 0, which keeps the lock, did not answer within the
+            heap's timeout (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+            Waiting for a live holder has no deadline.
+    """
+    offset = _lock_offset(heap, lock, "set_lock")
+    if offset in heap._held_locks:
+        raise ShmemError(f"set_lock: PE {heap.my_pe} already holds this lock (heap offset "
+                         f"{offset:#x}); locks are not recursive: clear_lock it first")
+    word = lock.view(-1)[0]
+    ticket = (heap.atomic_fetch_add(word, _TICKET, HOME_PE) & _MASK64) >> 32
+    while True:
+        serving = heap.atomic_fetch(word, HOME_PE) & _LOW
+        ahead = (ticket - serving) & _LOW
+        if ahead == 0:
+            break
+        time.sleep(min(ahead * _SLEEP_PER_WAITER, _MAX_SLEEP))
+    heap._held_locks[offset] = ticket
+
+
+def test_lock(heap, lock: torch.Tensor) -> bool:
+    """Acquire `lock` only if it is free now (shmem_test_lock); never waits for it.
+
+    Args:
+        lock: a one-element int64 symmetric tensor, as for set_lock.
+
+    Returns:
+        True when this PE acquired the lock (OpenSHMEM's 0), False when another
+        PE holds it or is queued for it (OpenSHMEM's 1), or this PE already
+        holds it.
+
+    Raises:
+        TypeError: `lock` is not a tensor of dtype int64.
+        ValueError: `lock` is not one element.
+        FreedTensorError: `lock` is not a live symmetric tensor of this heap.
+        UnsupportedError: the heap's memory is not reachable by MPI.
+        PeerTimeoutError: PE 0 did not answer within the heap's timeout.
+    """
+    offset = _lock_offset(heap, lock, "test_lock")
+    if offset in heap._held_locks:
+        return False
+    word = lock.view(-1)[0]
+    old = heap.atomic_fetch(word, HOME_PE)
+    bits = old & _MASK64
+    taken, serving = bits >> 32, bits & _LOW
+    if taken != serving:
+        return False
+    # Free: take the ticket being served, unless another PE changed the word first.
+    if heap.atomic_compare_swap(word, old, _signed(bits + _TICKET), HOME_PE) != old:
+        return False
+    heap._held_locks[offset] = serving
+    return True
+
+
+def clear_lock(heap, lock: torch.Tensor) -> None:
+    """Release `lock`, which this PE holds (shmem_clear_lock). This PE's puts and
+    nbi operations on the default context are completed first (quiet()), so
+    the next holder sees them.
+
+    Args:
+        lock: the one-element int64 symmetric tensor passed to set_lock.
+
+    Returns:
+        None; the next PE in line may now hold the lock.
+
+    Raises:
+        TypeError: `lock` is not a tensor of dtype int64.
+        ValueError: `lock` is not one element.
+        FreedTensorError: `lock` is not a live symmetric tensor of this heap.
+        ShmemError: this PE does not hold `lock`, or the word was changed by
+            something other than set_lock/clear_lock/test_lock.
+        UnsupportedError: the heap's memory is not reachable by MPI.
+        PeerTimeoutError: PE 0 did not answer within the heap's timeout.
+    """
+    offset = _lock_offset(heap, lock, "clear_lock")
+    ticket = heap._held_locks.get(offset)
+    if ticket is None:
+        raise ShmemError(f"clear_lock: PE {heap.my_pe} does not hold this lock (heap offset "
+                         f"{offset:#x}); only the PE that acquired it with set_lock or "
+                         f"test_lock may release it")
+    heap.quiet()
+    # Serve the next ticket: +1 in the low half, without a carry into the high one.
+    step = 1 if ticket != _LOW else 1 - _TICKET
+    old = heap.atomic_fetch_add(lock.view(-1)[0], step, HOME_PE)
+    del heap._held_locks[offset]
+    if old & _LOW != ticket:
+        raise ShmemError(f"clear_lock: the lock word (heap offset {offset:#x}) served ticket "
+                         f"{old & _LOW}, not this PE's {ticket}: something other than "
+                         f"set_lock/clear_lock/test_lock wrote it; the lock is now corrupt")
