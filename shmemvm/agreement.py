@@ -234,6 +234,13 @@ DEFAULT_TIMEOUT = float(SETTINGS["SHMEMVM_TIMEOUT"][0])
 _UNUSABLE = "This heap cannot be used any more; finalize() releases it"
 
 
+#: how long a wait polls before it yields its core. Yielding at once cost a
+#: whole time slice (about 3 ms) per step on the H200 machine when another
+#: thread that polls was bound to the same core (NVSHMEM's proxy thread under
+#: Open MPI's default binding); PEs in step arrive within microseconds.
+_SPIN_S = 100e-6
+
+
 def wait(request: MPI.Request, timeout: float, what, my_pe: int,
          after: str = _UNUSABLE) -> None:
     """Complete an MPI request or raise PeerTimeoutError after `timeout` s.
@@ -241,18 +248,22 @@ def wait(request: MPI.Request, timeout: float, what, my_pe: int,
     for the message); the message ends with `after`, what the timeout leaves."""
     if request.Test():
         return
-    deadline = time.monotonic() + timeout
+    now = time.monotonic()
+    deadline, keep_core = now + timeout, now + _SPIN_S
     spins = 0
     while not request.Test():
         spins += 1
         if spins % 64 == 0:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 what = what() if callable(what) else what
                 raise PeerTimeoutError(
                     f"PE {my_pe}: not every PE joined {what} within {timeout:g} s "
                     f"(SHMEMVM_TIMEOUT): a PE has died, hangs, or is in a different call. "
                     f"{after}")
-            # Yield the core, but do not sleep(0): on Linux that is a timed
+            if now < keep_core:
+                continue
+            # Then yield the core, but do not sleep(0): on Linux that is a timed
             # sleep of about the timer slack (50-100 us), not a yield.
             if spins < 4096:
                 os.sched_yield()
