@@ -29,21 +29,23 @@ _LOWER_USE = ("make fewer, larger segments: a larger SHMEMVM_CHUNK_SIZE (heap_in
               "trim() to release cached segments")
 
 
-def open_fd_count() -> int:
-    """Descriptors this process holds now."""
+def open_fd_count() -> int | None:
+    """Descriptors this process holds now; None where listing them needs one
+    more than the limit allows."""
     try:
         return len(os.listdir("/proc/self/fd")) - 1   # less the listing's own
     except OSError:
-        return -1
+        return None
 
 
 def map_count() -> int:
-    """Memory mappings of this process now (lines of /proc/self/maps)."""
+    """Memory mappings of this process now (lines of /proc/self/maps); 0 where
+    unreadable."""
     try:
         with open("/proc/self/maps", "rb") as maps:
             return sum(1 for _ in maps)
     except OSError:
-        return -1
+        return 0
 
 
 def max_map_count() -> int | None:
@@ -62,7 +64,9 @@ def fds_exhausted(what: str, system_wide: bool = False) -> ResourceLimitError:
         limit = ("the system ran out of file descriptors (ENFILE: fs.file-max, "
                  "`sysctl fs.file-max`; raise it as root)")
     else:
-        limit = (f"this process ran out of file descriptors ({open_fd_count()} open; "
+        count = open_fd_count()
+        limit = (f"this process ran out of file descriptors ("
+                 f"{'every one allowed' if count is None else count} open; "
                  f"RLIMIT_NOFILE soft limit {_limit_text(soft)}, hard {_limit_text(hard)}: "
                  f"raise it with `ulimit -n N` before mpirun, up to the hard limit, or "
                  f"resource.setrlimit(resource.RLIMIT_NOFILE, ...) in the program)")
