@@ -66,7 +66,10 @@ def chunk_size(value, budget: int, granularity: int) -> int:
     if isinstance(raw, str) and raw.strip().lower() in ("", "auto"):
         chunk = max(granularity, next_pow2(budget // MAX_CHUNKS))
     else:
-        chunk = parse_size(raw)
+        try:
+            chunk = parse_size(raw)
+        except ValueError as exc:
+            raise ValueError(f"SHMEMVM_CHUNK_SIZE: {exc}") from None
         if not is_pow2(chunk) or chunk < granularity:
             raise ValueError(f"chunk size must be a power of two of at least the backend's "
                              f"granularity ({format_bytes(granularity)}), got {raw!r} "
