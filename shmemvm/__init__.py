@@ -5,8 +5,8 @@ allocator (pure) and backends (host, cuda, hip).
 """
 
 from .allocator import Pow2Allocator
-from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
-                     SymmetryError, UnsupportedError)
+from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError,
+                     ResourceLimitError, ShmemError, SymmetryError, UnsupportedError)
 from .vmem import VMemPow2Allocator
 from .heap import SymmetricHeap
 from .api import (barrier_all, calloc, default_heap, empty, fence, finalize, free, get, get_nbi,
@@ -43,7 +43,7 @@ __all__ = [
     "barrier_all", "sync_all", "heap_info", "heap_bases", "query_thread",
     "THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED", "THREAD_MULTIPLE",
     "ShmemError", "HeapExhaustedError", "SymmetryError", "PeerTimeoutError",
-    "UnsupportedError", "FreedTensorError",
+    "UnsupportedError", "FreedTensorError", "ResourceLimitError",
     "atomic_fetch", "atomic_set", "atomic_add", "atomic_inc", "atomic_fetch_add",
     "atomic_fetch_inc", "atomic_swap", "atomic_compare_swap", "atomic_fetch_and",
     "atomic_fetch_or", "atomic_fetch_xor", "atomic_and", "atomic_or", "atomic_xor",

@@ -88,6 +88,7 @@ class Phase(enum.IntEnum):
     COLLECT_SIZES = 120         # collect: every PE's number of elements
     COLLECT_COPIED = 121
     ALLTOALLS_COPIED = 122
+    LIMIT_REPORT = 130          # a step failed on some PE: which PEs reached a system limit
 
     @property
     def counted(self) -> bool:

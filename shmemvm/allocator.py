@@ -6,10 +6,18 @@ cost a single agreement instead of an exchange of addresses.
 
 Layout
   - The VA range [0, va_size) is a buddy system whose smallest unit is the
-    backend granularity G. A request of class >= G takes a block of its own
-    there: a *segment*, backed by one physical piece.
-  - Requests below G are carved by a second buddy system out of G-sized
-    "small" segments; a small segment goes back when its last block does.
+    backend granularity G. A request of class >= the chunk size C (a power
+    of two >= G) takes a block of its own there: a *segment*, backed by one
+    physical piece.
+  - Requests below C are carved by a second buddy system out of C-sized
+    chunks (segments too); a chunk goes back when its last block does.
+    Every segment is thus at least C bytes, so a heap never has more than
+    budget / C of them, whatever the allocation pattern: each segment costs
+    a file descriptor and a mapping per PE of the node, and those are
+    limited per process (RLIMIT_NOFILE, vm.max_map_count). The price: a
+    chunk's physical memory is returned (trim, eviction) only when every
+    block in it is free, and one small allocation keeps a whole chunk
+    backed. C = G reproduces one segment per allocation of G and above.
   - A segment whose block is freed stays backed, in a cache ordered by age:
     a later request of the same class reuses it at no cost. When a fresh
     segment would exceed the physical budget, the oldest cached segments are
@@ -125,24 +133,31 @@ class Buddy:
 
 
 class Pow2Allocator:
-    def __init__(self, budget: int, granularity: int, va_size: int, min_block: int = 64):
+    def __init__(self, budget: int, granularity: int, va_size: int, min_block: int = 64,
+                 chunk: int | None = None):
+        chunk = granularity if chunk is None else chunk
         for name, value in (("granularity", granularity), ("va_size", va_size),
-                            ("min_block", min_block)):
+                            ("min_block", min_block), ("chunk", chunk)):
             if not is_pow2(value):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if budget <= 0 or budget % granularity or budget > va_size:
             raise ValueError(f"budget {budget} must be a positive multiple of the "
                              f"granularity {granularity} and at most va_size {va_size}")
-        if min_block > granularity:
-            raise ValueError(f"min_block {min_block} exceeds granularity {granularity}")
+        if not granularity <= chunk <= budget:
+            raise ValueError(f"chunk {chunk} must be at least the granularity {granularity} "
+                             f"and at most the budget {budget}")
+        if min_block > chunk:
+            raise ValueError(f"min_block {min_block} exceeds the chunk size {chunk}")
         self.budget = budget
         self.granularity = granularity
         self.va_size = va_size
         self.min_block = min_block
-        self._g_order = granularity.bit_length() - 1
-        self._va = Buddy(self._g_order, va_size.bit_length() - 1)
+        #: blocks smaller than this are carved from segments of this size
+        self.chunk = chunk
+        self._chunk_order = chunk.bit_length() - 1
+        self._va = Buddy(granularity.bit_length() - 1, va_size.bit_length() - 1)
         self._va.add(0, self._va.max_order)
-        self._small = Buddy(min_block.bit_length() - 1, self._g_order)
+        self._small = Buddy(min_block.bit_length() - 1, self._chunk_order)
         self._segments: dict[int, Segment] = {}      # every backed segment
         self._small_users: dict[int, int] = {}      # small segment -> live blocks in it
         # Freed small blocks not yet merged back, by order, last freed on top: a
@@ -151,7 +166,7 @@ class Pow2Allocator:
         # (its users 0) is "idle": counted as cached at once, and moved to the
         # segment cache when the quick lists are merged (_flush_quick: before
         # any new or evicted segment, at trim, or when they grow too long).
-        self._quick: list[list[int]] = [[] for _ in range(self._g_order)]
+        self._quick: list[list[int]] = [[] for _ in range(self._chunk_order)]
         self._quick_blocks = 0
         self._idle: dict[int, None] = {}  # idle chunks, in the order they became idle
         self._cache: OrderedDict[int, Segment] = OrderedDict()  # freed, still backed; oldest first
@@ -209,7 +224,7 @@ class Pow2Allocator:
         if size > self.budget:
             raise HeapExhaustedError(self._exhausted_message(nbytes, size, "exceeds the whole heap"))
         created: list[Segment] = []
-        if size >= self.granularity:
+        if size >= self.chunk:
             segment = self._take_segment(size, nbytes, created)
             offset = segment.offset
         else:
@@ -224,14 +239,14 @@ class Pow2Allocator:
                     self._flush_quick()
                     offset = self._small.take(order)
                 if offset is None:
-                    chunk = self._take_segment(self.granularity, nbytes, created)
+                    chunk = self._take_segment(self.chunk, nbytes, created)
                     self._small_users[chunk.offset] = 0
-                    self._small.add(chunk.offset, self._g_order)
+                    self._small.add(chunk.offset, self._chunk_order)
                     offset = self._small.take(order)
-            chunk_offset = offset & ~(self.granularity - 1)
+            chunk_offset = offset & ~(self.chunk - 1)
             if chunk_offset in self._idle:  # in use again
                 del self._idle[chunk_offset]
-                self.cached_bytes -= self.granularity
+                self.cached_bytes -= self.chunk
             self._small_users[chunk_offset] += 1
             segment = self._segments[chunk_offset]
         self._serial += 1
@@ -247,7 +262,7 @@ class Pow2Allocator:
             raise KeyError(f"no live block at offset {offset:#x}")
         self.block_bytes -= block.size
         self.requested_bytes -= block.nbytes
-        if block.size >= self.granularity:
+        if block.size >= self.chunk:
             self._cache_segment(block.segment)
         else:
             self._quick[block.size.bit_length() - 1].append(offset)
@@ -256,7 +271,7 @@ class Pow2Allocator:
             self._small_users[chunk] -= 1
             if self._small_users[chunk] == 0:
                 self._idle[chunk] = None
-                self.cached_bytes += self.granularity
+                self.cached_bytes += self.chunk
             if self._quick_blocks > _QUICK_LIMIT:
                 self._flush_quick()
         return block
@@ -331,8 +346,8 @@ class Pow2Allocator:
         self._quick_blocks = 0
         for chunk in self._idle:
             del self._small_users[chunk]
-            self._small.remove(chunk, self._g_order)
-            self.cached_bytes -= self.granularity  # counted again by _cache_segment
+            self._small.remove(chunk, self._chunk_order)
+            self.cached_bytes -= self.chunk  # counted again by _cache_segment
             self._cache_segment(self._segments[chunk])
         self._idle.clear()
 
@@ -366,10 +381,15 @@ class Pow2Allocator:
 
     def _exhausted_message(self, nbytes: int, size: int, why: str) -> str:
         live = self.backed_bytes - self.cached_bytes
+        carved = (f" (allocations below {format_bytes(self.chunk)} are carved from chunks of "
+                  f"that size, held while any block in them lives: a smaller SHMEMVM_CHUNK_SIZE "
+                  f"wastes less)" if self.chunk > self.granularity and (size < self.chunk or self._small_users)
+                  else "")
         return (f"cannot allocate {nbytes} bytes (size class {format_bytes(size)}): it {why}; "
                 f"heap size {format_bytes(self.budget)}, {format_bytes(live)} held by "
                 f"{len(self._blocks)} live allocations, {format_bytes(self.cached_bytes)} "
-                f"cached. Free tensors, or raise the heap size (heap_size= or SHMEMVM_HEAP_SIZE)")
+                f"cached{carved}. Free tensors, or raise the heap size (heap_size= or "
+                f"SHMEMVM_HEAP_SIZE)")
 
 
 #: freed small blocks kept unmerged (quick lists) before they are all merged

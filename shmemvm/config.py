@@ -17,6 +17,11 @@ SETTINGS = {
     "SHMEMVM_BACKEND": ("auto", "host, cuda, hip, or auto (cuda/hip where a GPU is present)"),
     "SHMEMVM_VA_FACTOR": ("4", "address space reserved per heap, as a multiple of the heap size"),
     "SHMEMVM_HOST_GRANULARITY": ("64K", "segment granularity of the host backend"),
+    "SHMEMVM_CHUNK_SIZE": ("auto", "allocations below this size are carved from segments of "
+                                   "this size (a power of two >= the granularity; auto: heap "
+                                   "size / 64 rounded up), so a heap has at most heap size / "
+                                   "chunk segments, each costing one fd and one mapping per PE "
+                                   "of the node; a chunk is returned only when all of it is free"),
     "SHMEMVM_TIMEOUT": ("60", "seconds any wait for the other PEs lasts (collectives, atomics, "
                               "off-node put/get) before raising (finite, > 0)"),
     "SHMEMVM_DEVICE": ("", "GPU index for this PE (default: node-local rank modulo GPU count)"),

@@ -24,3 +24,10 @@ class UnsupportedError(ShmemError):
 
 class FreedTensorError(ShmemError, ValueError):
     """A tensor whose symmetric block was freed (or never was one) was used."""
+
+
+class ResourceLimitError(ShmemError):
+    """A per-process or system limit that segments use up was reached: file
+    descriptors (RLIMIT_NOFILE, fs.file-max) or memory mappings
+    (vm.max_map_count). The message names the limit and the settings that
+    lower the heap's use of it; the call was undone on every PE."""

@@ -16,7 +16,10 @@ behind whatever fails:
   heard from every peer, closing what it no longer maps, so no datagram of
   this step stays in its mailbox to be read at the next one;
 - a datagram of an earlier step that is still there (its receiver gave up on
-  it) is discarded with a log line, not taken for the current one.
+  it) is discarded with a log line, not taken for the current one;
+- a datagram whose descriptors the kernel could not all install here (this
+  PE is at RLIMIT_NOFILE: MSG_CTRUNC) counts as heard from its sender, and
+  the step fails with a ResourceLimitError naming the limit (limits.py).
 Anything not from the expected peer process is rejected (fdpass.py).
 """
 
@@ -29,8 +32,9 @@ import struct
 import time
 
 from .allocator import Segment
-from .errors import PeerTimeoutError, ShmemError
+from .errors import PeerTimeoutError, ResourceLimitError, ShmemError
 from .fdpass import FdChannel, Message
+from .limits import fds_exhausted
 
 log = logging.getLogger("shmemvm")
 
@@ -127,7 +131,8 @@ class Exchange:
             for fd in fds:
                 os.close(fd)
         if failure is not None:
-            raise ShmemError(f"PE {self.my_pe}: {text}: {failure}") from failure
+            kind = ResourceLimitError if isinstance(failure, ResourceLimitError) else ShmemError
+            raise kind(f"PE {self.my_pe}: {text}: {failure}") from failure
         if failed_peers:
             log.debug("PE %d: %s: PE(s) %s could not share their memory", self.my_pe, text,
                       _pe_list(failed_peers))
@@ -167,6 +172,11 @@ class Exchange:
         if source not in waiting:
             self.channel.reject(message, f"a second message from PE {source} for step #{seq}")
             return None, None, None
+        if message.truncated:
+            _close(message.fds)
+            return source, status, fds_exhausted(
+                f"receiving PE {source}'s new memory ({len(message.fds)} of {count} "
+                f"descriptors arrived)")
         body = message.payload[HEADER.size:]
         segments = [Segment(*SEGMENT.unpack_from(body, i * SEGMENT.size)) for i in range(count)
                     ] if len(body) == count * SEGMENT.size else None

@@ -62,6 +62,9 @@ class Message:
     fds: list[int]
     pid: int
     uid: int
+    #: the kernel dropped descriptors it could not install here (MSG_CTRUNC:
+    #: this process is at its descriptor limit); `fds` has those that arrived
+    truncated: bool = False
 
 
 class FdChannel:
@@ -113,11 +116,14 @@ class FdChannel:
                     fds.extend(array.array("i", data[:usable]))
                 elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                     cred = _UCRED.unpack(data[:_UCRED.size])
-            if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC) or cred is None:
+            if flags & socket.MSG_TRUNC or cred is None:
                 pid, uid = cred[:2] if cred else (-1, -1)  # name the sender where known
                 self.reject(Message(payload, fds, pid, uid), "truncated or without credentials")
                 continue
-            return Message(payload, fds, cred[0], cred[1])
+            # Credentials come before descriptors: with them present, MSG_CTRUNC
+            # means descriptors were dropped (no room in our table), which the
+            # caller reports as that limit rather than waiting for the datagram.
+            return Message(payload, fds, cred[0], cred[1], bool(flags & socket.MSG_CTRUNC))
 
     def reject(self, message: Message, why: str) -> None:
         """Drop a message that is not what we wait for: close what it carried."""

@@ -31,8 +31,8 @@ from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplica
 from .allocator import Block
 from .completion import CompletionTracker
 from .config import setting
-from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ShmemError,
-                     SymmetryError, UnsupportedError)
+from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ResourceLimitError,
+                     ShmemError, SymmetryError, UnsupportedError)
 from .exchange import Exchange
 from .fdpass import FdChannel
 from .offnode import OffNodeWindow
@@ -104,10 +104,10 @@ class SymmetricHeap:
                 self.completion = CompletionTracker(self.backend, current_stream=True)
                 _note_rounding(heap_size, self.local, self.my_pe)
                 call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
-                             self.backend.name)
+                             self.backend.name, self.local.chunk)
                 call.text = (f"init(heap_size={self.local.heap_size}, backend="
                              f"{self.backend.name}, granularity={self.backend.granularity}, "
-                             f"va_size={self.local.va_size})")
+                             f"va_size={self.local.va_size}, chunk={self.local.chunk})")
                 self.channel = FdChannel(f"pe{self.my_pe}")
             except Exception as exc:
                 call.error = exc
@@ -490,9 +490,10 @@ class SymmetricHeap:
                                          call.step(Phase.BACKING, "backing new memory")):
                 if failure is None:
                     self.local.undo_allocation(block, created)
-                raise ShmemError(f"{call.text} failed: a PE could not back the new memory "
-                                 f"({failure or 'see the error on the other PEs'}); nothing "
-                                 f"was allocated on any PE") from failure
+                self._raise_undone(call, failure, (
+                    f"{call.text} failed: a PE could not back the new memory "
+                    f"({failure or 'see the error on the other PEs'}); nothing "
+                    f"was allocated on any PE"))
             try:
                 self.exchange.run(self.agreement.seq, created, self.local.export, self.peers.map,
                                   call.text)
@@ -509,9 +510,9 @@ class SymmetricHeap:
             if not self.agreement.all_ok(exchange_failure is None,
                                          call.step(Phase.SHARING, "sharing the new memory")):
                 self.local.undo_allocation(block, created)
-                raise ShmemError(f"{call.text} failed while PEs shared the new memory "
-                                 f"({exchange_failure or 'see the other PEs'}); undone on every "
-                                 f"PE") from exchange_failure
+                self._raise_undone(call, exchange_failure, (
+                    f"{call.text} failed while PEs shared the new memory "
+                    f"({exchange_failure or 'see the other PEs'}); undone on every PE"))
             if self.offnode is not None:
                 attach_failure = None
                 try:
@@ -522,11 +523,32 @@ class SymmetricHeap:
                 if not self.agreement.all_ok(attach_failure is None, call.step(
                         Phase.WINDOW_ATTACH, "attaching the new memory to the MPI window")):
                     self.local.undo_allocation(block, created)
-                    raise ShmemError(f"{call.text} failed while PEs attached the new memory to "
-                                     f"the MPI window ({attach_failure or 'see the other PEs'}); "
-                                     f"undone on every PE") from attach_failure
+                    self._raise_undone(call, attach_failure, (
+                        f"{call.text} failed while PEs attached the new memory to the MPI "
+                        f"window ({attach_failure or 'see the other PEs'}); undone on every PE"))
         self._hints.pop(block.offset, None)  # a former block's (malloc_with_hints sets its own)
         return block
+
+    def _raise_undone(self, call: Call, failure: BaseException | None, message: str):
+        """Raise the error of a step undone on every PE, the same kind on every
+        PE: ResourceLimitError where some PE reached a system limit (descriptors,
+        mappings: its message, which names the limit and what to change, is
+        told to every PE), else ShmemError with `message`."""
+        limit = failure
+        while isinstance(limit, ResourceLimitError) and isinstance(limit.__cause__,
+                                                                   ResourceLimitError):
+            limit = limit.__cause__  # the innermost: without the layers' prefixes
+        mine = str(limit).encode()[:2048] if isinstance(limit, ResourceLimitError) else b""
+        reports = self.agreement.allgather_bytes(Phase.LIMIT_REPORT, mine,
+                                                 f"{call.text} (reporting system limits)")
+        limited = [pe for pe, report in enumerate(reports) if report]
+        if limited:
+            first = reports[limited[0]].decode(errors="replace")
+            others = (f" (PE(s) {', '.join(map(str, limited[1:]))} too)"
+                      if len(limited) > 1 else "")
+            raise ResourceLimitError(f"{call.text} failed and was undone on every PE: PE "
+                                     f"{limited[0]}{others}: {first}") from failure
+        raise ShmemError(message) from failure
 
     # -- the agreement (agreement.py) ----------------------------------------------
     @property
@@ -877,9 +899,10 @@ class SymmetricHeap:
         """This PE's heap in numbers (local, not collective).
 
         Returns:
-            A dict: heap_size (the physical budget), used (bytes in blocks),
-            requested (bytes asked for), mapped (physical bytes backing the
-            heap), cached (mapped bytes of freed segments kept for reuse), free
+            A dict: heap_size (the physical budget), chunk (allocations below
+            it are carved from segments of that size: SHMEMVM_CHUNK_SIZE), used
+            (bytes in blocks), requested (bytes asked for), mapped (physical
+            bytes backing the heap), cached (mapped bytes of freed segments kept for reuse), free
             (bytes that can still be allocated), live_allocations, segments,
             and pe, n_pes, backend, device, node_pes (the PEs of this node).
 

@@ -14,6 +14,7 @@ import torch
 from .allocator import Block, Segment
 from .backends import VMMBackend
 from .errors import ShmemError
+from .limits import naming_limits
 
 _COPY_VIEWS = 1024  # cached put/get views; all dropped when full
 
@@ -42,10 +43,12 @@ class PeerTable:
         imports = self._imports[pe]
         if segment.offset in imports:
             self.unmap(pe, segment.offset)
-        handle = self.backend.import_fd(fd, segment.size)  # owns fd from here on
+        with naming_limits(f"importing PE {pe}'s new memory"):
+            handle = self.backend.import_fd(fd, segment.size)  # owns fd from here on
         va = self.windows[pe] + segment.offset
         try:
-            self.backend.map_accessible(va, segment.size, handle)
+            with naming_limits(f"mapping PE {pe}'s new memory"):
+                self.backend.map_accessible(va, segment.size, handle)
         finally:
             # The mapping keeps the memory alive; the handle is not needed again.
             self.backend.release(handle)

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 import torch
 
 from . import _dlpack
-from .allocator import Block, Pow2Allocator, Segment, next_pow2
+from .limits import naming_limits
+from .allocator import Block, Pow2Allocator, Segment, format_bytes, is_pow2, next_pow2
 from .backends import VMMBackend, create_backend
 from .config import parse_size, setting
 from .errors import FreedTensorError, ShmemError
@@ -51,6 +52,29 @@ _OWN, _VIEW = 0, 1   # what died: the block's own storage, or a registered view
 #: closed allocators whose memory tensors still view: held here until the last
 #: view dies, since otherwise nothing outside holds them, their watches included
 _LINGERING: set = set()
+
+
+#: the automatic chunk size gives a heap at most this many chunks (SHMEMVM_CHUNK_SIZE)
+MAX_CHUNKS = 64
+
+
+def chunk_size(value, budget: int, granularity: int) -> int:
+    """The chunk size of a heap of `budget` bytes: SHMEMVM_CHUNK_SIZE (or the
+    chunk_size= argument), "auto" giving at most MAX_CHUNKS chunks; never more
+    than the largest power of two in the budget, so a small heap still works."""
+    raw = setting("SHMEMVM_CHUNK_SIZE", value)
+    if isinstance(raw, str) and raw.strip().lower() in ("", "auto"):
+        chunk = max(granularity, next_pow2(budget // MAX_CHUNKS))
+    else:
+        try:
+            chunk = parse_size(raw)
+        except ValueError as exc:
+            raise ValueError(f"SHMEMVM_CHUNK_SIZE: {exc}") from None
+        if not is_pow2(chunk) or chunk < granularity:
+            raise ValueError(f"chunk size must be a power of two of at least the backend's "
+                             f"granularity ({format_bytes(granularity)}), got {raw!r} "
+                             f"(SHMEMVM_CHUNK_SIZE, or auto)")
+    return min(chunk, 1 << (budget.bit_length() - 1))
 
 
 def _shape_of(shape) -> tuple[int, ...]:
@@ -195,7 +219,7 @@ class VMemPow2Allocator:
 
     def __init__(self, heap_size: int | str | None = None, backend: str | VMMBackend | None = "host",
                  *, va_factor: int | None = None, min_block: int = 64, release_dead: bool = True,
-                 **backend_options):
+                 chunk: int | str | None = None, **backend_options):
         self.backend = create_backend(backend, **backend_options)
         granularity = self.backend.granularity
         requested = parse_size(setting("SHMEMVM_HEAP_SIZE", heap_size))
@@ -208,7 +232,8 @@ class VMemPow2Allocator:
         if factor < 1:
             raise ValueError(f"va_factor must be >= 1, got {factor} (SHMEMVM_VA_FACTOR)")
         self.va_size = next_pow2(budget * factor)
-        self._core = Pow2Allocator(budget, granularity, self.va_size, min_block)
+        self._core = Pow2Allocator(budget, granularity, self.va_size, min_block,
+                                   chunk_size(chunk, budget, granularity))
         self.base = self.backend.reserve(self.va_size, granularity)
         self._handles: dict[int, object] = {}        # segment offset -> physical handle
         self._records: dict[int, _Record] = {}       # block offset -> allocated block
@@ -229,6 +254,11 @@ class VMemPow2Allocator:
     @property
     def heap_size(self) -> int:
         return self._core.budget
+
+    @property
+    def chunk(self) -> int:
+        """Allocations below this size are carved from segments of this size."""
+        return self._core.chunk
 
     @property
     def device(self) -> torch.device:
@@ -285,12 +315,14 @@ class VMemPow2Allocator:
             if self.closed:
                 return dict.fromkeys(("used", "requested", "mapped", "cached", "free",
                                       "live_allocations", "segments", "deferred_allocations",
-                                      "deferred_bytes"), 0) | {"heap_size": self._core.budget}
+                                      "deferred_bytes"), 0) | {"heap_size": self._core.budget,
+                                                               "chunk": self._core.chunk}
             self._release_dead()
             core = self._core
             deferred = [r.block for r in self._records.values() if r.freed]
             return {
                 "heap_size": core.budget,
+                "chunk": core.chunk,
                 "used": core.block_bytes,
                 "requested": core.requested_bytes,
                 "mapped": core.backed_bytes,
@@ -477,7 +509,8 @@ class VMemPow2Allocator:
 
     def export(self, segment: Segment) -> int:
         """A new fd for a backed segment, owned by the caller."""
-        return self.backend.export_fd(self._handles[segment.offset])
+        with naming_limits("exporting new memory to the PEs of the node"):
+            return self.backend.export_fd(self._handles[segment.offset])
 
     # -- internals -----------------------------------------------------------------
     def _check_open(self) -> None:
@@ -546,10 +579,12 @@ class VMemPow2Allocator:
         self.backend.close()
 
     def _back(self, segment: Segment) -> None:
-        handle = self.backend.create(segment.size)
+        with naming_limits(f"creating {format_bytes(segment.size)} of memory"):
+            handle = self.backend.create(segment.size)
         va = self.base + segment.offset
         try:
-            self.backend.map_accessible(va, segment.size, handle)
+            with naming_limits(f"mapping {format_bytes(segment.size)} of new memory"):
+                self.backend.map_accessible(va, segment.size, handle)
         except BaseException:
             self.backend.release(handle)
             raise

@@ -23,8 +23,9 @@ BUDGET = 8 * G
 VA_SIZE = 32 * G
 
 
-def make(budget=BUDGET, granularity=G, va_size=VA_SIZE, min_block=MIN_BLOCK) -> Pow2Allocator:
-    return Pow2Allocator(budget, granularity, va_size, min_block)
+def make(budget=BUDGET, granularity=G, va_size=VA_SIZE, min_block=MIN_BLOCK,
+         chunk=None) -> Pow2Allocator:
+    return Pow2Allocator(budget, granularity, va_size, min_block, chunk)
 
 
 def expected_class(nbytes: int, min_block: int = MIN_BLOCK) -> int:
@@ -54,8 +55,9 @@ def check_consistent(alloc: Pow2Allocator, live: dict[int, int]) -> None:
 
     # segments: aligned, inside VA, pairwise disjoint, within budget
     end = 0
+    assert len(segs) <= alloc.budget // alloc.chunk, "more segments than budget / chunk"
     for s in segs:
-        assert s.size >= alloc.granularity and s.size & (s.size - 1) == 0
+        assert s.size >= alloc.chunk and s.size & (s.size - 1) == 0
         assert s.offset % s.size == 0
         assert 0 <= s.offset and s.offset + s.size <= alloc.va_size
         assert s.offset >= end, f"segments overlap at {s.offset:#x}"
@@ -76,10 +78,10 @@ def check_consistent(alloc: Pow2Allocator, live: dict[int, int]) -> None:
         seg = by_offset.get(block.segment.offset)
         assert seg == block.segment, "block refers to a segment that is not backed"
         assert seg.offset <= block.offset and block.offset + block.size <= seg.offset + seg.size
-        if block.size >= alloc.granularity:
+        if block.size >= alloc.chunk:
             assert (seg.offset, seg.size) == (block.offset, block.size)
         else:
-            assert seg.size == alloc.granularity
+            assert seg.size == alloc.chunk
         assert not alloc.is_cached(seg.offset), "a segment holding a live block is cached"
         assert alloc.find_block(offset) == block
         assert alloc.find_block(offset + block.size - 1) == block
@@ -119,7 +121,11 @@ def all_slots_blocked(alloc: Pow2Allocator, size: int) -> bool:
     dict(budget=0),
     dict(budget=-G),
     dict(budget=2 * VA_SIZE),                     # larger than the VA range
-    dict(min_block=2 * G),                        # larger than the granularity
+    dict(min_block=2 * G),                        # larger than the granularity (= chunk)
+    dict(chunk=3 * G),                            # not a power of two
+    dict(chunk=G // 2),                           # smaller than the granularity
+    dict(chunk=2 * BUDGET),                       # larger than the budget
+    dict(chunk=2 * G, min_block=4 * G),           # min_block larger than the chunk
 ])
 def test_constructor_rejects_bad_geometry(kwargs):
     with pytest.raises(ValueError):
@@ -410,9 +416,9 @@ def run_ops(alloc: Pow2Allocator, program) -> list:
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops)
-def test_same_requests_give_identical_answers(program):
-    a, b = make(), make()
+@given(ops, st.sampled_from([G, 2 * G, 4 * G]))
+def test_same_requests_give_identical_answers(program, chunk):
+    a, b = make(chunk=chunk), make(chunk=chunk)
     assert run_ops(a, program) == run_ops(b, program)
 
 
@@ -469,6 +475,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         (4 * G, G, 4 * G, 64),       # VA == budget: fragmentation is reachable
         (16 * G, G, 64 * G, 256),
         (2 * G, G, 2 * G, G),        # no sub-granularity blocks at all
+        (16 * G, G, 64 * G, 64, 4 * G),  # chunks of 4G: blocks up to 2G are carved
+        (8 * G, G, 8 * G, 256, 2 * G),   # chunks, and fragmentation reachable
     ]))
     def setup(self, geometry):
         self.a = Pow2Allocator(*geometry)
@@ -506,7 +514,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def allocate(self, nbytes):
         alloc = self.a
         size = expected_class(nbytes, alloc.min_block)
-        needed = max(size, alloc.granularity)
+        needed = max(size, alloc.chunk)
         live_bytes_before = alloc.backed_bytes - alloc.cached_bytes
         status, answer, released = self._both("allocate", nbytes)
         self._note_released(released)
@@ -655,3 +663,98 @@ def test_many_freed_small_blocks_are_merged_and_their_chunks_cached():
     # after the merge every chunk is whole again: one of them serves a whole-granularity segment
     seg, created = alloc.allocate(G)
     assert created == [] and seg.offset in chunks
+
+
+# -- chunks: every block below the chunk size is carved from chunk-sized segments
+C = 4 * G   # chunk size of these tests
+
+
+def test_blocks_below_the_chunk_size_share_one_chunk_segment():
+    alloc = make(budget=16 * G, va_size=64 * G, chunk=C)
+    first, created = alloc.allocate(G)
+    assert created == [Segment(0, C, 1)]
+    live = {first.offset: G}
+    for nbytes in (G, G - 1, 100):           # in the rest of the chunk: nothing new
+        block, created = alloc.allocate(nbytes)
+        assert created == [] and block.segment == first.segment
+        live[block.offset] = nbytes
+    assert alloc.backed_bytes == C
+    block, created = alloc.allocate(G)       # no free G left in it: a second chunk
+    assert [s.size for s in created] == [C] and block.offset == created[0].offset
+    live[block.offset] = G
+    check_consistent(alloc, live)
+
+
+def test_a_block_of_the_chunk_size_or_more_is_a_segment_of_its_own():
+    alloc = make(budget=16 * G, va_size=64 * G, chunk=C)
+    for nbytes in (C, C + 1):
+        block, created = alloc.allocate(nbytes)
+        assert created == [block.segment]
+        assert (block.segment.offset, block.segment.size) == (block.offset, block.size)
+
+
+def test_a_chunk_is_returned_only_when_every_block_in_it_is_free():
+    alloc = make(budget=16 * G, va_size=64 * G, chunk=C)
+    a, created = alloc.allocate(G)
+    b, _ = alloc.allocate(G)
+    alloc.free(a.offset)
+    assert alloc.trim() == 0 and alloc.take_released() == []   # b still lives in it
+    assert alloc.backed_bytes == C and not alloc.is_cached(created[0].offset)
+    alloc.free(b.offset)
+    assert alloc.is_cached(created[0].offset) and alloc.cached_bytes == C
+    assert alloc.trim() == C and alloc.take_released() == created
+
+
+def test_quick_lists_serve_blocks_between_the_granularity_and_the_chunk():
+    alloc = make(budget=16 * G, va_size=64 * G, chunk=C)
+    keep, _ = alloc.allocate(G)
+    a, _ = alloc.allocate(2 * G)
+    alloc.free(a.offset)
+    assert alloc._quick[(2 * G).bit_length() - 1] == [a.offset]
+    again, created = alloc.allocate(2 * G - 5)
+    assert created == [] and again.offset == a.offset and again.segment == a.segment
+    check_consistent(alloc, {keep.offset: G, again.offset: 2 * G - 5})
+
+
+def test_a_cached_chunk_sized_segment_serves_as_a_chunk_and_back():
+    alloc = make(budget=16 * G, va_size=64 * G, chunk=C)
+    big, created = alloc.allocate(C)
+    alloc.free(big.offset)
+    small, created2 = alloc.allocate(10)
+    assert created2 == [] and small.segment == big.segment
+    alloc.free(small.offset)
+    big2, created3 = alloc.allocate(C)       # the idle chunk, whole again
+    assert created3 == [] and big2.segment == big.segment
+
+
+def test_the_chunk_is_named_where_chunks_exhaust_the_heap():
+    alloc = make(budget=2 * C, va_size=64 * G, chunk=C)
+    alloc.allocate(C)
+    alloc.allocate(C // 2)
+    with pytest.raises(shmemvm.HeapExhaustedError, match="SHMEMVM_CHUNK_SIZE"):
+        alloc.allocate(C)
+    with pytest.raises(shmemvm.HeapExhaustedError) as info:
+        make(budget=2 * G, va_size=8 * G).allocate(4 * G)
+    assert "SHMEMVM_CHUNK_SIZE" not in str(info.value)  # chunk = granularity: not the cause
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2 * C)), max_size=80),
+       st.sampled_from([G, 2 * G, C, 8 * G]))
+def test_segments_never_exceed_budget_over_chunk_whatever_the_pattern(program, chunk):
+    alloc = make(budget=32 * G, va_size=128 * G, chunk=chunk)
+    live: dict[int, int] = {}
+    for is_free, n in program:
+        if is_free and live:
+            offset = sorted(live)[n % len(live)]
+            alloc.free(offset)
+            del live[offset]
+        else:
+            try:
+                block, _ = alloc.allocate(n)
+            except shmemvm.HeapExhaustedError:
+                continue
+            live[block.offset] = n
+        alloc.take_released()
+        assert len(alloc.segments()) <= alloc.budget // chunk
+    check_consistent(alloc, live)

@@ -595,3 +595,31 @@ def test_close_leaks_no_fd_or_mapping():
         start, end = (int(x, 16) for x in line.split()[0].split("-"))
         if start < hi and lo < end:
             assert line in maps_before, f"mapping inside the closed heap remains: {line}"
+
+
+@pytest.mark.parametrize("value, budget, expected", [
+    (None, 1 << 30, 16 << 20),          # auto: heap size / 64
+    ("auto", 3 << 29, 32 << 20),        # 1.5 GiB / 64 = 24 MiB, rounded up
+    (None, 16 * G, G),                  # never below the granularity
+    ("1M", 64 << 20, 1 << 20),          # as set
+    ("1G", 3 * G, 2 * G),               # capped at the heap's largest power of two
+])
+def test_chunk_size(value, budget, expected):
+    from shmemvm.vmem import chunk_size
+    assert chunk_size(value, budget, G) == expected
+
+
+@pytest.mark.parametrize("value", ["100K", "32K", "lots"])
+def test_bad_chunk_size_names_the_setting(value):
+    from shmemvm.vmem import chunk_size
+    with pytest.raises(ValueError, match="SHMEMVM_CHUNK_SIZE"):
+        chunk_size(value, 1 << 30, G)
+
+
+def test_stats_report_the_chunk_and_small_blocks_share_it():
+    with VMemPow2Allocator(64 * G, backend="host", granularity=G, chunk=4 * G) as h:
+        tensors = [h.allocate(G) for _ in range(4)]
+        stats = h.stats()
+        assert stats["chunk"] == 4 * G and stats["segments"] == 1 and stats["mapped"] == 4 * G
+        for t in tensors:
+            h.free(t)

@@ -11,6 +11,7 @@ Exporting is dup(); a peer maps the fd it receives the same way.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 
@@ -28,6 +29,7 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_FIXED = 0x10
+_MAP_FIXED_NOREPLACE = 0x100000
 _PROT_NONE = 0
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 _RESERVE_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
@@ -104,8 +106,24 @@ class HostBackend(VMMBackend):
                     f"mapping {size} bytes at {va:#x}")
 
     def unmap(self, va: int, size: int) -> None:
-        _check_mmap(_libc.mmap(va, size, _PROT_NONE, _RESERVE_FLAGS | _MAP_FIXED, -1, 0),
-                    f"unmapping {size} bytes at {va:#x}")
+        result = _libc.mmap(va, size, _PROT_NONE, _RESERVE_FLAGS | _MAP_FIXED, -1, 0)
+        if result is not None and result != _MAP_FAILED:
+            return
+        err = ctypes.get_errno()
+        if err != errno.ENOMEM:
+            raise OSError(err, f"unmapping {size} bytes at {va:#x} failed: {os.strerror(err)}")
+        # At vm.max_map_count the kernel refuses any new mapping, even one that
+        # replaces a mapping exactly; removing the mapping whole is allowed (it
+        # splits nothing), and then the hole in the reservation is closed at once.
+        if _libc.munmap(va, size) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unmapping {size} bytes at {va:#x} failed: {os.strerror(err)}")
+        result = _check_mmap(_libc.mmap(va, size, _PROT_NONE, _RESERVE_FLAGS | _MAP_FIXED_NOREPLACE,
+                                        -1, 0), f"reserving {size} bytes at {va:#x} again")
+        if result != va:  # a kernel without MAP_FIXED_NOREPLACE took it as a hint
+            _libc.munmap(result, size)
+            raise OSError(errno.EEXIST, f"reserving {size} bytes at {va:#x} again failed: "
+                                        f"something else was mapped there meanwhile")
 
     def set_access(self, va: int, size: int) -> None:
         """mmap already granted read/write."""

@@ -11,10 +11,18 @@ Baseline: a bump (arena) allocator fed the same requests: persistent tensors
 (parameters, gradients, optimizer states) bump-allocated once, every other
 tensor bump-allocated in a per-step arena that is reset when the step ends,
 both with 64-byte alignment and physical memory in granularity pieces.
+
+Second workload: many small and medium tensors alive at once (64 KiB and
+8 KiB, on every PE), counting what the heap holds of the process's limited
+resources: open file descriptors (RLIMIT_NOFILE) and shmemvm's memory
+mappings (vm.max_map_count; host backend, read from /proc/self/maps).
+Baseline: one segment per allocation, which costs one descriptor and one
+mapping per PE of the node for each allocation.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -205,3 +213,53 @@ def run(bench: Bench) -> None:
                  "bump arena allocator", bump / peak_requested)
     bench.record("footprint.peak_physical", params, peak_mapped / MiB, "MiB",
                  "bump arena allocator", bump / MiB)
+    run_many(bench)
+
+
+def open_fd_count() -> int:
+    """Descriptors this process holds now."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def shmemvm_mapping_count() -> int:
+    """Mappings of shmemvm's memory in this process (host backend's memfd pieces)."""
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if "memfd:shmemvm" in line)
+
+
+def run_many(bench: Bench) -> None:
+    """Many small and medium tensors alive at once: descriptors and mappings held."""
+    from ..heap import SymmetricHeap
+
+    count = 500 if bench.options.quick else 4000
+    sizes = (64 << 10, 8 << 10)
+    heap_size = "1G"
+    fds_before = open_fd_count()
+    heap = SymmetricHeap(bench.comm, heap_size=heap_size, backend=bench.heap.backend.name,
+                         timeout=bench.heap.timeout)
+    try:
+        bench.progress("footprint: %d tensors of 64 KiB and 8 KiB alive at once", count)
+        tensors = [heap.empty((sizes[i % 2],), torch.uint8) for i in range(count)]
+        info = heap.heap_info()
+        fds = open_fd_count() - fds_before
+        mappings = shmemvm_mapping_count() if heap.backend.name == "host" else None
+        node_pes = len(info["node_pes"])
+        params = {"workload": "many tensors alive", "allocations": count,
+                  "sizes": list(sizes), "heap_size": heap_size, "node_pes": node_pes,
+                  "chunk": info.get("chunk", heap.backend.granularity),
+                  "segments": info["segments"], "mapped_bytes": info["mapped"],
+                  "requested_bytes": info["requested"]}
+        for tensor in tensors:
+            heap.free(tensor)
+    finally:
+        heap.finalize()
+    bench.record("footprint.many.fds", params, max(fds, 1), "fds",
+                 "one segment per allocation", count)
+    if mappings is not None:
+        bench.record("footprint.many.mappings", params, max(mappings, 1), "mappings",
+                     "one segment per allocation", count * node_pes)
+    bench.record("footprint.many.physical_per_requested", params,
+                  params["mapped_bytes"] / params["requested_bytes"], "B/B",
+                  "one segment per allocation",
+                  sum(max(s, heap.backend.granularity) for s in (sizes * count)[:count])
+                  / params["requested_bytes"])
