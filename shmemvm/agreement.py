@@ -68,6 +68,7 @@ class Phase(enum.IntEnum):
     TEAM_DESTROY = 23
     COLLECT = 24
     ALLTOALLS = 25
+    IMPORT_EXTERNAL = 26        # import_external_tensor
     # internal steps of those calls
     INIT_NODE = 101             # init: the PEs of the node tell each other their mailboxes
     INIT_PEERS = 102            # init: every PE reserved its peers' windows
@@ -86,6 +87,7 @@ class Phase(enum.IntEnum):
     COLLECT_SIZES = 120         # collect: every PE's number of elements
     COLLECT_COPIED = 121
     ALLTOALLS_COPIED = 122
+    IMPORT_PLACES = 123         # import_external_tensor: where each PE's memory lies in its pieces
 
     @property
     def counted(self) -> bool:
