@@ -479,7 +479,7 @@ class SymmetricHeap:
                 self.agreement.seq, segments,
                 lambda segment: self.backend.export_fd(handles[segment.offset]),
                 lambda pe, piece, fd: self.peers.map_piece(pe, block.segment, piece, fd),
-                call.text)
+                call.text, within=block.segment)
         except PeerTimeoutError as exc:
             self.agreement.mark_broken(f"{call.text}: {exc}")
             raise
@@ -708,7 +708,7 @@ class SymmetricHeap:
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
             # = local.offset_of(dest): block_of() found dest's storage at block.offset
-            offset = block.offset + dest.storage_offset() * dest.element_size()
+            offset = self.local.storage_start(block) + dest.storage_offset() * dest.element_size()
             remote = self.peers.copy_view(pe, offset, dest)
             self.backend.copy(remote, source, _blocking)
         else:
@@ -755,7 +755,8 @@ class SymmetricHeap:
             self.backend.copy(target, source, _blocking)
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
-            offset = block.offset + source.storage_offset() * source.element_size()  # offset_of()
+            offset = (self.local.storage_start(block)  # offset_of()
+                      + source.storage_offset() * source.element_size())
             remote = self.peers.copy_view(pe, offset, source)
             self.backend.copy(target, remote, _blocking)
         else:

@@ -557,6 +557,13 @@ class VMemPow2Allocator:
                 self._storage_at[block.offset + lead] = block.offset
         return tensor
 
+    def storage_start(self, block: Block) -> int:
+        """Heap offset where the storage of the block's tensor starts: the
+        block's own offset, but for imported memory, which starts where its
+        allocator put it inside its pieces."""
+        imported = self._imported.get(block.offset)
+        return block.offset if imported is None else imported.start
+
     def imported(self, offset: int) -> _Imported | None:
         """The imported memory of the block at `offset`, if it holds any."""
         return self._imported.get(offset)
