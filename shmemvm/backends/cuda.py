@@ -147,7 +147,7 @@ def external_pieces(drv, ptr: int, nbytes: int, device: int, granularity: int,
             POSIX fd, memory of another GPU, or pieces off the granularity.
     """
     ok = drv.CUresult.CUDA_SUCCESS
-    posix = int(drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    posix = _as_int(drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     held: list[int] = []   # every reference taken, given back on failure
 
     def retain(addr: int) -> int | None:
@@ -214,6 +214,11 @@ def external_pieces(drv, ptr: int, nbytes: int, device: int, granularity: int,
         raise
 
 
+def _as_int(value) -> int:
+    """A driver enum or flag word (cuda-bindings enums, or a plain int) as an int."""
+    return int(getattr(value, "value", value))
+
+
 def _check_piece(drv, piece: ExternalPiece, posix: int, device: int, granularity: int) -> None:
     """Refuse a piece that cannot be exported to peers or mapped in the heap."""
     err, *prop = drv.cuMemGetAllocationPropertiesFromHandle(piece.handle)
@@ -221,14 +226,14 @@ def _check_piece(drv, piece: ExternalPiece, posix: int, device: int, granularity
         raise _Refused(f"cuMemGetAllocationPropertiesFromHandle on the piece at {piece.va:#x} "
                        f"failed with {_name(drv, err)}")
     prop = prop[0]
-    requested = int(prop.requestedHandleTypes)
+    requested = _as_int(prop.requestedHandleTypes)
     if not requested & posix:
         raise _Refused(
             f"the VMM piece at {piece.va:#x} ({piece.size} bytes) was created without POSIX "
             f"file descriptor export (requestedHandleTypes={requested:#x}), so it cannot be "
             f"shared with other processes; torch creates its expandable segments exportable "
             f"only where it may share them (its IPC support for expandable segments)")
-    location = int(prop.location.id)
+    location = _as_int(prop.location.id)
     if location != device:
         raise _Refused(f"the VMM piece at {piece.va:#x} lives on GPU {location}, the heap "
                        f"on GPU {device}")
