@@ -10,7 +10,7 @@ from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError,
 from .vmem import VMemPow2Allocator
 from .heap import SymmetricHeap
 from .api import (barrier_all, calloc, default_heap, empty, fence, finalize, free, get, get_nbi,
-                  heap_bases, heap_info, init, malloc, my_pe, n_pes, ptr, put, put_nbi, query_thread, quiet,
+                  heap_bases, heap_info, import_external_tensor, init, malloc, my_pe, n_pes, ptr, put, put_nbi, query_thread, quiet,
                   realloc, sync_all, zeros)
 from .api import (all_reduce, alltoall, atomic_add, atomic_and, atomic_compare_swap, atomic_fetch,
                   atomic_fetch_add, atomic_fetch_and, atomic_fetch_inc, atomic_fetch_or,
@@ -39,7 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Pow2Allocator", "VMemPow2Allocator", "SymmetricHeap",
     "init", "finalize", "default_heap", "my_pe", "n_pes", "malloc", "empty", "zeros", "calloc",
-    "realloc", "free", "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
+    "realloc", "free", "import_external_tensor", "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
     "barrier_all", "sync_all", "heap_info", "heap_bases", "query_thread",
     "THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED", "THREAD_MULTIPLE",
     "ShmemError", "HeapExhaustedError", "SymmetryError", "PeerTimeoutError",

@@ -68,6 +68,7 @@ class Phase(enum.IntEnum):
     TEAM_DESTROY = 23
     COLLECT = 24
     ALLTOALLS = 25
+    IMPORT_EXTERNAL = 26        # import_external_tensor
     ALIGN = 40                  # align (aligned allocation)
     MALLOC_WITH_HINTS = 41
     # internal steps of those calls
@@ -88,6 +89,7 @@ class Phase(enum.IntEnum):
     COLLECT_SIZES = 120         # collect: every PE's number of elements
     COLLECT_COPIED = 121
     ALLTOALLS_COPIED = 122
+    IMPORT_PLACES = 123         # import_external_tensor: where each PE's memory lies in its pieces
     LIMIT_REPORT = 130          # a step failed on some PE: which PEs reached a system limit
 
     @property

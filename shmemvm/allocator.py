@@ -174,6 +174,7 @@ class Pow2Allocator:
         self._generations: dict[int, int] = {}
         self._blocks: dict[int, Block] = {}
         self._released: list[Segment] = []
+        self._external: dict[int, Segment] = {}   # address ranges of imported memory
         self._serial = 0
         self.backed_bytes = 0   # live + cached segments
         self.cached_bytes = 0
@@ -214,7 +215,7 @@ class Pow2Allocator:
         return (sorted(self._va.free.items()), sorted(self._small.free.items()),
                 tuple(map(tuple, self._quick)), tuple(self._idle), tuple(self._cache),
                 sorted(self._blocks),
-                sorted(self._segments), self.backed_bytes)
+                sorted(self._segments), self.backed_bytes, sorted(self._external))
 
     # -- requests -------------------------------------------------------------
     def allocate(self, nbytes: int) -> tuple[Block, list[Segment]]:
@@ -256,10 +257,40 @@ class Pow2Allocator:
         self.requested_bytes += nbytes
         return block, created
 
+    def allocate_external(self, nbytes: int) -> Block:
+        """A granularity-aligned address range of at least `nbytes` for memory
+        made elsewhere (import_external_tensor): it takes VA but no physical
+        budget, and is never cached: freeing it releases its range at once
+        (take_released reports its segment, to be unmapped)."""
+        nbytes = _check_size(nbytes)
+        size = max(self.granularity, self.size_class(nbytes))
+        order = size.bit_length() - 1
+        offset = self._va.take(order) if size <= self.va_size else None
+        while offset is None and self._cache:
+            self._evict_oldest()
+            offset = self._va.take(order)
+        if offset is None:
+            raise HeapExhaustedError(self._exhausted_message(
+                nbytes, size, "finds no free address range for the imported memory"))
+        generation = self._generations.get(offset, 0) + 1
+        self._generations[offset] = generation
+        segment = self._external[offset] = Segment(offset, size, generation)
+        self._serial += 1
+        block = self._blocks[offset] = Block(offset, size, nbytes, segment, self._serial)
+        return block
+
+    def is_external(self, offset: int) -> bool:
+        return offset in self._external
+
     def free(self, offset: int) -> Block:
         block = self._blocks.pop(offset, None)
         if block is None:
             raise KeyError(f"no live block at offset {offset:#x}")
+        segment = self._external.pop(offset, None)
+        if segment is not None:  # imported memory: its range goes back at once
+            self._va.add(offset, segment.size.bit_length() - 1)
+            self._released.append(segment)
+            return block
         self.block_bytes -= block.size
         self.requested_bytes -= block.nbytes
         if block.size >= self.chunk:
@@ -279,6 +310,8 @@ class Pow2Allocator:
     def resize(self, offset: int, nbytes: int) -> Block:
         """Let a live block hold `nbytes` now (same size class, same place)."""
         block = self._blocks[offset]
+        if offset in self._external:
+            raise ValueError(f"the block at {offset:#x} holds imported memory; it cannot grow")
         if self.size_class(_check_size(nbytes)) != block.size:
             raise ValueError(f"{nbytes} bytes do not fit the {block.size}-byte class of "
                              f"the block at {offset:#x}")

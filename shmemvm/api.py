@@ -92,7 +92,7 @@ n_pes = _attribute("n_pes", "The number of PEs of the default heap.")
 #: SymmetricHeap methods that are also module functions, in the order of the API table
 FORWARDED = (
     # collective allocation
-    "malloc", "empty", "zeros", "calloc", "realloc", "free",
+    "malloc", "empty", "zeros", "calloc", "realloc", "free", "import_external_tensor",
     # one-sided access and its completion
     "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
     "heap_bases",

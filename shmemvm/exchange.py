@@ -61,10 +61,15 @@ class Exchange:
         self.peer_pids = peer_pids
         self.timeout = timeout
 
-    def run(self, seq: int, created: list[Segment], export, map_peer, text: str) -> None:
+    def run(self, seq: int, created: list[Segment], export, map_peer, text: str,
+            within: Segment | None = None) -> None:
         """Send our new segments (`export(segment)` gives a descriptor to send,
         ours to close) to every PE of the node and hand theirs to
         `map_peer(pe, segment, fd)` (which owns `fd` from then on).
+
+        Each peer sends the same segments as we do, except with `within`
+        (imported memory, laid out by another allocator on each PE): then each
+        peer's segments need only lie inside that range, of its generation.
 
         Returns when every peer's datagram of step `seq` was received. Raises
         ShmemError when this PE failed (after hearing from every peer), and
@@ -115,7 +120,8 @@ class Exchange:
                         f"PE {self.my_pe}: {text} waited {self.timeout:g} s (SHMEMVM_TIMEOUT) "
                         f"for the new memory of PE(s) {_pe_list(sorted(waiting)) or '-'}; "
                         f"mailbox full at PE(s) {_pe_list(unsent) or '-'}") from None
-                source, status, problem = self._accept(message, seq, created, waiting)
+                source, status, problem, theirs = self._accept(message, seq, created, waiting,
+                                                               within)
                 if source is None:
                     continue
                 waiting.discard(source)
@@ -126,7 +132,7 @@ class Exchange:
                 elif failure is not None or failed_peers:
                     _close(message.fds)  # nothing will use it: the step fails anyway
                 else:
-                    failure = self._map(source, created, message.fds, map_peer)
+                    failure = self._map(source, theirs, message.fds, map_peer)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -149,45 +155,58 @@ class Exchange:
                 return exc
         return None
 
-    def _accept(self, message: Message, seq: int, expected: list[Segment], waiting: set[int]):
-        """(source PE, status, problem) for the datagram we wait for from that
-        PE of this step; (None, None, None) where it is not one (rejected:
+    def _accept(self, message: Message, seq: int, expected: list[Segment], waiting: set[int],
+                within: Segment | None = None):
+        """(source PE, status, problem, its segments) for the datagram we wait
+        for from that PE of this step; all None where it is not one (rejected:
         logged, its descriptors closed). `problem` says how it is out of step
         with ours (its descriptors are closed then too)."""
         if len(message.payload) < HEADER.size:
             self.channel.reject(message, "too short to be a shmemvm message")
-            return None, None, None
+            return None, None, None, None
         magic, source, their_seq, count, status = HEADER.unpack_from(message.payload)
         if magic != MAGIC:
             self.channel.reject(message, "not a shmemvm message")
-            return None, None, None
+            return None, None, None, None
         if message.pid != self.peer_pids.get(source) or message.uid != os.getuid():
             self.channel.reject(message, f"claims to be PE {source}, whose pid is "
                                          f"{self.peer_pids.get(source)}")
-            return None, None, None
+            return None, None, None, None
         if their_seq < seq:
             self.channel.reject(message, f"stale: PE {source} sent it for step #{their_seq}, "
                                          f"this is step #{seq}")
-            return None, None, None
+            return None, None, None, None
         if source not in waiting:
             self.channel.reject(message, f"a second message from PE {source} for step #{seq}")
-            return None, None, None
+            return None, None, None, None
         if message.truncated:
             _close(message.fds)
             return source, status, fds_exhausted(
                 f"receiving PE {source}'s new memory ({len(message.fds)} of {count} "
-                f"descriptors arrived)")
+                f"descriptors arrived)"), None
         body = message.payload[HEADER.size:]
         segments = [Segment(*SEGMENT.unpack_from(body, i * SEGMENT.size)) for i in range(count)
                     ] if len(body) == count * SEGMENT.size else None
         fds_expected = count if status == OK else 0
-        if their_seq != seq or segments != expected or len(message.fds) != fds_expected \
+        if their_seq != seq or not _matches(segments, expected, within) \
+                or len(message.fds) != fds_expected \
                 or status not in (OK, FAILED):
             self.channel.reject(message, "out of step with this collective")
             return source, status, ShmemError(
                 f"PE {source} sent segments {segments} for step #{their_seq} where this PE "
-                f"expected {expected} for #{seq}: the heaps diverged")
-        return source, status, None
+                f"expected {expected if within is None else f'pieces inside {within}'} for "
+                f"#{seq}: the heaps diverged"), None
+        return source, status, None, segments
+
+
+def _matches(segments: list[Segment] | None, expected: list[Segment],
+             within: Segment | None) -> bool:
+    """A peer's segments are ours, or (imported memory) pieces inside `within`."""
+    if within is None or segments is None:
+        return segments == expected
+    return bool(segments) and all(
+        within.offset <= s.offset and s.offset + s.size <= within.offset + within.size
+        and s.generation == within.generation for s in segments)
 
 
 def _close(fds: list[int]) -> None:

@@ -20,6 +20,7 @@ import json
 import logging
 import operator
 import os
+import struct
 import threading
 import weakref
 
@@ -28,7 +29,7 @@ from mpi4py import MPI
 
 from . import atomics, collectives, locks, profile, strided, sync, teams, thread_levels
 from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate, parse_timeout
-from .allocator import Block
+from .allocator import Block, Segment
 from .completion import CompletionTracker
 from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ResourceLimitError,
@@ -458,7 +459,8 @@ class SymmetricHeap:
                 self._quiet_every_context()
                 alone_everywhere = self.agree(
                     call, flag=retirement is not None and retirement.alone).flag_everywhere
-                if alone_everywhere and self.local.size_class(new_bytes) == block.size:
+                if (alone_everywhere and self.local.size_class(new_bytes) == block.size
+                        and self.local.imported(block.offset) is None):
                     return self.local.resize(retirement, new_bytes, (count,), dtype)
                 new_block = self._allocate_collectively(new_bytes, call)
                 result = self.local.tensor_for(new_block, (count,), dtype)
@@ -472,6 +474,127 @@ class SymmetricHeap:
             if retirement is not None and retirement.storage is not None:
                 retirement.restore()
             raise
+
+    def import_external_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Make another allocator's tensor symmetric without copying it
+        (collective): its memory is mapped into the heap and shared with the
+        PEs of the node like memory the heap made.
+
+        Where the backend can share that memory: on cuda, memory torch
+        allocated with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, when
+        torch made its pieces exportable. Each PE passes its own tensor; its
+        byte offset inside the backend's granularity (2 MiB on cuda) must be
+        the same on every PE, which the same sequence of torch allocations
+        gives.
+
+        Args:
+            tensor: a tensor on the heap's device, of the same shape, strides,
+                storage offset, dtype and storage size on every PE.
+
+        Returns:
+            A tensor of tensor's shape, strides and dtype over the same physical
+            memory (a write through either shows in the other), at the same heap
+            offset on every PE: put/get/ptr()/heap_bases() reach it like any
+            symmetric tensor. The heap holds `tensor` until the returned tensor
+            and every view of it (ptr() views on other PEs too) are gone, so
+            torch cannot reuse its memory while it is shared; free() releases it.
+
+        Raises:
+            UnsupportedError: the backend cannot share this memory (host memory,
+                cudaMalloc memory, pieces made without POSIX fd export); the
+                message says why and how to copy in instead
+                (x = heap.empty(t.shape, t.dtype); x.copy_(t)). Every PE raises
+                (SymmetryError on the PEs whose tensor could be imported).
+            SymmetryError: the PEs passed different shapes/dtypes, or their
+                tensors lie at different offsets inside the granularity.
+            HeapExhaustedError: no free address range of the heap can hold it.
+            TypeError: `tensor` is not a torch.Tensor.
+            PeerTimeoutError: a PE did not join within the heap's timeout.
+            ShmemError: the heap is finalized, or mapping/sharing failed on a PE
+                (undone on every PE).
+        """
+        call = Call(Phase.IMPORT_EXTERNAL, text="import_external_tensor(tensor)")
+        pieces = None
+        if not isinstance(tensor, torch.Tensor):
+            call.error = TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+        else:
+            call.args = (tensor.untyped_storage().nbytes(), tensor.dtype, tuple(tensor.shape),
+                         tuple(tensor.stride()), tensor.storage_offset())
+            call.text = (f"import_external_tensor(tensor of shape {tuple(tensor.shape)}, "
+                         f"{tensor.dtype})")
+        with self._lock:
+            if call.error is None:
+                try:
+                    pieces = self.backend.import_external(tensor)
+                except ShmemError as exc:
+                    call.error = exc
+            try:
+                self.agree(call)
+                block, shift, lead = self._place_external(tensor, pieces, call)
+            except BaseException:
+                for piece in pieces or ():
+                    self.backend.release(piece.handle)
+                raise
+            failure = None
+            try:  # from here on the block owns the pieces
+                self.local.place_external(block, tensor, pieces, shift)
+            except Exception as exc:  # noqa: BLE001 - agreed on below
+                failure = exc
+            if not self.agreement.all_ok(failure is None,
+                                         call.step(Phase.BACKING, "mapping the imported memory")):
+                self.local.undo_allocation(block, [])
+                raise ShmemError(f"{call.text} failed: a PE could not map the imported memory "
+                                 f"({failure or 'see the error on the other PEs'}); undone on "
+                                 f"every PE") from failure
+            self._share_external(block, shift, pieces, call)
+            return self.local.external_tensor_for(block, shift + lead, tensor)
+
+    def _place_external(self, tensor: torch.Tensor, pieces: list, call: Call):
+        """The block for imported memory and where this PE's pieces go in it:
+        (block, shift of the first piece, offset of the storage in the pieces)."""
+        granularity = self.backend.granularity
+        lead = tensor.untyped_storage().data_ptr() - pieces[0].va
+        span = sum(piece.size for piece in pieces)
+        places = [struct.unpack("<qq", data) for data in self.agreement.allgather_bytes(
+            Phase.IMPORT_PLACES, struct.pack("<qq", lead, span), call.text)]
+        if len({pe_lead % granularity for pe_lead, _ in places}) != 1:
+            where = ", ".join(f"PE {pe}: byte {pe_lead % granularity}"
+                              for pe, (pe_lead, _) in enumerate(places))
+            raise SymmetryError(
+                f"{call.text}: the tensors lie at different offsets inside the heap's "
+                f"{granularity}-byte granularity ({where}), so no heap offset can hold all of "
+                f"them; allocate them at the same place on every PE (the same sequence of "
+                f"torch allocations), or copy in: x = heap.empty(t.shape, t.dtype); x.copy_(t)")
+        top = max(pe_lead for pe_lead, _ in places)
+        size = max(top - pe_lead + pe_span for pe_lead, pe_span in places)
+        block = self.local.allocate_external(size)   # the same answer on every PE
+        return block, top - lead, lead
+
+    def _share_external(self, block: Block, shift: int, pieces: list, call: Call) -> None:
+        """Hand this PE's pieces of imported memory to the PEs of the node and
+        map theirs (each PE's pieces differ: torch's, where torch put them)."""
+        handles, segments, offset = {}, [], block.offset + shift
+        for piece in pieces:
+            segments.append(Segment(offset, piece.size, block.segment.generation))
+            handles[offset] = piece.handle
+            offset += piece.size
+        failure = None
+        try:
+            self.exchange.run(
+                self.agreement.seq, segments,
+                lambda segment: self.backend.export_fd(handles[segment.offset]),
+                lambda pe, piece, fd: self.peers.map_piece(pe, block.segment, piece, fd),
+                call.text, within=block.segment)
+        except PeerTimeoutError as exc:
+            self.agreement.mark_broken(f"{call.text}: {exc}")
+            raise
+        except (OSError, ShmemError, MPI.Exception) as exc:
+            failure = exc
+        if not self.agreement.all_ok(failure is None,
+                                     call.step(Phase.SHARING, "sharing the imported memory")):
+            self.local.undo_allocation(block, [])
+            raise ShmemError(f"{call.text} failed while PEs shared the imported memory "
+                             f"({failure or 'see the other PEs'}); undone on every PE") from failure
 
     def _allocate_collectively(self, nbytes: int, call: Call) -> Block:
         """Allocate the block every PE agreed on; back, export and import new segments."""
@@ -616,7 +739,8 @@ class SymmetricHeap:
         # A live block cannot be released by a collective in another thread
         # (nothing here is dead), and hold() checks it is still live.
         self.peers.check(pe, block.segment)
-        return self.local.hold(block, self.peers.block_view(pe, block, tensor))
+        start = tensor.untyped_storage().data_ptr() - self.local.base
+        return self.local.hold(block, self.peers.block_view(pe, start, tensor))
 
     def heap_bases(self) -> torch.Tensor:
         """Where each PE's heap lies in this process, for kernels that address
@@ -713,7 +837,7 @@ class SymmetricHeap:
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
             # = local.offset_of(dest): block_of() found dest's storage at block.offset
-            offset = block.offset + dest.storage_offset() * dest.element_size()
+            offset = self.local.storage_start(block) + dest.storage_offset() * dest.element_size()
             target = self.peers.copy_view(pe, offset, dest)
         else:
             self.window(f"put to PE {pe} on another node").put(dest, source, pe, block, _nbi)
@@ -765,7 +889,8 @@ class SymmetricHeap:
             remote = source
         elif pe in self.peers:
             self.peers.check(pe, block.segment)
-            offset = block.offset + source.storage_offset() * source.element_size()  # offset_of()
+            offset = (self.local.storage_start(block)  # offset_of()
+                      + source.storage_offset() * source.element_size())
             remote = self.peers.copy_view(pe, offset, source)
         else:
             self.window(f"get from PE {pe} on another node").get(target, source, pe, block, _nbi)

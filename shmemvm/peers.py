@@ -9,9 +9,11 @@ memory that has been renewed.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from .allocator import Block, Segment
+from .allocator import Segment
 from .backends import VMMBackend
 from .errors import ShmemError
 from .limits import naming_limits
@@ -25,12 +27,16 @@ class PeerTable:
         self.va_size = va_size
         self.windows: dict[int, int] = {}
         self._imports: dict[int, dict[int, Segment]] = {}   # pe -> offset -> segment
+        # pe -> offset -> the pieces mapped for a segment of imported memory
+        # (import_external_tensor), which each PE maps in pieces of its own
+        self._pieces: dict[int, dict[int, list[Segment]]] = {}
         self._heap_tensors: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         self._copy_views: dict[tuple, torch.Tensor] = {}     # see copy_view()
         try:
             for pe in peers:
                 self.windows[pe] = backend.reserve(va_size, backend.granularity)
                 self._imports[pe] = {}
+                self._pieces[pe] = {}
         except BaseException:
             self.close()
             raise
@@ -54,10 +60,33 @@ class PeerTable:
             self.backend.release(handle)
         imports[segment.offset] = segment
 
+    def map_piece(self, pe: int, owner: Segment, piece: Segment, fd: int) -> None:
+        """Map one piece of the peer's imported memory (received as `fd`, whose
+        ownership is taken) inside the range `owner` of its heap."""
+        imports = self._imports[pe]
+        if imports.get(owner.offset) is not owner:   # its first piece
+            if owner.offset in imports:
+                self.unmap(pe, owner.offset)
+            imports[owner.offset] = owner
+            self._pieces[pe][owner.offset] = []
+        if not owner.offset <= piece.offset <= piece.offset + piece.size <= owner.offset + owner.size:
+            os.close(fd)
+            raise ShmemError(f"PE {pe} sent a piece at heap offset {piece.offset:#x} "
+                             f"({piece.size} bytes) outside the imported range {owner}")
+        handle = self.backend.import_fd(fd, piece.size)
+        try:
+            self.backend.map_accessible(self.windows[pe] + piece.offset, piece.size, handle)
+        finally:
+            self.backend.release(handle)
+        self._pieces[pe][owner.offset].append(piece)
+
     def unmap(self, pe: int, offset: int) -> None:
         segment = self._imports[pe].pop(offset, None)
-        if segment is not None:
-            self.backend.unmap(self.windows[pe] + offset, segment.size)
+        if segment is None:
+            return
+        pieces = self._pieces[pe].pop(offset, None)
+        for piece in pieces if pieces is not None else (segment,):
+            self.backend.unmap(self.windows[pe] + piece.offset, piece.size)
 
     def drop(self, segment: Segment) -> None:
         """The segment at this offset was released on every PE: unmap it everywhere."""
@@ -75,13 +104,13 @@ class PeerTable:
                 f"{segment.generation}) is not mapped here (have {mapped}); the PEs' heaps "
                 f"have diverged, which points to a collective call made on some PEs only")
 
-    def block_view(self, pe: int, block: Block, like: torch.Tensor) -> torch.Tensor:
-        """`like` (a view of our `block`) as it lies on `pe`: same shape, strides
-        and dtype, in a storage of its own that covers exactly the block's bytes
-        there, as `like`'s storage does here (so torch.save, pickling, printing
-        read only mapped memory)."""
+    def block_view(self, pe: int, start: int, like: torch.Tensor) -> torch.Tensor:
+        """`like` (a view of one of our blocks, whose storage starts at heap
+        offset `start`) as it lies on `pe`: same shape, strides and dtype, in a
+        storage of its own that covers exactly the bytes like's storage covers
+        here (so torch.save, pickling, printing read only mapped memory)."""
         nbytes = like.untyped_storage().nbytes()
-        storage = self.backend.tensor(self.windows[pe] + block.offset, (nbytes,),
+        storage = self.backend.tensor(self.windows[pe] + start, (nbytes,),
                                       torch.uint8).untyped_storage()
         return torch.empty(0, dtype=like.dtype, device=like.device).set_(
             storage, like.storage_offset(), like.shape, like.stride())

@@ -178,6 +178,18 @@ class _Record:
         return self.own_alive or bool(self.views)
 
 
+@dataclass(eq=False)
+class _Imported:
+    """Memory of another allocator placed in the heap (import_external_tensor):
+    its pieces, where they are mapped here, and the tensor that owns it, kept
+    alive so that its allocator cannot reuse the memory while it is mapped."""
+    segment: Segment
+    pieces: list                  # the backend's pieces, each holding a handle reference
+    placed: list                  # (va, size) of each mapping here
+    owner: torch.Tensor | None
+    start: int                    # heap offset of the imported storage's first byte
+
+
 class Retirement:
     """First half of freeing a tensor: the tensor is detached from its block
     (it becomes empty) and `alone` says whether anything else here still views
@@ -236,6 +248,8 @@ class VMemPow2Allocator:
                                    chunk_size(chunk, budget, granularity))
         self.base = self.backend.reserve(self.va_size, granularity)
         self._handles: dict[int, object] = {}        # segment offset -> physical handle
+        self._imported: dict[int, _Imported] = {}    # block offset -> imported memory
+        self._storage_at: dict[int, int] = {}        # imported storage's offset -> block offset
         self._records: dict[int, _Record] = {}       # block offset -> allocated block
         self._dead: set[int] = set()                 # offsets nothing here views any more
         self._mailbox = _Mailbox()
@@ -302,10 +316,32 @@ class VMemPow2Allocator:
             return [(s.offset, s.size, self.base + s.offset, s.generation)
                     for s in self._core.segments()]
 
-    def import_external_tensor(self, tensor: torch.Tensor):
-        """Place memory from another allocator in this heap, where the backend can."""
-        self._check_open()
-        return self.backend.import_external(tensor)
+    def import_external_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor`'s memory placed in this heap without a copy, where the
+        backend can share it (cuda: torch's expandable segments).
+
+        Returns a tensor of the same shape, strides and dtype over the same
+        physical memory, mapped inside this heap: writes through either show
+        in the other. The heap keeps `tensor` alive until the returned tensor
+        and its views are gone (its allocator must not reuse the memory).
+        """
+        with self._lock:
+            self._check_open()
+            self._release_dead()
+            pieces = self.backend.import_external(tensor)
+            try:
+                lead = tensor.untyped_storage().data_ptr() - pieces[0].va
+                block = self._core.allocate_external(sum(p.size for p in pieces))
+            except BaseException:
+                for piece in pieces:
+                    self.backend.release(piece.handle)
+                raise
+            try:
+                self.place_external(block, tensor, pieces, 0)
+            except BaseException:
+                self.undo_allocation(block, [])
+                raise
+            return self.external_tensor_for(block, lead, tensor)
 
     def stats(self) -> dict:
         """Bytes and counts of this heap; all zero but heap_size once closed.
@@ -380,7 +416,7 @@ class VMemPow2Allocator:
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         storage = tensor.untyped_storage()
         offset = storage.data_ptr() - self.base
-        record = self._records.get(offset)
+        record = self._records.get(self._storage_at.get(offset, offset))
         if record is None or record.freed or record.storage() is not storage:
             freed_at = getattr(tensor, "_shmemvm_freed", None)
             if freed_at is not None:
@@ -429,6 +465,11 @@ class VMemPow2Allocator:
                 self.undo_allocation(block, created)
                 raise
             return block, created
+
+    def allocate_external(self, nbytes: int) -> Block:
+        """An address range for imported memory (place_external maps it)."""
+        with self._lock:
+            return self._core.allocate_external(nbytes)
 
     def undo_allocation(self, block: Block, created: list[Segment]) -> None:
         """Return a block just allocated and evict the segments made for it.
@@ -505,7 +546,59 @@ class VMemPow2Allocator:
         with self._lock:
             del self._records[offset]          # with its watches: they report nothing
             self._dead.discard(offset)
-            return self._core.free(offset)
+            block = self._core.free(offset)
+            if offset in self._imported:       # never cached: unmapped and given back now
+                self._unback_released()
+            return block
+
+    def place_external(self, block: Block, owner: torch.Tensor, pieces: list, shift: int) -> None:
+        """Map another allocator's `pieces` (backend.import_external) one after
+        the other from heap offset block.offset + shift; the block owns their
+        handle references and keeps `owner` alive from here on. Nothing stays
+        mapped if a mapping fails, and the handles are given back."""
+        with self._lock:
+            placed = []
+            va = self.base + block.offset + shift
+            try:
+                for piece in pieces:
+                    self.backend.map_accessible(va, piece.size, piece.handle)
+                    placed.append((va, piece.size))
+                    va += piece.size
+            except BaseException:
+                for where, size in placed:
+                    self.backend.unmap(where, size)
+                for piece in pieces:
+                    self.backend.release(piece.handle)
+                raise
+            start = owner.untyped_storage().data_ptr() - pieces[0].va + block.offset + shift
+            self._imported[block.offset] = _Imported(block.segment, list(pieces), placed, owner,
+                                                     start)
+
+    def external_tensor_for(self, block: Block, lead: int, like: torch.Tensor) -> torch.Tensor:
+        """The heap's tensor over imported memory: `like`'s geometry over a
+        storage of like's size at heap offset block.offset + lead."""
+        storage = self.backend.tensor(self.base + block.offset + lead,
+                                      (like.untyped_storage().nbytes(),),
+                                      torch.uint8).untyped_storage()
+        tensor = torch.empty(0, dtype=like.dtype, device=self.device).set_(
+            storage, like.storage_offset(), like.shape, like.stride())
+        watch = _Watch(storage, self._mailbox, block.offset, block.serial, _OWN)
+        with self._lock:
+            self._records[block.offset] = _Record(block, watch)
+            if lead:
+                self._storage_at[block.offset + lead] = block.offset
+        return tensor
+
+    def storage_start(self, block: Block) -> int:
+        """Heap offset where the storage of the block's tensor starts: the
+        block's own offset, but for imported memory, which starts where its
+        allocator put it inside its pieces."""
+        imported = self._imported.get(block.offset)
+        return block.offset if imported is None else imported.start
+
+    def imported(self, offset: int) -> _Imported | None:
+        """The imported memory of the block at `offset`, if it holds any."""
+        return self._imported.get(offset)
 
     def export(self, segment: Segment) -> int:
         """A new fd for a backed segment, owned by the caller."""
@@ -546,6 +639,9 @@ class VMemPow2Allocator:
         for segment in self._core.segments():
             if segment.offset not in kept and segment.offset in self._handles:
                 self._unback(segment)
+        for offset, imported in list(self._imported.items()):
+            if offset not in kept:
+                self._unback(imported.segment)
         return kept
 
     def _drain_after_close(self) -> None:
@@ -593,6 +689,15 @@ class VMemPow2Allocator:
     def _unback(self, segment: Segment) -> None:
         for listener in self.release_listeners:
             listener(segment)
+        imported = self._imported.pop(segment.offset, None)
+        if imported is not None:
+            self._storage_at.pop(imported.start, None)
+            for va, size in imported.placed:
+                self.backend.unmap(va, size)
+            for piece in imported.pieces:
+                self.backend.release(piece.handle)
+            imported.owner = None              # its allocator may reuse the memory now
+            return
         handle = self._handles.pop(segment.offset, None)
         if handle is None:
             return  # never backed (its creation failed)

@@ -114,8 +114,11 @@ class VMMBackend(abc.ABC):
     def synchronize(self) -> None:
         """Wait for the work queued on the current device stream."""
 
-    def import_external(self, tensor: torch.Tensor) -> tuple[Handle, int]:
-        """(handle, size) for memory that another allocator made, if possible."""
+    def import_external(self, tensor: torch.Tensor) -> list:
+        """The physical pieces under memory another allocator made, if this
+        backend can share it: objects with `va` (where the piece is mapped now),
+        `size` and `handle` (one reference, for release()), covering
+        tensor's storage contiguously in address order."""
         raise UnsupportedError(
             f"the {self.name} backend cannot import memory it did not create "
             f"(tensor at {tensor.data_ptr():#x} on {tensor.device}); allocate a "

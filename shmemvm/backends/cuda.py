@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -94,6 +95,151 @@ def _check(result, call: str, hint: str = "", **args):
 _POSIX_FD = None  # filled in when the bindings are present
 if driver is not None:
     _POSIX_FD = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+
+@dataclass(frozen=True)
+class ExternalPiece:
+    """A physical piece of someone else's VMM memory: mapped at `va` (in the
+    owner's address space) for `size` bytes; `handle` holds one reference."""
+    va: int
+    size: int
+    handle: int
+
+
+class _Refused(Exception):
+    """Why external memory cannot be imported (turned into UnsupportedError)."""
+
+
+COPY_IN = ("Allocate a symmetric tensor with the same shape and dtype and copy into it "
+           "(x = heap.empty(t.shape, t.dtype); x.copy_(t)); a device-local copy runs at about "
+           "2 TB/s on H200")
+
+
+def external_refusal(tensor: torch.Tensor, reason: str) -> UnsupportedError:
+    """The error for memory that cannot be imported, with the way to copy it in."""
+    return UnsupportedError(
+        f"the cuda backend cannot import the memory of the tensor at {tensor.data_ptr():#x} "
+        f"on {tensor.device}: {reason}. {COPY_IN}")
+
+
+def _name(drv, err) -> str:
+    name = getattr(err, "name", None)
+    return name if name else str(err)
+
+
+def external_pieces(drv, ptr: int, nbytes: int, device: int, granularity: int,
+                    tensor: torch.Tensor) -> list[ExternalPiece]:
+    """The VMM pieces covering [ptr, ptr + nbytes), found through `drv` (the
+    cuda-bindings driver module, or a stand-in with the same calls in tests).
+
+    Pieces are found by retaining the handle mapped at each granularity step:
+    the driver hands back the same handle value for every address of one
+    allocation, so a run of equal handles is one piece; the first and the last
+    piece are followed past the range to their own ends, because a piece can
+    only be mapped whole (cuMemMap takes no offset into a handle).
+
+    Returns:
+        The pieces in address order, contiguous, each holding one reference
+        (released by the caller).
+
+    Raises:
+        UnsupportedError: not VMM memory, a piece that cannot be exported as a
+            POSIX fd, memory of another GPU, or pieces off the granularity.
+    """
+    ok = drv.CUresult.CUDA_SUCCESS
+    posix = _as_int(drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    held: list[int] = []   # every reference taken, given back on failure
+
+    def retain(addr: int) -> int | None:
+        err, *rest = drv.cuMemRetainAllocationHandle(addr)
+        if err != ok:
+            return None
+        held.append(int(rest[0]))
+        return held[-1]
+
+    def drop_last() -> None:
+        drv.cuMemRelease(held.pop())
+
+    try:
+        first = ptr - ptr % granularity
+        handle = retain(first)
+        if handle is None:
+            err, *_ = drv.cuMemRetainAllocationHandle(ptr)
+            rng, *_ = drv.cuMemGetAddressRange(ptr)
+            known = ("" if rng == ok else f"; cuMemGetAddressRange failed too ({_name(drv, rng)}), "
+                     f"so it is not memory the driver knows in this context")
+            raise _Refused(
+                f"it is not VMM memory (cuMemRetainAllocationHandle failed with "
+                f"{_name(drv, err)}{known}): torch's default caching allocator uses cudaMalloc; "
+                f"run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for torch to "
+                f"allocate VMM memory that can be shared")
+        start = first
+        while start >= granularity:  # back to the first piece's own start
+            before = retain(start - granularity)
+            if before is None:
+                break
+            drop_last()
+            if before != handle:
+                break
+            start -= granularity
+        pieces: list[ExternalPiece] = []
+        addr, end = first + granularity, ptr + nbytes
+        while True:  # forward, one step at a time, to the last piece's end
+            nxt = retain(addr)
+            if nxt is not None and nxt == handle:
+                drop_last()
+                addr += granularity
+                continue
+            pieces.append(ExternalPiece(start, addr - start, handle))
+            if nxt is not None and addr < end:
+                start, handle = addr, nxt
+                addr += granularity
+                continue
+            if nxt is not None:
+                drop_last()            # the piece after the range: not ours
+            if addr < end:
+                raise _Refused(f"its storage ({nbytes} bytes from {ptr:#x}) is not mapped "
+                               f"contiguously: nothing is mapped at {addr:#x}")
+            break
+        for piece in pieces:
+            _check_piece(drv, piece, posix, device, granularity)
+        return pieces
+    except _Refused as exc:
+        for handle in held:
+            drv.cuMemRelease(handle)
+        raise external_refusal(tensor, str(exc)) from None
+    except BaseException:
+        for handle in held:
+            drv.cuMemRelease(handle)
+        raise
+
+
+def _as_int(value) -> int:
+    """A driver enum or flag word (cuda-bindings enums, or a plain int) as an int."""
+    return int(getattr(value, "value", value))
+
+
+def _check_piece(drv, piece: ExternalPiece, posix: int, device: int, granularity: int) -> None:
+    """Refuse a piece that cannot be exported to peers or mapped in the heap."""
+    err, *prop = drv.cuMemGetAllocationPropertiesFromHandle(piece.handle)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise _Refused(f"cuMemGetAllocationPropertiesFromHandle on the piece at {piece.va:#x} "
+                       f"failed with {_name(drv, err)}")
+    prop = prop[0]
+    requested = _as_int(prop.requestedHandleTypes)
+    if not requested & posix:
+        raise _Refused(
+            f"the VMM piece at {piece.va:#x} ({piece.size} bytes) was created without POSIX "
+            f"file descriptor export (requestedHandleTypes={requested:#x}), so it cannot be "
+            f"shared with other processes; torch creates its expandable segments exportable "
+            f"only where it may share them (its IPC support for expandable segments)")
+    location = _as_int(prop.location.id)
+    if location != device:
+        raise _Refused(f"the VMM piece at {piece.va:#x} lives on GPU {location}, the heap "
+                       f"on GPU {device}")
+    if piece.va % granularity or piece.size % granularity:
+        raise _Refused(f"the VMM piece at {piece.va:#x} ({piece.size} bytes) is not aligned "
+                       f"to the heap's granularity {granularity}")
 
 
 class CudaBackend(VMMBackend):
@@ -265,77 +411,41 @@ class CudaBackend(VMMBackend):
         """Wait for the current stream (kernels and copies queued on it)."""
         torch.cuda.current_stream(self.device).synchronize()
 
-    def import_external(self, tensor: torch.Tensor) -> tuple[int, int]:
-        """Memory from torch's caching allocator cannot become a heap piece.
+    def import_external(self, tensor: torch.Tensor) -> list["ExternalPiece"]:
+        """The physical pieces under `tensor`'s storage, where they can be shared.
 
-        Measured on 2xH200, driver 580.159, cuda-bindings 13.3, torch 2.11
-        (tools/cuda_dmabuf_probe.py):
-        - default caching allocator (cudaMalloc): the allocation exports as a
-          DMA-BUF fd with cuMemGetHandleForAddressRange(DMA_BUF_FD), but
-          cuMemImportFromShareableHandle(fd, POSIX_FILE_DESCRIPTOR) fails with
-          CUDA_ERROR_UNKNOWN -- also for a DMA-BUF of our own cuMemCreate
-          memory: a DMA-BUF fd is not an importable VMM handle.
-          cuMemRetainAllocationHandle fails (CUDA_ERROR_INVALID_VALUE): not VMM.
-        - PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: torch maps its own
-          cuMemCreate pieces (POSIX fd type, 20 MiB each for large blocks);
-          cuMemRetainAllocationHandle + cuMemExportToShareableHandle + import +
-          cuMemMap at a second VA works and shows the tensor's bytes. But the
-          tensor sits at an arbitrary offset inside such a piece (cuMemMap
-          cannot map from an offset) and large tensors span several pieces, so
-          (handle, size) cannot describe it; the heap protocol has no place
-          for it yet.
+        Memory torch allocates with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+        is driver VMM memory: torch maps its own cuMemCreate pieces (2 MiB for
+        small blocks, 20 MiB for large ones) one after the other in one VA
+        range, so a storage may start inside one piece and span several.
+        Those pieces can be exported (cuMemExportToShareableHandle) when torch
+        created them exportable as POSIX fds, which torch does when it may
+        share expandable segments over IPC.
+
+        Measured before (tools/cuda_dmabuf_probe.py, 2xH200, driver 580): memory
+        of the default allocator (cudaMalloc) is not VMM memory, and its DMA-BUF
+        export does not import as a VMM handle (CUDA_ERROR_UNKNOWN).
+
+        Returns:
+            The pieces covering [storage start, storage end), in address order,
+            each with a retained handle the caller must give back with release().
+
+        Raises:
+            UnsupportedError: the memory is not CUDA VMM memory of this device
+                that can be exported as a POSIX fd; the message says what the
+                driver answered and how to copy into a symmetric tensor instead.
         """
-        ptr = tensor.data_ptr()
-        where = f"tensor at {ptr:#x} on {tensor.device}"
+        storage = tensor.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if tensor.device.type != "cuda":
-            reason = "it is not CUDA memory"
-        else:
-            reason = self._probe_external(ptr, tensor.untyped_storage().nbytes())
-        raise UnsupportedError(
-            f"the cuda backend cannot import memory it did not create ({where}): {reason}. "
-            f"Allocate a symmetric tensor with the same shape and dtype and copy into it "
-            f"(t = heap.empty(x.shape, x.dtype); t.copy_(x)); a device-local copy runs at "
-            f"about 2 TB/s on H200")
-
-    def _probe_external(self, ptr: int, nbytes: int) -> str:
-        """Say why the allocation holding `ptr` cannot be imported, trying the
-        DMA-BUF route where the memory is not VMM memory."""
+            raise external_refusal(tensor, "it is not CUDA memory")
+        if tensor.device.index != self.index:
+            raise external_refusal(tensor, f"it is on {tensor.device}, this heap on {self.device}")
+        if nbytes == 0:
+            raise external_refusal(tensor, "its storage holds no bytes")
         self._check_open()
-        result = driver.cuMemGetAddressRange(ptr)
-        if result[0] != driver.CUresult.CUDA_SUCCESS:
-            return f"cuMemGetAddressRange({ptr:#x}) failed with {_result_name(result[0])}"
-        base, size = int(result[1]), int(result[2])
-        retained = driver.cuMemRetainAllocationHandle(ptr)
-        if retained[0] == driver.CUresult.CUDA_SUCCESS:
-            _check(driver.cuMemRelease(retained[1]), "cuMemRelease", handle=int(retained[1]))
-            return (f"it is VMM memory (e.g. torch's expandable segments), but it lies at offset "
-                    f"{ptr - base} of a {size}-byte piece at {base:#x}"
-                    + (" and extends past it" if ptr + nbytes > base + size else "")
-                    + "; the heap maps whole pieces at granularity-aligned offsets, so it cannot "
-                      "take part of someone else's piece")
-        page = os.sysconf("SC_PAGE_SIZE")
-        length = -(-size // page) * page
-        result = driver.cuMemGetHandleForAddressRange(
-            base, length, driver.CUmemRangeHandleType.CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)
-        if result[0] != driver.CUresult.CUDA_SUCCESS:
-            return (f"it is not VMM memory, and cuMemGetHandleForAddressRange({base:#x}, "
-                    f"{length}, DMA_BUF_FD) failed with {_result_name(result[0])}")
-        fd = int(result[1])
-        try:
-            imported = driver.cuMemImportFromShareableHandle(fd, _POSIX_FD)
-        finally:
-            os.close(fd)
-        if imported[0] == driver.CUresult.CUDA_SUCCESS:
-            # A future driver may accept it; the heap has no way yet to place a
-            # foreign allocation in itself, so still refuse.
-            _check(driver.cuMemRelease(imported[1]), "cuMemRelease", handle=int(imported[1]))
-            return ("the driver imported its DMA-BUF export, but placing a foreign allocation "
-                    "in the symmetric heap is not implemented")
-        return (f"it is not VMM memory (cudaMalloc); its allocation ({size} bytes at {base:#x}) "
-                f"exports as a DMA-BUF fd with cuMemGetHandleForAddressRange, but "
-                f"cuMemImportFromShareableHandle(fd, POSIX_FILE_DESCRIPTOR) rejects that fd with "
-                f"{_result_name(imported[0])}: the driver imports only fds made by "
-                f"cuMemExportToShareableHandle")
+        torch.cuda.synchronize(self.device)  # torch maps pieces as it goes; see them all
+        return external_pieces(driver, ptr, nbytes, self.index, self.granularity, tensor)
 
     def close(self) -> None:
         if self._closed:
