@@ -26,7 +26,7 @@ import shmemvm
 from shmemvm import triton as sv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "epoch", "me"])  # one compiled kernel for every call
 def one_shot_all_reduce(src, dst, pads, n, epoch, me, heap_bases,
                         N_PES: tl.constexpr, BLOCK: tl.constexpr):
     """dst = sum over PEs (in PE order) of src, elementwise. `pads`: a symmetric

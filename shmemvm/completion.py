@@ -111,10 +111,12 @@ class CompletionTracker:
     def quiet(self) -> None:
         """Complete every operation recorded here: device copies, then MPI
         operations (with the heap's deadline; PeerTimeoutError at it)."""
-        with self._lock:
-            streams, self._streams = self._streams, {}
         if self._current_stream:
             self.backend.synchronize()
+        if not self._streams and not self._deferred:
+            return  # nothing recorded (what another thread records meanwhile is not ours to wait for)
+        with self._lock:
+            streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream.synchronize()
         self._complete_deferred()

@@ -962,8 +962,9 @@ class SymmetricHeap:
         """quiet() the default context and every live Ctx: before memory is freed
         or the window goes, nothing may still be in flight into it."""
         self.quiet()
-        for ctx in list(self._contexts):
-            ctx.completion.quiet()
+        if self._contexts:  # (most programs make none: skip copying the weak set)
+            for ctx in list(self._contexts):
+                ctx.completion.quiet()
 
     def fence(self) -> None:
         """Order this PE's puts to each PE on the default context. Copies on the

@@ -9,6 +9,14 @@ import pytest
 #: backend the heap tests run on: host by default (CI); SHMEMVM_TEST_BACKEND=cuda on GPUs
 TEST_BACKEND = os.environ.get("SHMEMVM_TEST_BACKEND", "host")
 
+# On the host backend, Triton kernels (shmemvm.triton, the device atomics) run in
+# Triton's interpreter, which reaches the host heap's peer windows. Triton reads
+# this when a kernel is decorated, so it is decided here, once for the whole
+# process, before any test module imports triton: test modules that set it
+# themselves would make the outcome depend on the order they are collected in.
+if TEST_BACKEND == "host":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_configure(config):
     """A test backend asked for that cannot run here fails the run at once: skipping

@@ -18,11 +18,8 @@ Needs triton (pip install triton); skipped without it.
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported: read at decoration
-
 import gc
+import os
 
 import pytest
 import torch
@@ -37,6 +34,10 @@ from shmemvm.backends.host import HostBackend  # noqa: E402
 
 comm = MPI.COMM_WORLD
 HEAP_OPTIONS = {"backend": "host"}   # the interpreter runs on the CPU
+# conftest.py turns the interpreter on for host-backend runs (before triton is imported)
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="runs in Triton's interpreter: host-backend test runs "
+                                       "only (tests/conftest.py sets TRITON_INTERPRET=1)")
 
 
 # -- kernels ---------------------------------------------------------------------------
