@@ -96,9 +96,10 @@ class PeerTable:
     def check(self, pe: int, segment: Segment) -> None:
         """Raise unless `segment` (offset and generation) is what is mapped for `pe`."""
         mapped = self._imports[pe].get(segment.offset)
-        # Mostly the very object (the heap maps the allocator's segments), which
-        # skips the dataclass __eq__; a merely equal one is just as valid.
-        if mapped is not segment and mapped != segment:
+        # Compared field by field: cheaper than the dataclass __eq__ (a tuple of
+        # each), and this runs on every put and get to a peer.
+        if mapped is None or (mapped.generation != segment.generation
+                              or mapped.size != segment.size):
             raise ShmemError(
                 f"PE {pe}'s memory at heap offset {segment.offset:#x} (generation "
                 f"{segment.generation}) is not mapped here (have {mapped}); the PEs' heaps "

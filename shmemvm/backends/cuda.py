@@ -93,6 +93,8 @@ def _check(result, call: str, hint: str = "", **args):
 
 
 _POSIX_FD = None  # filled in when the bindings are present
+#: the current stream's cudaStream_t as an int (torch's CUDA builds)
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 if driver is not None:
     _POSIX_FD = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
@@ -400,16 +402,19 @@ class CudaBackend(VMMBackend):
         """Copy engine, ordered on the current stream of this device. A
         non-blocking copy returns its stream, which the context that issued it
         keeps and synchronizes at its quiet() (completion.py)."""
-        stream = torch.cuda.current_stream(self.device)
         dst.copy_(src, non_blocking=True)
         if blocking:
-            stream.synchronize()
+            self.synchronize()
             return None
-        return stream
+        return torch.cuda.current_stream(self.device)
 
     def synchronize(self) -> None:
         """Wait for the current stream (kernels and copies queued on it)."""
-        torch.cuda.current_stream(self.device).synchronize()
+        if _current_raw_stream is None:
+            torch.cuda.current_stream(self.device).synchronize()
+        else:  # the raw handle: no torch Stream object made (a few us of a small put)
+            _check(driver.cuStreamSynchronize(_current_raw_stream(self.index)),
+                   "cuStreamSynchronize")
 
     def import_external(self, tensor: torch.Tensor) -> list["ExternalPiece"]:
         """The physical pieces under `tensor`'s storage, where they can be shared.
