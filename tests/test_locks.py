@@ -16,6 +16,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
+from conftest import TEST_BACKEND
 from shmemvm import FreedTensorError, ShmemError, SymmetricHeap
 
 WORLD = MPI.COMM_WORLD
@@ -25,7 +26,10 @@ CYCLES = 200
 @pytest.fixture(params=["one-node", "node-split"])
 def mheap(request):
     split = None if request.param == "one-node" else max(1, WORLD.Get_size() // 2)
-    h = SymmetricHeap(WORLD, heap_size="8M", backend="host", timeout=30, node_split=split)
+    # on one node, the test backend (device heaps: the lock's atomics are kernels);
+    # split, host memory (device memory is not given to MPI)
+    backend = TEST_BACKEND if split is None else "host"
+    h = SymmetricHeap(WORLD, heap_size="8M", backend=backend, timeout=30, node_split=split)
     yield h
     h.finalize()
 

@@ -15,6 +15,7 @@ import torch
 from mpi4py import MPI
 
 import shmemvm
+from conftest import TEST_BACKEND
 from shmemvm import ShmemError, SymmetricHeap, SymmetryError, Team
 
 WORLD = MPI.COMM_WORLD
@@ -26,9 +27,11 @@ def _split_size(mode):
 
 @pytest.fixture(params=["one-node", "split-nodes"])
 def mheap(request):
-    """A host heap over COMM_WORLD, all PEs on one node or split into simulated nodes."""
-    h = SymmetricHeap(WORLD, heap_size="16M", backend="host", timeout=30,
-                      node_split=_split_size(request.param))
+    """A heap over COMM_WORLD, all PEs on one node (on the test backend) or split
+    into simulated nodes (host memory: device memory is not given to MPI)."""
+    split = _split_size(request.param)
+    h = SymmetricHeap(WORLD, heap_size="16M", backend=TEST_BACKEND if split is None else "host",
+                      timeout=30, node_split=split)
     yield h
     h.finalize()
 
@@ -163,6 +166,11 @@ def _values(pe: int, count: int, dtype) -> torch.Tensor:
     return torch.randint(-1000, 1000, (count,), generator=g).to(dtype)
 
 
+def _eq(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch.equal on the CPU: the heap's tensors may be device tensors."""
+    return torch.equal(a.cpu(), b.cpu())
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("spec", SPECS)
 def test_team_collectives_match_a_plain_computation(mheap, spec):
@@ -183,27 +191,27 @@ def test_team_collectives_match_a_plain_computation(mheap, spec):
     fdst.fill_(sentinel)
     h.barrier_all()
     if team is None:  # non-members take no part: their memory stays as it was
-        assert torch.equal(dst, torch.full_like(dst, sentinel))
+        assert _eq(dst, torch.full_like(dst, sentinel))
     else:
         t = team.my_pe()
         # broadcast from the last team PE (team-relative root)
         team.broadcast(dst[:m], src[:m], k - 1)
-        assert torch.equal(dst[:m], _values(members[-1], k * m, torch.int64)[:m])
-        assert torch.equal(dst[m:], torch.full((k * k * m - m,), sentinel))
+        assert _eq(dst[:m], _values(members[-1], k * m, torch.int64)[:m])
+        assert _eq(dst[m:], torch.full((k * k * m - m,), sentinel))
         # fcollect: team order
         team.fcollect(dst[:k * m], src[:m])
-        assert torch.equal(dst[:k * m],
+        assert _eq(dst[:k * m],
                            torch.cat([_values(pe, k * m, torch.int64)[:m] for pe in members]))
         # collect: team PE i gives i + 1 elements
         dst.fill_(sentinel)
         team.collect(dst, src[:t + 1])
         expected = torch.cat([_values(pe, k * m, torch.int64)[:i + 1]
                               for i, pe in enumerate(members)])
-        assert torch.equal(dst[:len(expected)], expected)
-        assert torch.equal(dst[len(expected):], torch.full((k * k * m - len(expected),), sentinel))
+        assert _eq(dst[:len(expected)], expected)
+        assert _eq(dst[len(expected):], torch.full((k * k * m - len(expected),), sentinel))
         # alltoall: block j of dest on team PE t <- block t of source on team PE j
         team.alltoall(dst[:k * m], src)
-        assert torch.equal(dst[:k * m], torch.cat(
+        assert _eq(dst[:k * m], torch.cat(
             [_values(pe, k * m, torch.int64)[t * m:(t + 1) * m] for pe in members]))
         # alltoalls: dest[dst*(j*ne + e)] on PE t <- source[sst*(t*ne + e)] on PE j
         ne, ds, ss = 2, 3, 2
@@ -214,33 +222,33 @@ def test_team_collectives_match_a_plain_computation(mheap, spec):
             theirs = _values(pe, k * m, torch.int64)
             for e in range(ne):
                 expected[ds * (j * ne + e)] = theirs[ss * (t * ne + e)]
-        assert torch.equal(dst, expected)
+        assert _eq(dst, expected)
         # reduce: combined in team order, bit for bit
         for op, combine in (("sum", torch.add), ("max", torch.maximum)):
             team.reduce(fdst, fsrc, op)
             acc = _values(members[0], m, torch.float32)
             for pe in members[1:]:
                 acc = combine(acc, _values(pe, m, torch.float32))
-            assert torch.equal(fdst, acc), (op, fdst, acc)
+            assert _eq(fdst, acc), (op, fdst, acc)
         team.reduce(dst[:m], src[:m], "xor")
         acc = _values(members[0], k * m, torch.int64)[:m]
         for pe in members[1:]:
             acc = acc ^ _values(pe, k * m, torch.int64)[:m]
-        assert torch.equal(dst[:m], acc)
+        assert _eq(dst[:m], acc)
         # the heap's functions with team= are the same calls
         h.fcollect(dst[:k * m], src[:m], team=team)
-        assert torch.equal(dst[:k * m],
+        assert _eq(dst[:k * m],
                            torch.cat([_values(pe, k * m, torch.int64)[:m] for pe in members]))
         # every member has the same reduce result (bitwise): compare over the team
         team.fcollect(gathered, fdst)
-        assert all(torch.equal(gathered[i * m:(i + 1) * m], fdst) for i in range(k))
+        assert all(_eq(gathered[i * m:(i + 1) * m], fdst) for i in range(k))
     h.barrier_all()
     # the world still works after the team's calls, on every PE
     h.reduce(fdst, fsrc)
     acc = _values(0, m, torch.float32)
     for pe in range(1, n):
         acc = acc + _values(pe, m, torch.float32)
-    assert torch.equal(fdst, acc)
+    assert _eq(fdst, acc)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -253,25 +261,25 @@ def test_collect_variable_sizes_and_a_dest_too_small(mheap):
     dest.fill_(-1)
     h.collect(dest, src[:me])
     expected = torch.cat([torch.arange(i, dtype=torch.float64) + 100 * i for i in range(n)])
-    assert torch.equal(dest[:total], expected)
-    assert torch.equal(dest[total:], torch.full((3,), -1.0, dtype=torch.float64))
+    assert _eq(dest[:total], expected)
+    assert _eq(dest[total:], torch.full((3,), -1.0, dtype=torch.float64))
     # larger contributions: PE i gives n + 1 - i elements
     big = h.zeros(n * (n + 1), torch.float64)
     h.collect(big, src[:n + 1 - me])
     expected = torch.cat([torch.arange(n + 1 - i, dtype=torch.float64) + 100 * i
                           for i in range(n)])
-    assert torch.equal(big[:len(expected)], expected)
+    assert _eq(big[:len(expected)], expected)
     # nothing at all: dest untouched
     before = dest.clone()
     h.collect(dest, src[:0])
-    assert torch.equal(dest, before)
+    assert _eq(dest, before)
     # dest too small by one: the same clear ValueError on every PE, nothing done
     small = h.zeros(len(expected) - 1, torch.float64)
     small.fill_(-1)
     with pytest.raises(ValueError, match=rf"collect: dest has {len(expected) - 1} elements, but "
                                          rf"the team's PEs contribute {len(expected)}"):
         h.collect(small, src[:n + 1 - me])
-    assert torch.equal(small, torch.full_like(small, -1))
+    assert _eq(small, torch.full_like(small, -1))
     # a dtype that differs is refused on every PE
     wrong = h.zeros(n * (n + 1), torch.float32)
     with pytest.raises(TypeError, match="dtype"):
@@ -288,7 +296,7 @@ def test_alltoalls_strides_and_world_alltoall_equivalence(mheap):
     # unit strides: alltoalls is alltoall
     h.alltoall(a, src)
     h.alltoalls(b, src, 1, 1, 4)
-    assert torch.equal(a, b)
+    assert _eq(a, b)
     # dst = 2, sst = 1, nelems = 2 over the world
     b.fill_(-1)
     h.alltoalls(b, src[:2 * n], 2, 1, 2)
@@ -296,10 +304,10 @@ def test_alltoalls_strides_and_world_alltoall_equivalence(mheap):
     for j in range(n):
         for e in range(2):
             expected[2 * (j * 2 + e)] = (me * 2 + e) + 1000 * j
-    assert torch.equal(b, expected)
+    assert _eq(b, expected)
     # nelems = 0 moves nothing
     h.alltoalls(b, src, 5, 7, 0)
-    assert torch.equal(b, expected)
+    assert _eq(b, expected)
     h.barrier_all()
 
 
