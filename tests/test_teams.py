@@ -414,7 +414,7 @@ def test_finalize_destroys_the_heaps_teams():
 
 @pytest.mark.mpi(min_size=1)
 def test_bad_arguments_give_clear_errors_on_every_pe(mheap):
-    h, me, n = mheap, mheap.my_pe, mheap.n_pes
+    h, n = mheap, mheap.n_pes
     w = h.team_world()
     for args, pattern in (((0, 0, 1), "stride must be >= 1"),
                           ((0, -1, 1), "stride must be >= 1"),
