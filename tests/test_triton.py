@@ -395,6 +395,28 @@ def test_wait_until_and_put_signal_on_a_device_like_heap(device_like_heap):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_vector_waits_on_a_device_like_heap(device_like_heap):
+    """wait_until_all/any/some and test_* read this PE's copy of memory MPI is not
+    given (device heaps) with a plain copy, polled with the deadline."""
+    h = device_like_heap
+    me, n = h.my_pe, h.n_pes
+    flags = h.zeros(n, torch.int64)
+    h.barrier_all()
+    for pe in range(n):
+        h.atomic_add(flags[me], me + 1, pe)          # flag `me` on every PE becomes me + 1
+    h.wait_until_all(flags, "ge", 1, timeout=20)
+    assert h.test_all_vector(flags, "eq", list(range(1, n + 1)))
+    assert h.wait_until_any(flags, "eq", n, timeout=20) == n - 1
+    assert h.wait_until_some(flags, "gt", 1, timeout=20) == list(range(1, n))
+    assert h.test_any(flags, "gt", n) is None
+    assert h.test_some_vector(flags, "eq", [1] * n, status=[0] + [1] * (n - 1)) == [0]
+    from shmemvm import PeerTimeoutError
+    with pytest.raises(PeerTimeoutError, match="still sees"):
+        h.wait_until_all(flags, "gt", n, timeout=0.2)
+    h.barrier_all()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_off_node_atomics_on_a_device_like_heap_say_why():
     h = SymmetricHeap(comm, heap_size="16M", backend=_NotForMPI(), timeout=30, node_split=1)
     try:
