@@ -4,7 +4,8 @@ wait_until_all/any/some, test_all/any/some and their _vector forms.
 `ivars` is a 1-D contiguous symmetric int32, int64 or uint64 tensor; this PE's
 copy is read, as wait_until reads one variable (atomics.py): with one
 MPI_Get_accumulate(MPI_NO_OP) of the whole vector per poll, through the heap's
-MPI window on this PE. That read is atomic element by element with respect to
+MPI window on this PE (device heaps, whose memory MPI is not given: a copy of
+the vector to the host per poll). That read is atomic element by element with respect to
 other PEs' atomics, sees their puts, and lets MPI apply other PEs' operations
 to this PE while it polls. The waits poll as wait_until does (atomics._poll),
 for ever by default or up to `timeout` seconds.
@@ -29,6 +30,8 @@ from mpi4py import MPI
 from . import atomics
 from .atomics import ATOMIC_DTYPES, COMPARISONS
 
+_MASK64 = (1 << 64) - 1
+
 _RAISES = """
     Raises:
         TypeError: `ivars` is not an int32, int64 or uint64 tensor, a
@@ -39,8 +42,8 @@ _RAISES = """
             dtype, or `status` (or `values`) does not have one entry per
             element of `ivars`.
         FreedTensorError: `ivars` is not a view of a live tensor of this heap.
-        UnsupportedError: the heap's memory is not reachable by MPI (a device
-            heap) or MPI could not make the heap's window.
+        UnsupportedError: MPI could not make the heap's window (host heaps;
+            device heaps read their own memory directly).
 """
 
 _WAIT_RAISES = _RAISES + """        PeerTimeoutError: `timeout` passed and the condition still does not hold
@@ -53,7 +56,8 @@ _documented_wait = atomics._raises(_WAIT_RAISES)
 
 # -- checks and the read ---------------------------------------------------------
 def _check_ivars(heap, ivars, what: str):
-    """(displacement, window, MPI datatype, typecode) of `ivars` on this PE."""
+    """(displacement, window, MPI datatype, typecode) of `ivars` on this PE;
+    window None where MPI is not given the heap's memory (device heaps)."""
     if not isinstance(ivars, torch.Tensor):
         raise TypeError(f"{what}: ivars must be a 1-D symmetric tensor, got "
                         f"{type(ivars).__name__}")
@@ -66,8 +70,13 @@ def _check_ivars(heap, ivars, what: str):
                          f"in one MPI call), got shape {tuple(ivars.shape)} with strides "
                          f"{tuple(ivars.stride())}; use a contiguous slice like flags[2:6] "
                          f"or wait on a copy laid out contiguously")
-    displacement, window = atomics._located(heap, ivars, heap.my_pe, what, "ivars")
     mpi_type, code = ATOMIC_DTYPES[ivars.dtype]
+    if not heap.backend.mpi_accessible:
+        heap._symmetric(ivars, f"ivars of {what} (a view of a tensor from this heap's "
+                               f"malloc/empty/zeros)")
+        atomics._check_aligned(ivars, what, "ivars")
+        return None, None, mpi_type, code
+    displacement, window = atomics._located(heap, ivars, heap.my_pe, what, "ivars")
     return displacement, window, mpi_type, code
 
 
@@ -136,11 +145,20 @@ class _Condition:
         self.my_pe = heap.my_pe
         self._origin = array.array(self.code, [0]) * self.n
         self._result = array.array(self.code, [0]) * self.n
+        self._ivars = ivars
 
     def read(self) -> list[int]:
-        """ivars on this PE, read atomically element by element through MPI."""
+        """ivars on this PE, read atomically element by element through MPI, or
+        (device heaps, whose memory MPI is not given) copied to the host after
+        the current stream's work: aligned elements are copied whole, and peers'
+        system-scope atomics and completed copies are visible to the copy."""
         if not self.n:
             return []
+        if self.window is None:
+            values = self._ivars.cpu()
+            if values.dtype == torch.uint64:
+                return [v & _MASK64 for v in values.view(torch.int64).tolist()]
+            return values.tolist()
         count = [self.displacement, self.n, self.mpi_type]
         request = self.window.win.Rget_accumulate([self._origin, self.n, self.mpi_type],
                                                   [self._result, self.n, self.mpi_type],

@@ -171,6 +171,21 @@ def test_every_host_atomic_and_wait_on_device_memory(gpu_heap):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_vector_waits_on_device_memory(gpu_heap):
+    h = gpu_heap
+    me, n = h.my_pe, h.n_pes
+    flags = h.zeros(n, torch.uint64)
+    h.barrier_all()
+    for pe in range(n):
+        h.atomic_add(flags[me], me + 1, pe)           # from a kernel, system scope
+    h.wait_until_all(flags, "ge", 1, timeout=30)
+    assert h.test_all_vector(flags, "eq", list(range(1, n + 1)))
+    assert h.wait_until_any(flags, "eq", n, timeout=30) == n - 1
+    assert h.test_some(flags, "gt", 1) == list(range(1, n))
+    h.barrier_all()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_put_signal_data_is_there_when_the_signal_is(gpu_heap):
     h = gpu_heap
     me, n = h.my_pe, h.n_pes
