@@ -835,17 +835,11 @@ class SymmetricHeap:
         if pe == self.my_pe:
             target = dest
         elif pe in self.peers:
-            self.peers.check(pe, block.segment)
-            # = local.offset_of(dest): block_of() found dest's storage at block.offset
-            offset = self.local.storage_start(block) + dest.storage_offset() * dest.element_size()
-            target = self.peers.copy_view(pe, offset, dest)
+            target = self._peer_copy_view(pe, block, dest)
         else:
             self.window(f"put to PE {pe} on another node").put(dest, source, pe, block, _nbi)
             return
-        if _nbi is None:
-            self.backend.copy(target, source, True)
-        else:  # put_nbi: the context that issued it completes it (completion.py)
-            _nbi.copy(target, source)
+        self._copy(target, source, _nbi)
 
     def get(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
             _nbi: CompletionTracker | None = None) -> None:
@@ -888,17 +882,27 @@ class SymmetricHeap:
         if pe == self.my_pe:
             remote = source
         elif pe in self.peers:
-            self.peers.check(pe, block.segment)
-            offset = (self.local.storage_start(block)  # offset_of()
-                      + source.storage_offset() * source.element_size())
-            remote = self.peers.copy_view(pe, offset, source)
+            remote = self._peer_copy_view(pe, block, source)
         else:
             self.window(f"get from PE {pe} on another node").get(target, source, pe, block, _nbi)
             return
-        if _nbi is None:
-            self.backend.copy(target, remote, True)
-        else:  # get_nbi: the context that issued it completes it (completion.py)
-            _nbi.copy(target, remote)
+        self._copy(target, remote, _nbi)
+
+    def _peer_copy_view(self, pe: int, block: Block, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` (a view of our `block`) as it lies on node peer `pe`, for put/get
+        to copy through, after checking the peer's memory there is the block's."""
+        self.peers.check(pe, block.segment)
+        # = local.offset_of(tensor): block_of() found tensor's storage at storage_start
+        offset = self.local.storage_start(block) + tensor.storage_offset() * tensor.element_size()
+        return self.peers.copy_view(pe, offset, tensor)
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, nbi: CompletionTracker | None) -> None:
+        """A blocking copy, or (put_nbi/get_nbi) one the context that issued it
+        completes at its quiet() (completion.py)."""
+        if nbi is None:
+            self.backend.copy(dst, src, True)
+        else:
+            nbi.copy(dst, src)
 
     def put_nbi(self, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
                 _tracker: CompletionTracker | None = None) -> None:
