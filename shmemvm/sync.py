@@ -30,8 +30,6 @@ from mpi4py import MPI
 from . import atomics
 from .atomics import ATOMIC_DTYPES, COMPARISONS
 
-_MASK64 = (1 << 64) - 1
-
 _RAISES = """
     Raises:
         TypeError: `ivars` is not an int32, int64 or uint64 tensor, a
@@ -155,10 +153,7 @@ class _Condition:
         if not self.n:
             return []
         if self.window is None:
-            values = self._ivars.cpu()
-            if values.dtype == torch.uint64:
-                return [v & _MASK64 for v in values.view(torch.int64).tolist()]
-            return values.tolist()
+            return self._ivars.cpu().tolist()   # uint64 too: torch gives unsigned ints
         count = [self.displacement, self.n, self.mpi_type]
         request = self.window.win.Rget_accumulate([self._origin, self.n, self.mpi_type],
                                                   [self._result, self.n, self.mpi_type],
