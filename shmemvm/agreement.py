@@ -111,6 +111,8 @@ _SEQ, _NEG_SEQ = _COMPARED - 1, 2 * _COMPARED - 1
 _FLAG_SLOT, _DEAD_SLOT = 2 * _COMPARED, 2 * _COMPARED + 1
 _ZEROS = bytes(8 * (2 * _COMPARED + 2))   # an empty receive vector
 _WORD = (1 << 63) - 1          # largest value whose negation fits an int64 too
+#: the words of a call that could not be formed: never a valid encoding (every word of one is >= 0)
+_REJECTED_WORDS = (-1,) * (1 + 2 * N_ARGS)
 
 
 @dataclass
@@ -130,15 +132,15 @@ class Call:
     def words(self) -> list[int]:
         """The number of arguments, then two words for each (zeros for unused
         slots); all -1 where the call could not be formed."""
-        if self.error is not None:  # never a valid encoding: every word of one is >= 0
-            return [-1] * (1 + 2 * N_ARGS)
+        if self.error is not None:
+            return list(_REJECTED_WORDS)
         return list(_arguments(self.args))
 
     def vector(self) -> array.array:
         """What collective() reduces with MAX, less the step number and the
-        flags (zeros): the phase, the words, a slot for the step number, the
-        same negated, then the two flag slots (_SEND_LENGTH in all). A copy of
-        a cached array: callers fill in the slots."""
+        flags (zeros): the phase, the words, a slot for the step number
+        (_COMPARED words so far), the same negated, then the two flag slots. A
+        copy of a cached array: callers fill in the slots."""
         if self.error is not None:
             return _REJECTED[int(self.phase)][:]
         try:
@@ -174,7 +176,7 @@ def _vector(phase: Phase, args: tuple, kinds: tuple) -> array.array:
 class _RejectedVectors(dict):
     """phase -> the vector of a call that could not be formed (words all -1)."""
     def __missing__(self, phase: int) -> array.array:
-        self[phase] = vector = _make_vector(phase, (-1,) * (1 + 2 * N_ARGS))
+        self[phase] = vector = _make_vector(phase, _REJECTED_WORDS)
         return vector
 
 

@@ -214,8 +214,8 @@ class Pow2Allocator:
         """Everything that decides future answers, for comparing allocators."""
         return (sorted(self._va.free.items()), sorted(self._small.free.items()),
                 tuple(map(tuple, self._quick)), tuple(self._idle), tuple(self._cache),
-                sorted(self._blocks),
-                sorted(self._segments), self.backed_bytes, sorted(self._external))
+                sorted(self._blocks), sorted(self._segments), self.backed_bytes,
+                sorted(self._external))
 
     # -- requests -------------------------------------------------------------
     def allocate(self, nbytes: int) -> tuple[Block, list[Segment]]:
