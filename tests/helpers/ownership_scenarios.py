@@ -163,10 +163,7 @@ def outlive(report: Report) -> None:
     h2.finalize()
     del later
     gc.collect()
-    report.check("no shmemvm mappings left", shmemvm_mappings() == [], shmemvm_mappings())
-    after = open_fds()
-    report.check("no descriptors left", after == fds_before,
-                 f"new {sorted(after - fds_before)}, gone {sorted(fds_before - after)}")
+    report.check_nothing_left(fds_before)
 
 
 def evict(report: Report) -> None:

@@ -56,6 +56,13 @@ class Report:
         self.data["checks"].append({"name": name, "ok": bool(ok), "detail": str(detail)[:500]})
         self.write()
 
+    def check_nothing_left(self, fds_before: set) -> None:
+        """No shmemvm mapping and no descriptor beyond `fds_before` remain."""
+        self.check("no shmemvm mappings left", shmemvm_mappings() == [], shmemvm_mappings())
+        after = open_fds()
+        self.check("no descriptors left", after == fds_before,
+                   f"new {sorted(after - fds_before)}, gone {sorted(fds_before - after)}")
+
 
 def raises(call, *types) -> str | None:
     """The name of the exception `call` raised if it is one of `types`, else None."""
@@ -120,10 +127,7 @@ def close_with_views(report: Report) -> None:
     h2.close()
     del later
     gc.collect()
-    report.check("no shmemvm mappings left", shmemvm_mappings() == [], shmemvm_mappings())
-    after = open_fds()
-    report.check("no descriptors left", after == fds_before,
-                 f"new {sorted(after - fds_before)}, gone {sorted(fds_before - after)}")
+    report.check_nothing_left(fds_before)
 
 
 def evict_deferred(report: Report) -> None:
