@@ -4,11 +4,14 @@
 
 Every figure beside its baseline, measured in the same run:
 
-- all_reduce (float32 sum), 4 KiB .. 256 MiB: examples/triton_allreduce.py's
-  one-shot kernel (device-side barriers, reads peers through heap_bases)
-  beside torch.distributed._symmetric_memory's one_shot_all_reduce and
+- all_reduce (float32 sum), 4 KiB .. 256 MiB: shmemvm.DeviceAllReduce
+  (device-side barriers, reads peers through heap_bases; "auto" picks one-shot
+  or two-shot by size, and both are also measured alone) and
+  examples/triton_allreduce.py's plain one-shot kernel (a Triton launch per
+  call), beside torch.distributed._symmetric_memory's one_shot_all_reduce and
   two_shot_all_reduce_ (CUDA backend, multicast off) and NCCL's all_reduce.
-  CUDA events around back-to-back calls; both PEs run every call.
+  CUDA events around back-to-back calls; both PEs run every call. The records
+  compare "auto" with each baseline and with the best of torch's two.
 - device-side remote store bandwidth: a Triton kernel storing a local buffer
   into the peer's memory (sv.store with a contiguity hint) beside the copy
   engine (a copy_ into heap.ptr(), the peer's memory), 1 MiB .. 256 MiB.
@@ -47,6 +50,7 @@ import triton.language as tl  # noqa: E402
 import shmemvm  # noqa: E402
 from bench_gpu import Run, TorchSymm, git_commit, log  # noqa: E402
 from shmemvm import triton as sv  # noqa: E402
+from shmemvm.device_allreduce import DeviceAllReduce  # noqa: E402
 from triton_allreduce import OneShotAllReduce  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -89,10 +93,18 @@ def iterations(nbytes: int) -> int:
     return max(5, min(200, (2 << 30) // max(nbytes, 1) // 4))
 
 
+OURS = "shmemvm DeviceAllReduce (auto)"
+TORCH = ("torch symm_mem one_shot_all_reduce", "torch symm_mem two_shot_all_reduce_")
+
+
 def all_reduce(run, heap, symm, sizes, dev):
     import torch.distributed as dist
     import torch.distributed._symmetric_memory  # noqa: F401  (registers torch.ops.symm_mem)
-    mine = OneShotAllReduce(heap, programs=torch.cuda.get_device_properties(dev).multi_processor_count)
+    programs = torch.cuda.get_device_properties(dev).multi_processor_count
+    device_reduce = DeviceAllReduce(heap)
+    log(f"DeviceAllReduce: waits give up after {device_reduce.max_polls} polls "
+        f"(~{device_reduce.timeout:g} s)")
+    plain = OneShotAllReduce(heap, programs=programs)
     largest = sizes[-1] // 4
     src, dst = heap.empty(largest, torch.float32), heap.empty(largest, torch.float32)
     src.copy_(torch.randn(largest, device=dev))
@@ -105,39 +117,50 @@ def all_reduce(run, heap, symm, sizes, dev):
         s, d, t, c = src[:n], dst[:n], tsrc[:n], nccl[:n]
         iters = iterations(nbytes)
         ops = {
-            "shmemvm one-shot (Triton)": lambda: mine(d, s),
-            "torch symm_mem one_shot_all_reduce":
-                lambda: torch.ops.symm_mem.one_shot_all_reduce(t, "sum", symm.group),
-            "torch symm_mem two_shot_all_reduce_":
-                lambda: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", symm.group),
+            OURS: lambda: device_reduce(d, s),
+            "shmemvm DeviceAllReduce one_shot": lambda: device_reduce(d, s, algorithm="one_shot"),
+            "shmemvm DeviceAllReduce two_shot": lambda: device_reduce(d, s, algorithm="two_shot"),
+            "examples/triton_allreduce.py (a Triton launch per call)": lambda: plain(d, s),
+            TORCH[0]: lambda: torch.ops.symm_mem.one_shot_all_reduce(t, "sum", symm.group),
+            TORCH[1]: lambda: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", symm.group),
             "NCCL all_reduce": lambda: dist.all_reduce(c),
         }
         times = {}
         for name, op in ops.items():
             try:
-                op()   # warm-up (compiles, rendezvous)
+                op()   # warm-up (compiles, records the CUDA graph, rendezvous)
                 times[name] = slowest(events(op, iters))
             except Exception as exc:  # noqa: BLE001 - e.g. a size torch refuses
                 run.errors.append(f"all_reduce {name} {nbytes} B: {exc!r}"[:300])
                 times[name] = None
-        # correctness of ours at this size, against a host-order sum (a PE-ordered sum)
-        mine(d, s)
+        # correctness of each of ours at this size, against a host-order sum (a PE-ordered sum)
         gathered = [torch.empty_like(s) for _ in range(n_pes)]
         dist.all_gather(gathered, s)
         expected = gathered[0].clone()
         for g in gathered[1:]:
             expected += g
-        correct = bool(torch.equal(d, expected))
-        ours = times["shmemvm one-shot (Triton)"]
-        for name, value in times.items():
-            if name.startswith("shmemvm") or ours is None or value is None:
+        correct = {}
+        for algorithm in ("auto", "one_shot", "two_shot"):
+            d.zero_()
+            heap.barrier_all()
+            device_reduce(d, s, algorithm=algorithm)
+            device_reduce.synchronize()
+            correct[algorithm] = bool(torch.equal(d, expected))
+        ours = times[OURS]
+        torch_times = [times[k] for k in TORCH if times[k] is not None]
+        baselines = dict(times)
+        if torch_times:
+            baselines["best of torch symm_mem one-shot/two-shot"] = min(torch_times)
+        for name, value in baselines.items():
+            if name == OURS or ours is None or value is None:
                 continue
             run.record("all_reduce float32 sum", {"bytes": nbytes, "iters": iters,
-                                                   "correct": correct},
-                       nbytes / ours / 1e9, "GB/s (algbw)",
-                       name, nbytes / value / 1e9)
+                                                   "correct": correct, "us": ours * 1e6,
+                                                   "baseline_us": value * 1e6},
+                       nbytes / ours / 1e9, "GB/s (algbw)", name, nbytes / value / 1e9)
         log(f"all_reduce {nbytes:>10} B: " + ", ".join(
-            f"{k}={v * 1e6:.1f}us" if v else f"{k}=n/a" for k, v in times.items()))
+            f"{k}={v * 1e6:.1f}us" if v else f"{k}=n/a" for k, v in times.items())
+            + f"; correct {correct}")
         run.dump()
 
 

@@ -36,6 +36,15 @@ from .thread_levels import THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED, 
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # DeviceAllReduce needs Triton, an optional dependency: imported on first use
+    if name == "DeviceAllReduce":
+        from .device_allreduce import DeviceAllReduce
+        return DeviceAllReduce
+    raise AttributeError(f"module 'shmemvm' has no attribute {name!r}")
+
+
 __all__ = [
     "Pow2Allocator", "VMemPow2Allocator", "SymmetricHeap",
     "init", "finalize", "default_heap", "my_pe", "n_pes", "malloc", "empty", "zeros", "calloc",

@@ -240,3 +240,83 @@ def test_all_reduce_matches_nccl_and_is_bit_identical(gpu_heap):
         torch.testing.assert_close(fdst, fref, rtol=1e-5, atol=1e-5)
     finally:
         dist.destroy_process_group()
+
+
+def _pe_order_reduce(src: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """What every PE must get: the reduction of every PE's src in PE order."""
+    parts = [torch.empty_like(src) for _ in range(comm.size)]
+    for pe, part in enumerate(parts):   # as bytes: NumPy has no bfloat16
+        mine = src.view(torch.uint8).cpu().numpy() if comm.rank == pe else None
+        part.view(torch.uint8).copy_(torch.from_numpy(comm.bcast(mine, root=pe)))
+    out = parts[0].clone()
+    for part in parts[1:]:
+        out = out + part if op == "sum" else (torch.maximum(out, part) if op == "max"
+                                              else torch.minimum(out, part))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_all_reduce_replays_graphs_with_new_data(gpu_heap, dtype):
+    from shmemvm.device_allreduce import DeviceAllReduce
+    h = gpu_heap
+    reduce = DeviceAllReduce(h, two_shot_from=1 << 20)
+    for count in (1, 1000, (1 << 20) + 5):
+        src, dst = h.empty(count, dtype), h.empty(count, dtype)
+        for call in range(4):   # call 1 records the graph, later calls replay it
+            g = torch.Generator().manual_seed(100 * call + h.my_pe)
+            src.copy_(torch.randn(count, generator=g).to(dtype))
+            h.barrier_all()
+            for algorithm in ("auto", "one_shot", "two_shot"):
+                dst.zero_()
+                reduce(dst, src, algorithm=algorithm)
+                reduce.synchronize()
+                assert torch.equal(dst, _pe_order_reduce(src)), (count, call, algorithm)
+                digest = hashlib.sha256(dst.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+                assert len(set(comm.allgather(digest))) == 1
+            h.barrier_all()
+        assert len(reduce._graph_cache) > 0
+        h.free(dst)
+        h.free(src)
+
+
+def test_device_all_reduce_ops_and_a_captured_call(gpu_heap):
+    from shmemvm.device_allreduce import DeviceAllReduce
+    h = gpu_heap
+    reduce = DeviceAllReduce(h)
+    src, dst = h.empty(4099, torch.int64), h.empty(4099, torch.int64)
+    src.copy_(torch.randint(-9999, 9999, (4099,),
+                            generator=torch.Generator().manual_seed(h.my_pe)))
+    h.barrier_all()
+    for op in ("sum", "max", "min"):
+        reduce(dst, src, op=op)
+        reduce.synchronize()
+        assert torch.equal(dst, _pe_order_reduce(src, op)), op
+    # inside the caller's own CUDA graph capture the kernel is launched directly (captured)
+    reduce(dst, src, op="max", algorithm="two_shot")   # compiled (and recorded) outside it
+    reduce.synchronize()
+    h.barrier_all()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        reduce(dst, src, op="max", algorithm="two_shot")
+    dst.zero_()
+    torch.cuda.synchronize()
+    h.barrier_all()
+    graph.replay()
+    reduce.synchronize()
+    assert torch.equal(dst, _pe_order_reduce(src, "max"))
+    h.barrier_all()
+
+
+def test_device_all_reduce_mismatch_raises_instead_of_hanging(gpu_heap):
+    from shmemvm import SymmetryError
+    from shmemvm.device_allreduce import DeviceAllReduce
+    h = gpu_heap
+    reduce = DeviceAllReduce(h, timeout=2)
+    a, b = h.zeros(1 << 16, torch.float32), h.zeros(1 << 18, torch.float32)
+    # other sizes: other grids too, so some programs wait for counterparts that never come
+    x = a if h.my_pe == 0 else b
+    half = x.numel() // 2
+    reduce(x[:half], x[half:])
+    with pytest.raises((SymmetryError, shmemvm.PeerTimeoutError)):
+        reduce.synchronize()
+    h.barrier_all()
