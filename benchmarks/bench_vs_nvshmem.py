@@ -30,14 +30,15 @@ issue 15 in params["goal"]. Sections, in this order (the riskiest last):
    NVSHMEM_SYMMETRIC_SIZE (default here 3G) and never returns memory, so an
    allocation inside it needs none; the baseline of record 4a is that (what
    a NVSHMEM user sees), and section 6 measures NVSHMEM's own new-memory case.
-5. profile (shmemvm only): where a fresh (64 KiB, 1 MiB, 64 MiB) and a cached
+5. profile (shmemvm only): where a fresh (64 KiB, 1 MiB, 64 MiB, 1 GiB) and a cached
    (1 KiB, 1 MiB) malloc spend their time, step by step (shmemvm/profile.py).
 6. NVSHMEM4Py allocation beyond NVSHMEM_SYMMETRIC_SIZE: allocations of one
    size held until their total passes the pre-mapped size by two growth
    granules (NVSHMEM grows its heap through CUDA VMM in 512 MiB granules when
-   NVSHMEM_DISABLE_CUDA_VMM is not set), each timed; those lying wholly past
-   NVSHMEM_SYMMETRIC_SIZE needed new physical memory (the device memory used,
-   before and after, is in params). Record 4b compares shmemvm's fresh
+   NVSHMEM_DISABLE_CUDA_VMM is not set), each timed, with the device memory
+   each call added; the calls that added memory are NVSHMEM's new-memory case
+   (not every call past NVSHMEM_SYMMETRIC_SIZE is one: a call that fits in the
+   granule the previous one mapped maps nothing). Record 4b compares shmemvm's fresh
    allocation with these.
 
 Robustness: every section runs in try/except, its errors (every PE's) go
@@ -515,7 +516,7 @@ def new_memory(bench: Bench) -> None:
 
 def profile_steps(bench: Bench) -> None:
     heap, run = bench.heap, bench.run
-    fresh_sizes = [n for n in (64 * KiB, 1 * MiB, 64 * MiB) if n <= bench.args.max_size]
+    fresh_sizes = [n for n in (64 * KiB, 1 * MiB, 64 * MiB, 1 * GiB) if n <= bench.args.max_size]
     with profile.instrumented(heap):
         for kind, sizes in (("fresh", fresh_sizes), ("cached", [1 * KiB, 1 * MiB])):
             for n in sizes:
@@ -566,16 +567,22 @@ def nvshmem_growth(bench: Bench) -> None:
     granule = 512 * MiB
     for n in (64 * MiB, 1 * GiB):
         count = min(bench.args.max_iters * 16, math.ceil(premapped / n) + max(2, 2 * granule // n))
-        held, times = [], []
+        held, times, grown = [], [], []
         bench.sync()
         comm.Barrier()
         used_before = device_used()
         try:
             for _ in range(count):
                 comm.Barrier()
+                before = device_used()
                 t0 = time.perf_counter()
                 held.append(nv.tensor(n))
-                times.append(slowest(time.perf_counter() - t0))
+                elapsed = time.perf_counter() - t0
+                after = device_used()
+                times.append(slowest(elapsed))
+                # which calls really mapped new memory (on any PE): not every call past
+                # the pre-mapped size does, as NVSHMEM grows a granule at a time
+                grown.append(max(comm.allgather((after or 0) - (before or 0))))
             bench.sync()
             comm.Barrier()
             used_after = device_used()
@@ -585,20 +592,29 @@ def nvshmem_growth(bench: Bench) -> None:
             held.clear()
         beyond = [t for i, t in enumerate(times) if i * n >= premapped]
         inside = [t for i, t in enumerate(times) if (i + 1) * n <= premapped]
+        growing = [(t, g) for t, g in zip(times, grown) if g > 0]
         if not beyond:
             raise RuntimeError(f"no {fmt_size(n)} allocation lay past NVSHMEM_SYMMETRIC_SIZE")
-        # 64 MiB: one allocation in a granule's worth grows the heap; take that one
-        value = max(beyond) if n < granule else statistics.median(beyond)
+        if growing:
+            # 64 MiB: the call that grew the heap by a granule; 1 GiB: time per n bytes of
+            # new memory over the calls that grew it (a call that fit in the last granule
+            # mapped nothing and must not count as new memory)
+            value = (max(t for t, _ in growing) if n < granule else
+                     sum(t for t, _ in growing) / (sum(g for _, g in growing) / n))
+            statistic = ("the slowest allocation that grew device memory (a granule)"
+                         if n < granule else
+                         f"time per {fmt_size(n)} of new device memory over the allocations "
+                         f"that grew it")
+        else:   # no measurable growth (no device memory query): the older statistic
+            value = max(beyond) if n < granule else statistics.median(beyond)
+            statistic = "allocations past NVSHMEM_SYMMETRIC_SIZE (growth not measurable)"
         ours = bench.fresh_us.get(n)
         if rank == 0:
             run.record("alloc_new_memory_vs_nvshmem_growth", {
                 "bytes": n, "size": fmt_size(n), "held_allocations": count,
                 "NVSHMEM_SYMMETRIC_SIZE": premapped,
-                "statistic": ("shmemvm: median fresh malloc (section 4); NVSHMEM4Py: "
-                              + ("the slowest allocation lying past NVSHMEM_SYMMETRIC_SIZE (the "
-                                 "one that grew the heap by a granule)" if n < granule else
-                                 "median of the allocations lying wholly past "
-                                 "NVSHMEM_SYMMETRIC_SIZE")),
+                "statistic": "shmemvm: median fresh malloc (section 4); NVSHMEM4Py: " + statistic,
+                "nvshmem_device_growth_per_call_bytes": grown,
                 "nvshmem_situation": "nvshmem.core.tensor calls held until past the pre-mapped "
                                      "heap: those past it need new physical memory (CUDA VMM "
                                      "growth), if this NVSHMEM grows its heap at all",
