@@ -34,7 +34,7 @@ What a wrong call does (the kernels cannot raise):
   size, dtype, op, algorithm); programs compare the words they exchange, and
   where PEs called differently, nothing is reduced;
 - every wait on a peer gives up after about `timeout` seconds (counted in
-  polls, their rate measured when the object is made);
+  polls: shmemvm.triton.max_polls_for);
 - either is recorded in a status word in pinned host memory, which the next
   call (or check()) reads without synchronizing and raises SymmetryError or
   PeerTimeoutError from. The object is unusable after that: make a new one.
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import time
 
 import torch
 
@@ -154,12 +153,6 @@ def _all_reduce(src, dst, pads, status, n, word, me, heap_bases, max_polls,
             tl.store(status, TIMED_OUT)
 
 
-@triton.jit
-def _poll(row, max_polls):
-    """Poll a signal that never comes max_polls times (the calibration)."""
-    sv.signal_wait_until(row, sv.CMP_GE, 1, max_polls)
-
-
 def _interpreted() -> bool:
     return type(_all_reduce).__name__ == "InterpretedFunction"
 
@@ -218,7 +211,7 @@ class DeviceAllReduce:
         self._status_word = ctypes.c_int32.from_address(self._status.data_ptr())
         self._graph_cache: collections.OrderedDict = collections.OrderedDict()
         self.timeout = float(setting("SHMEMVM_TIMEOUT", timeout))
-        self.max_polls = max(1, int(self.timeout * self._polls_per_second()))
+        self.max_polls = sv.max_polls_for(self.timeout, device)
 
     # -- calls --------------------------------------------------------------------------
     def __call__(self, dst: torch.Tensor, src: torch.Tensor, op: str = "sum",
@@ -322,19 +315,3 @@ class DeviceAllReduce:
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             launch()
         return graph
-
-    def _polls_per_second(self) -> float:
-        """How fast a device-side wait polls here: a wait on a scratch signal
-        that never comes, timed, turns `timeout` into a number of polls."""
-        scratch = torch.zeros(1, dtype=torch.int64, device=self._pads.device)
-        polls = 200 if self._pads.device.type == "cpu" else 20000
-        _poll[(1,)](scratch, 1)   # compile outside the timing
-        self._sync()
-        start = time.perf_counter()
-        _poll[(1,)](scratch, polls)
-        self._sync()
-        return polls / max(time.perf_counter() - start, 1e-6)
-
-    def _sync(self) -> None:
-        if self._pads.device.type == "cuda":
-            torch.cuda.synchronize(self._pads.device)

@@ -72,7 +72,7 @@ __all__ = [
     "atomic_add", "atomic_sub", "atomic_cas", "atomic_xchg", "atomic_and", "atomic_or",
     "atomic_xor", "atomic_min", "atomic_max",
     "signal_set", "signal_add", "signal_wait_until", "signal_test",
-    "CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE",
+    "CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "max_polls_for",
 ]
 
 #: comparisons of signal_wait_until / signal_test (the OpenSHMEM SHMEM_CMP_* set)
@@ -492,3 +492,53 @@ def signal_wait_until(sig_ptr, cmp: tl.constexpr, value, max_polls=0):
         current = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
         polls += 1
     return current
+
+
+# -- bounding a wait by time (host side) ------------------------------------------------
+@triton.jit
+def _poll_unset(sig_ptr, max_polls):
+    signal_wait_until(sig_ptr, CMP_GE, 1, max_polls)
+
+
+_polls_per_second: dict = {}   # device -> measured rate
+
+
+def max_polls_for(seconds: float, device) -> int:
+    """The `max_polls` that makes signal_wait_until give up after about
+    `seconds` on `device` (a kernel has no clock that is the same on NVIDIA,
+    AMD and the interpreter, so time is counted in polls). The polling rate
+    is measured once per device: a wait on a signal that never comes, timed.
+
+    Args:
+        seconds: how long a wait may last, > 0.
+        device: a torch device (or its name); "cpu" for the interpreter.
+
+    Returns:
+        An int >= 1 for signal_wait_until's max_polls.
+
+    Raises:
+        ValueError: seconds is not > 0.
+    """
+    import time
+
+    import torch
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    rate = _polls_per_second.get(device)
+    if rate is None:
+        scratch = torch.zeros(1, dtype=torch.int64, device=device)
+        polls = 200 if device.type == "cpu" else 20000
+
+        def timed(count):
+            start = time.perf_counter()
+            _poll_unset[(1,)](scratch, count)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - start
+
+        timed(1)   # compiles outside the timing
+        rate = _polls_per_second[device] = polls / max(timed(polls), 1e-6)
+    return max(1, int(seconds * rate))

@@ -449,3 +449,22 @@ def test_device_functions_compile_for_cuda_and_hip():
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "cuda ok" in result.stdout and "hip ok" in result.stdout, result.stdout
+
+
+@triton.jit
+def wait_polls(sig, out, value, max_polls):
+    tl.store(out, sv.signal_wait_until(sig, sv.CMP_EQ, value, max_polls))
+
+
+def test_max_polls_for_bounds_a_wait_by_time():
+    import time
+    polls = sv.max_polls_for(0.2, "cpu")
+    assert polls >= 1 and sv.max_polls_for(0.4, "cpu") >= polls   # one rate per device
+    sig = torch.zeros(1, dtype=torch.int64)
+    out = torch.full((1,), -1, dtype=torch.int64)
+    start = time.perf_counter()
+    wait_polls[(1,)](sig, out, 7, polls)      # never true: gives up after about 0.2 s
+    assert out.item() == 0
+    assert time.perf_counter() - start < 20   # a bound, not a hang (CI machines are noisy)
+    with pytest.raises(ValueError, match="> 0"):
+        sv.max_polls_for(0, "cpu")

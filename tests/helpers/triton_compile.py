@@ -13,7 +13,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
-from shmemvm import device_atomics  # noqa: E402
+from shmemvm import device_allreduce, device_atomics  # noqa: E402
 from shmemvm import triton as sv  # noqa: E402
 import producer_consumer  # noqa: E402
 import triton_allreduce  # noqa: E402
@@ -55,6 +55,16 @@ def kernels():
                 "dest": f"*{bits}", "args": f"*{bits}", "out": f"*{bits}", "me": "i32",
                 "pe": "i32", "heap_bases": "*i64", "OP": "constexpr"}, {"OP": op}
     yield from triton_allreduce.compile_signatures()
+    for dtype in ("fp32", "bf16", "i64"):
+        for two_shot in (False, True):
+            for op in device_allreduce.OPS.values():
+                yield device_allreduce._all_reduce, {
+                    "src": f"*{dtype}", "dst": f"*{dtype}", "pads": "*i64", "status": "*i32",
+                    "n": "i32", "word": "i64", "me": "i32", "heap_bases": "*i64",
+                    "max_polls": "i32", "N_PES": "constexpr", "BLOCK": "constexpr",
+                    "OP": "constexpr", "TWO_SHOT": "constexpr", "HINT": "constexpr"}, {
+                    "N_PES": 4, "BLOCK": 2048, "OP": op, "TWO_SHOT": two_shot, "HINT": 2048}
+    yield sv._poll_unset, {"sig_ptr": "*i64", "max_polls": "i32"}, {}
     yield from producer_consumer.compile_signatures()
 
 
