@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import logging
 
 import torch
 
@@ -67,6 +68,8 @@ _DTYPES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64:
            torch.int32: 5, torch.int64: 6}
 #: graphs kept per object (least recently used ones are dropped)
 MAX_GRAPHS = 64
+
+log = logging.getLogger("shmemvm")
 
 
 @triton.jit
@@ -236,7 +239,7 @@ class DeviceAllReduce:
             self.check()
         key = (dst.data_ptr(), src.data_ptr(), src.numel(), src.dtype, op, algorithm)
         graph = self._graph_cache.get(key)
-        if graph is not None:
+        if graph is not None and src.is_contiguous() and dst.is_contiguous():
             # the tensors must still be live symmetric tensors (their memory mapped)
             self.heap.local.block_of(src)
             self.heap.local.block_of(dst)
@@ -249,7 +252,12 @@ class DeviceAllReduce:
             return
         launch()
         if self.graphs and graph is None and not torch.cuda.is_current_stream_capturing():
-            self._graph_cache[key] = self._record(launch)
+            try:
+                self._graph_cache[key] = self._record(launch)
+            except Exception as exc:  # noqa: BLE001 - the call itself was made: keep it working
+                log.warning("DeviceAllReduce: recording a CUDA graph failed (%r); launching "
+                            "every call directly from now on", exc)
+                self.graphs = False
             if len(self._graph_cache) > MAX_GRAPHS:
                 self._graph_cache.popitem(last=False)
 

@@ -291,6 +291,11 @@ def test_device_all_reduce_ops_and_a_captured_call(gpu_heap):
         reduce(dst, src, op=op)
         reduce.synchronize()
         assert torch.equal(dst, _pe_order_reduce(src, op)), op
+    # a recorded graph is not taken for a non-contiguous view at the same address
+    square, out = h.empty((64, 64), torch.float32), h.empty((64, 64), torch.float32)
+    reduce(out, square)
+    with pytest.raises(ValueError, match="not contiguous"):
+        reduce(out.t(), square)
     # inside the caller's own CUDA graph capture the kernel is launched directly (captured)
     reduce(dst, src, op="max", algorithm="two_shot")   # compiled (and recorded) outside it
     reduce.synchronize()
