@@ -8,7 +8,9 @@ again after, so no host-side barrier is needed around a call.
     TRITON_INTERPRET=1 mpirun -n 2 python examples/triton_allreduce.py  # CPUs (host heap)
 
 It checks its result against the sum computed on the host, and that every PE
-holds the same bytes.
+holds the same bytes. This kernel shows the device-side API at its plainest;
+shmemvm.DeviceAllReduce is the library's tuned all-reduce (the call number kept
+on the device, CUDA graph replay, mismatch and timeout detection).
 """
 
 from __future__ import annotations
