@@ -6,11 +6,20 @@ naming the sender, the step number and a status, the segments' (offset, size,
 generation), and one descriptor per segment (SCM_RIGHTS). Every PE sends and
 receives interleaved, with one deadline for the whole exchange.
 
+A new segment is sent before it is mapped here: the heap creates its
+physical memory only, and the exchange runs the heap's local work (mapping
+it, attaching it to the MPI window) once the datagrams are out, so that it
+overlaps the peers' imports of them.
+
 The exchange is one half of a transaction (the heap agrees on its outcome
 right after and undoes it everywhere on failure), so it must leave nothing
 behind whatever fails:
-- a PE that cannot export its memory still sends every peer a datagram,
-  with status FAILED and no descriptors, so nobody waits for it in vain;
+- a PE that cannot create or export its memory still sends every peer a
+  datagram, with status FAILED and no descriptors, so nobody waits for it in
+  vain (a PE whose allocator failed before it knew its segments sends none);
+- a PE whose local work fails after sending keeps receiving like one that
+  failed while receiving; its peers may have mapped what it sent, and drop
+  it when the step is undone;
 - a PE that fails while receiving (mapping a peer's memory: ENOMEM, a bad
   descriptor, a peer that sent something else) keeps receiving until it has
   heard from every peer, closing what it no longer maps, so no datagram of
