@@ -76,9 +76,8 @@ class Phase(enum.IntEnum):
     INIT_PEERS = 102            # init: every PE reserved its peers' windows
     INIT_READY = 103            # init: every PE has its MPI window
     ZEROS_FILLED = 104          # zeros: every PE has zeroed its copy
-    BACKING = 105               # a PE could (not) back the new segments
-    SHARING = 106               # a PE could (not) exchange the new segments on the node
-    WINDOW_ATTACH = 107         # a PE could (not) attach the new segments to the MPI window
+    BACKING = 105               # a PE could (not) map the imported memory
+    SHARING = 106               # a PE could (not) create, share, map and attach the new segments
     RELEASE_DEAD = 108          # which garbage-collected blocks every PE has dropped
     MISMATCH_REPORT = 109       # what each PE asked for, after a mismatch
     BROADCAST_COPIED = 110

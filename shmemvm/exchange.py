@@ -6,11 +6,20 @@ naming the sender, the step number and a status, the segments' (offset, size,
 generation), and one descriptor per segment (SCM_RIGHTS). Every PE sends and
 receives interleaved, with one deadline for the whole exchange.
 
+A new segment is sent before it is mapped here: the heap creates its
+physical memory only, and the exchange runs the heap's local work (mapping
+it, attaching it to the MPI window) once the datagrams are out, so that it
+overlaps the peers' imports of them.
+
 The exchange is one half of a transaction (the heap agrees on its outcome
 right after and undoes it everywhere on failure), so it must leave nothing
 behind whatever fails:
-- a PE that cannot export its memory still sends every peer a datagram,
-  with status FAILED and no descriptors, so nobody waits for it in vain;
+- a PE that cannot create or export its memory still sends every peer a
+  datagram, with status FAILED and no descriptors, so nobody waits for it in
+  vain (a PE whose allocator failed before it knew its segments sends none);
+- a PE whose local work fails after sending keeps receiving like one that
+  failed while receiving; its peers may have mapped what it sent, and drop
+  it when the step is undone;
 - a PE that fails while receiving (mapping a peer's memory: ENOMEM, a bad
   descriptor, a peer that sent something else) keeps receiving until it has
   heard from every peer, closing what it no longer maps, so no datagram of
@@ -62,10 +71,18 @@ class Exchange:
         self.timeout = timeout
 
     def run(self, seq: int, created: list[Segment], export, map_peer, text: str,
-            within: Segment | None = None) -> None:
+            within: Segment | None = None, *, local=None,
+            failed: BaseException | None = None) -> None:
         """Send our new segments (`export(segment)` gives a descriptor to send,
         ours to close) to every PE of the node and hand theirs to
         `map_peer(pe, segment, fd)` (which owns `fd` from then on).
+
+        `local()`, where given, is this PE's own work on its new segments
+        (mapping them here): it runs once our datagrams are on their way, so
+        that it overlaps the peers' imports of them, and also where the node
+        has no other PE. `failed`: this PE already failed (creating its
+        memory); it sends FAILED instead of descriptors, runs no local work,
+        and the step fails here like any other failure.
 
         Each peer sends the same segments as we do, except with `within`
         (imported memory, laid out by another allocator on each PE): then each
@@ -74,20 +91,17 @@ class Exchange:
         Returns when every peer's datagram of step `seq` was received. Raises
         ShmemError when this PE failed (after hearing from every peer), and
         PeerTimeoutError when a peer was not heard from within the timeout."""
-        if not self.peer_paths:
-            return
-        failure: BaseException | None = None
+        failure: BaseException | None = failed
         fds: list[int] = []
-        try:
-            for segment in created:
-                fds.append(export(segment))
-            payload = encode(self.my_pe, seq, created)
-        except Exception as exc:  # tell the peers, so that they do not wait for us
-            failure = exc
-            payload = encode(self.my_pe, seq, created, FAILED)
-            for fd in fds:
-                os.close(fd)
-            fds = []
+        if self.peer_paths and failure is None:
+            try:
+                for segment in created:
+                    fds.append(export(segment))
+            except Exception as exc:  # tell the peers, so that they do not wait for us
+                failure = exc
+                _close(fds)
+                fds = []
+        payload = encode(self.my_pe, seq, created, OK if failure is None else FAILED)
         failed_peers: list[int] = []
         # Send and receive interleaved: a mailbox holds only net.unix.max_dgram_qlen
         # datagrams (often 10), so with more peers than that (or a flood from a rogue)
@@ -104,6 +118,15 @@ class Exchange:
                     except OSError as exc:  # its socket is gone: it will not answer either
                         failure = failure or exc
                 unsent = still
+                if local is not None:
+                    # Our datagrams are out (or queued for a full mailbox): our own
+                    # mapping now overlaps the peers' imports of what we sent.
+                    if failure is None:
+                        try:
+                            local()
+                        except Exception as exc:  # noqa: BLE001 - fails the step, after
+                            failure = exc            # hearing from every peer
+                    local = None
                 if not unsent and not waiting:
                     break
                 try:
@@ -134,8 +157,7 @@ class Exchange:
                 else:
                     failure = self._map(source, theirs, message.fds, map_peer)
         finally:
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
         if failure is not None:
             kind = ResourceLimitError if isinstance(failure, ResourceLimitError) else ShmemError
             raise kind(f"PE {self.my_pe}: {text}: {failure}") from failure
@@ -188,7 +210,10 @@ class Exchange:
         segments = [Segment(*SEGMENT.unpack_from(body, i * SEGMENT.size)) for i in range(count)
                     ] if len(body) == count * SEGMENT.size else None
         fds_expected = count if status == OK else 0
-        if their_seq != seq or not _matches(segments, expected, within) \
+        # A PE that failed before it knew its segments (its allocator raised)
+        # sends FAILED without any; every other datagram names ours.
+        unnamed_failure = status == FAILED and segments == []
+        if their_seq != seq or not (unnamed_failure or _matches(segments, expected, within)) \
                 or len(message.fds) != fds_expected \
                 or status not in (OK, FAILED):
             self.channel.reject(message, "out of step with this collective")

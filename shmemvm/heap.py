@@ -597,60 +597,61 @@ class SymmetricHeap:
                              f"({failure or 'see the other PEs'}); undone on every PE") from failure
 
     def _allocate_collectively(self, nbytes: int, call: Call) -> Block:
-        """Allocate the block every PE agreed on; back, export and import new segments."""
+        """Allocate the block every PE agreed on; create, share and map new segments.
+
+        A new segment costs one step and one agreement after the call's own:
+        each PE creates the segment's physical memory, exports it and sends it
+        to the other PEs of the node first, then maps it here (and attaches it
+        to the MPI window) while they import it, and imports theirs (exchange.py).
+        A PE that fails anywhere in that, creating its memory included, still
+        tells its peers (a FAILED datagram instead of descriptors) and hears
+        every peer out; the one vote after the exchange (SHARING) then says
+        whether every PE managed all of it, and where one did not, every PE
+        undoes the same allocation (the allocator stays identical everywhere)."""
         failure = None
         try:
-            block, created = self.local.allocate_block(nbytes)
+            block, created, failure = self.local.allocate_unmapped(nbytes)
         except HeapExhaustedError:
             raise  # same state everywhere, so every PE raises it
-        except Exception as exc:  # a local backend failure: the others must undo too
-            failure, block, created = exc, None, None
+        except Exception as exc:  # the allocator failed here alone: the others must undo too
+            failure, block, created = exc, None, []
         # Segment creation is the same on every PE; only where segments were
         # created can a PE fail alone, so only then is it agreed on.
-        created_anywhere = failure is not None or bool(created)
-        if created_anywhere:
-            if not self.agreement.all_ok(failure is None,
-                                         call.step(Phase.BACKING, "backing new memory")):
-                if failure is None:
-                    self.local.undo_allocation(block, created)
-                self._raise_undone(call, failure, (
-                    f"{call.text} failed: a PE could not back the new memory "
-                    f"({failure or 'see the error on the other PEs'}); nothing "
-                    f"was allocated on any PE"))
-            try:
-                self.exchange.run(self.agreement.seq, created, self.local.export, self.peers.map,
-                                  call.text)
-                exchange_failure = None
-            except PeerTimeoutError as exc:
-                # A PE is gone or stuck: agreeing on the failure would wait as long
-                # again (2x SHMEMVM_TIMEOUT). The heap is unusable from here on.
-                self.agreement.mark_broken(f"{call.text}: {exc}")
-                raise
-            except (OSError, ShmemError, MPI.Exception) as exc:
-                exchange_failure = exc
-            # Undoing releases the new segments, which unmaps peers' copies and
-            # detaches them from the window (release listeners).
-            if not self.agreement.all_ok(exchange_failure is None,
-                                         call.step(Phase.SHARING, "sharing the new memory")):
+        if failure is None and not created:
+            self._hints.pop(block.offset, None)
+            return block
+        try:
+            self.exchange.run(self.agreement.seq, created, self.local.export, self.peers.map,
+                              call.text, local=lambda: self._map_created(created),
+                              failed=failure)
+            step_failure = None
+        except PeerTimeoutError as exc:
+            # A PE is gone or stuck: agreeing on the failure would wait as long
+            # again (2x SHMEMVM_TIMEOUT). The heap is unusable from here on.
+            self.agreement.mark_broken(f"{call.text}: {exc}")
+            raise
+        except (OSError, ShmemError, MPI.Exception) as exc:
+            step_failure = exc
+        # Undoing releases the new segments, which unmaps peers' copies and
+        # detaches them from the window (release listeners). A PE whose
+        # allocation failed has undone it already (allocate_unmapped).
+        if not self.agreement.all_ok(step_failure is None,
+                                     call.step(Phase.SHARING, "sharing the new memory")):
+            if failure is None:
                 self.local.undo_allocation(block, created)
-                self._raise_undone(call, exchange_failure, (
-                    f"{call.text} failed while PEs shared the new memory "
-                    f"({exchange_failure or 'see the other PEs'}); undone on every PE"))
-            if self.offnode is not None:
-                attach_failure = None
-                try:
-                    for segment in created:
-                        self.offnode.attach(segment)
-                except (OSError, ShmemError, MPI.Exception) as exc:
-                    attach_failure = exc
-                if not self.agreement.all_ok(attach_failure is None, call.step(
-                        Phase.WINDOW_ATTACH, "attaching the new memory to the MPI window")):
-                    self.local.undo_allocation(block, created)
-                    self._raise_undone(call, attach_failure, (
-                        f"{call.text} failed while PEs attached the new memory to the MPI "
-                        f"window ({attach_failure or 'see the other PEs'}); undone on every PE"))
+            self._raise_undone(call, step_failure, (
+                f"{call.text} failed while PEs shared the new memory "
+                f"({step_failure or 'see the other PEs'}); undone on every PE"))
         self._hints.pop(block.offset, None)  # a former block's (malloc_with_hints sets its own)
         return block
+
+    def _map_created(self, created: list) -> None:
+        """This PE's own part of sharing new segments, run by the exchange once
+        they are sent: map them here, and attach them to the MPI window."""
+        self.local.map_created(created)
+        if self.offnode is not None:
+            for segment in created:
+                self.offnode.attach(segment)
 
     def _raise_undone(self, call: Call, failure: BaseException | None, message: str):
         """Raise the error of a step undone on every PE, the same kind on every

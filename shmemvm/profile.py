@@ -4,12 +4,14 @@ Where does a malloc's time go? With profiling on, the heap's step functions
 are timed with perf_counter_ns and summed per step:
 
     agreement     Agreement.collective / all_ok (the allreduce and its Python)
-    allocate      the local allocator and backing (vmem allocate_block), with
-      back          creating and mapping our new segment, split into
-        create, map, set_access   the backend calls
+    allocate      the local allocator (vmem allocate_unmapped), with
+      create        creating our new segment's physical memory (backend create)
     exchange      the fd exchange (exchange.py), with
       export        our segment's fd (backend export_fd)
       fd_send       sending the datagram (SCM_RIGHTS)
+      map_new       mapping our new segment here once it is sent, split into
+        map, set_access   the backend calls, and
+        window_attach     attaching it to the MPI window
       fd_receive    receiving the peers' datagrams (includes waiting for them)
       peer_map      importing and mapping a peer's segment, split into
         import_fd, map, set_access, release
@@ -76,13 +78,16 @@ def _timed(name: str, fn):
 def _targets(heap) -> list[tuple[object, str, str]]:
     """(object, method, step name) of every timed step of `heap`."""
     targets = [(heap.agreement, "collective", "agreement"), (heap.agreement, "all_ok", "agreement"),
-               (heap.local, "allocate_block", "allocate"), (heap.local, "_back", "back"),
+               (heap.local, "allocate_unmapped", "allocate"),
+               (heap, "_map_created", "map_new"),
                (heap.local, "tensor_for", "tensor"), (heap.local, "retire", "retire"),
                (heap.local, "finish_free", "finish_free"), (heap.local, "export", "export"),
                (heap.backend, "create", "create"), (heap.backend, "map", "map"),
                (heap.backend, "set_access", "set_access"),
                (heap.backend, "export_fd", "export_fd"), (heap.backend, "import_fd", "import_fd"),
                (heap.backend, "release", "release")]
+    if heap.offnode is not None:
+        targets.append((heap.offnode, "attach", "window_attach"))
     if heap.exchange is not None:
         targets += [(heap.exchange, "run", "exchange"), (heap.peers, "map", "peer_map"),
                     (heap.channel, "try_send", "fd_send"), (heap.channel, "receive", "fd_receive")]

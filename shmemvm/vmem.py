@@ -248,6 +248,7 @@ class VMemPow2Allocator:
                                    chunk_size(chunk, budget, granularity))
         self.base = self.backend.reserve(self.va_size, granularity)
         self._handles: dict[int, object] = {}        # segment offset -> physical handle
+        self._unmapped: set[int] = set()             # offsets created, not mapped yet
         self._imported: dict[int, _Imported] = {}    # block offset -> imported memory
         self._storage_at: dict[int, int] = {}        # imported storage's offset -> block offset
         self._records: dict[int, _Record] = {}       # block offset -> allocated block
@@ -448,7 +449,29 @@ class VMemPow2Allocator:
 
     # -- the interface the symmetric heap builds on -----------------------------
     def allocate_block(self, nbytes: int) -> tuple[Block, list[Segment]]:
-        """Allocate and back a block; on a backend failure nothing is left behind."""
+        """Allocate and back a block (create and map its new segments); on a
+        backend failure nothing is left behind."""
+        with self._lock:
+            block, created, failure = self.allocate_unmapped(nbytes)
+            if failure is not None:
+                raise failure
+            try:
+                self.map_created(created)
+            except BaseException:
+                self.undo_allocation(block, created)
+                raise
+            return block, created
+
+    def allocate_unmapped(self, nbytes: int) -> tuple[Block, list[Segment], Exception | None]:
+        """Allocate a block and create the physical memory of the segments made
+        for it, without mapping it yet: the symmetric heap exports it to the
+        node's peers first and maps it (map_created) while they import it.
+
+        Returns (block, created, failure). A backend failure is returned, not
+        raised, once the allocation is undone here (undo_allocation, which the
+        other PEs mirror), with the block and segments it was for, so that the
+        caller can still tell its peers which step failed. The allocator's own
+        errors (HeapExhaustedError: the same on every PE) are raised."""
         with self._lock:
             try:
                 block, created = self._core.allocate(nbytes)
@@ -460,11 +483,27 @@ class VMemPow2Allocator:
                 # then returned here too, as the other PEs will (undo_allocation).
                 self._unback_released()
                 for segment in created:
-                    self._back(segment)
+                    self._create(segment)
+            except Exception as exc:  # noqa: BLE001 - returned, agreed on by the caller
+                self.undo_allocation(block, created)
+                return block, created, exc
             except BaseException:
                 self.undo_allocation(block, created)
                 raise
-            return block, created
+            return block, created, None
+
+    def map_created(self, created: list[Segment]) -> None:
+        """Map the segments allocate_unmapped created, readable and writable
+        here. A segment whose mapping fails stays created and unmapped, for
+        undo_allocation to release."""
+        with self._lock:
+            for segment in created:
+                if segment.offset not in self._unmapped:
+                    continue
+                with naming_limits(f"mapping {format_bytes(segment.size)} of new memory"):
+                    self.backend.map_accessible(self.base + segment.offset, segment.size,
+                                                self._handles[segment.offset])
+                self._unmapped.discard(segment.offset)
 
     def allocate_external(self, nbytes: int) -> Block:
         """An address range for imported memory (place_external maps it)."""
@@ -674,17 +713,12 @@ class VMemPow2Allocator:
         self.backend.unreserve(self.base, self.va_size)
         self.backend.close()
 
-    def _back(self, segment: Segment) -> None:
+    def _create(self, segment: Segment) -> None:
+        """Physical memory for `segment`, not mapped yet (map_created maps it)."""
         with naming_limits(f"creating {format_bytes(segment.size)} of memory"):
             handle = self.backend.create(segment.size)
-        va = self.base + segment.offset
-        try:
-            with naming_limits(f"mapping {format_bytes(segment.size)} of new memory"):
-                self.backend.map_accessible(va, segment.size, handle)
-        except BaseException:
-            self.backend.release(handle)
-            raise
         self._handles[segment.offset] = handle
+        self._unmapped.add(segment.offset)
 
     def _unback(self, segment: Segment) -> None:
         for listener in self.release_listeners:
@@ -701,7 +735,10 @@ class VMemPow2Allocator:
         handle = self._handles.pop(segment.offset, None)
         if handle is None:
             return  # never backed (its creation failed)
-        self.backend.unmap(self.base + segment.offset, segment.size)
+        if segment.offset in self._unmapped:   # created, never mapped (a failed step)
+            self._unmapped.discard(segment.offset)
+        else:
+            self.backend.unmap(self.base + segment.offset, segment.size)
         self.backend.release(handle)
 
     def _unback_released(self) -> list[Segment]:

@@ -31,7 +31,7 @@ def test_phase_codes_are_distinct_and_only_user_calls_are_counted():
     counted = {p for p in Phase if p.counted}
     assert Phase.INIT not in counted and Phase.MALLOC in counted and Phase.ALLTOALL in counted
     assert not any(p.counted for p in (Phase.ZEROS_FILLED, Phase.BACKING, Phase.SHARING,
-                                       Phase.WINDOW_ATTACH, Phase.RELEASE_DEAD,
+                                       Phase.RELEASE_DEAD,
                                        Phase.REDUCE_GATHERED, Phase.INIT_READY))
 
 

@@ -103,6 +103,71 @@ def test_failure_to_export_tells_the_peers_instead_of_timing_out(heap, monkeypat
 
 
 @pytest.mark.mpi(min_size=2)
+def test_failure_to_create_memory_tells_the_peers_instead_of_timing_out(heap, monkeypatch):
+    """A PE that cannot create its new memory sends FAILED (no descriptors) in
+    the exchange, as for an export failure: one vote after it undoes the call."""
+    victim = heap.n_pes - 1
+    warm_up(heap)
+    fds, rejected = open_fds(), heap.channel.rejected
+    exported: list[int] = []
+    if heap.my_pe == victim:
+        def no_memory(size):
+            raise OSError(errno.ENOMEM, "Cannot allocate memory (injected)")
+        monkeypatch.setattr(heap.backend, "create", no_memory)
+        monkeypatch.setattr(heap.local, "export", lambda segment: exported.append(segment))
+    start = time.monotonic()
+    with pytest.raises(ShmemError, match=r"failed while PEs shared the new memory") as info:
+        heap.malloc(1 << 20)
+    assert time.monotonic() - start < heap.timeout / 2
+    if heap.my_pe == victim:
+        assert "Cannot allocate memory" in str(info.value) and not exported
+        monkeypatch.undo()
+    assert heap.heap_info()["live_allocations"] == 0
+    for _ in range(3):
+        new_segment_round_trip(heap)
+    assert heap.channel.rejected == rejected
+    assert open_fds() == fds
+
+
+@pytest.mark.mpi(min_size=2)
+def test_failure_to_map_our_memory_after_sending_it_is_undone_by_the_peers_too(heap,
+                                                                             monkeypatch):
+    """Our new memory is sent before we map it: when mapping it here fails, the
+    peers have imported and mapped it already, and they unmap it at the undo."""
+    victim = heap.n_pes - 1
+    warm_up(heap)
+    fds, rejected = open_fds(), heap.channel.rejected
+    imported: list[int] = []
+    real_map = heap.peers.map
+    if heap.my_pe == victim:
+        def no_mapping(created):
+            raise OSError(errno.ENOMEM, "Cannot allocate memory (injected)")
+        monkeypatch.setattr(heap.local, "map_created", no_mapping)
+    else:
+        def counting(pe, segment, fd):
+            real_map(pe, segment, fd)
+            imported.append(pe)
+        monkeypatch.setattr(heap.peers, "map", counting)
+    start = time.monotonic()
+    with pytest.raises(ShmemError, match=r"failed while PEs shared the new memory") as info:
+        heap.malloc(1 << 20)
+    assert time.monotonic() - start < heap.timeout / 2
+    monkeypatch.undo()
+    if heap.my_pe == victim:
+        assert "Cannot allocate memory" in str(info.value)
+    else:
+        assert victim in imported      # it had reached us before the victim failed
+    for pe in heap.peers.windows:      # and nobody keeps anything of the call mapped
+        assert [s.offset for s in heap.peers.mapped(pe)] == \
+            [s.offset for s in heap.local._core.segments()]
+    assert heap.heap_info()["live_allocations"] == 0
+    for _ in range(3):
+        new_segment_round_trip(heap)
+    assert heap.channel.rejected == rejected
+    assert open_fds() == fds
+
+
+@pytest.mark.mpi(min_size=2)
 def test_stale_datagram_of_an_earlier_step_is_discarded_with_a_log_line(heap, caplog):
     caplog.set_level(logging.WARNING, logger="shmemvm")
     warm_up(heap)

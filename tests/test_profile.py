@@ -30,14 +30,21 @@ def test_fresh_malloc_steps_are_timed_and_add_up(heap):
         heap.free(x)
         steps = profile.breakdown(total, 1)
         counts = profile.totals()
-    # a fresh segment is created, mapped and made accessible here
-    for step in ("agreement", "allocate", "allocate/back/create", "allocate/back/map",
-                 "allocate/back/set_access", "tensor"):
+    # a fresh segment is created, then (once sent to the peers) mapped and made
+    # accessible here, inside the exchange, and attached to the MPI window
+    for step in ("agreement", "allocate", "allocate/create", "exchange", "exchange/map_new",
+                 "exchange/map_new/map", "exchange/map_new/set_access",
+                 "exchange/map_new/window_attach", "tensor"):
         assert steps[step] > 0, (step, steps)
-    assert counts["allocate/back/create"]["calls"] == 1
+    assert counts["allocate/create"]["calls"] == 1
+    assert counts["exchange/map_new/map"]["calls"] == 1
+    # two agreements: the call's own and the one vote after the exchange
+    assert counts["agreement"]["calls"] == 2, counts
     if heap.n_pes > 1:  # exported to every other PE and theirs mapped here
         assert counts["exchange/peer_map"]["calls"] == heap.n_pes - 1
         assert counts["exchange/export/export_fd"]["calls"] == 1
+    else:               # nobody to export to
+        assert "exchange/export" not in counts, counts
     # the top-level steps and the rest make up the caller's total
     top = sum(v for k, v in steps.items() if "/" not in k and k not in ("total",))
     assert abs(top - steps["total"]) < 1e-6 * steps["total"] + 1e-3

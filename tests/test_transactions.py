@@ -79,9 +79,15 @@ def exercise(heap: SymmetricHeap, count: int) -> None:
 
 
 STEPS = {
-    # where a PE can fail alone, and how to make it
+    # where a PE can fail alone, and how to make it. A new segment is created,
+    # exported and sent to the peers first, and only then mapped here (its
+    # first backend map/set_access) and attached to the MPI window, while the
+    # peers import it: those failures come after the peers have our memory.
     "create": lambda heap: fail_once(heap.backend, "create"),
     "map": lambda heap: fail_once(heap.backend, "map"),
+    "set_access (our memory, after sending it)": lambda heap: fail_once(heap.backend,
+                                                                        "set_access"),
+    "attach to the MPI window (after sending)": lambda heap: fail_once(heap.offnode, "attach"),
     "unmap (evicting cached memory)": lambda heap: fail_once(heap.backend, "unmap"),
     "export": lambda heap: fail_once(heap.backend, "export_fd"),
     "import": lambda heap: fail_once(heap.backend, "import_fd", owned_fd=0),

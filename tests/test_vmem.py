@@ -390,6 +390,79 @@ def test_backend_failure_leaves_nothing_behind(nbytes):
         assert int(t.sum()) == nbytes and bool((keep == 9).all())
 
 
+class StrictHostBackend(FlakyHostBackend):
+    """Refuses to unmap what it never mapped, as cuMemUnmap does, and counts
+    the handles it holds: the symmetric heap creates new memory, exports it
+    and only then maps it (allocate_unmapped / map_created), so undoing such
+    an allocation must release the handle without unmapping it."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.mapped: set[tuple[int, int]] = set()
+        self.handles: set[int] = set()
+
+    def create(self, size):
+        handle = super().create(size)
+        self.handles.add(handle)
+        return handle
+
+    def release(self, handle):
+        self.handles.discard(handle)
+        super().release(handle)
+
+    def map(self, va, size, handle):
+        super().map(va, size, handle)
+        self.mapped.add((va, size))
+
+    def unmap(self, va, size):
+        assert (va, size) in self.mapped, f"unmapping {size} bytes at {va:#x}, never mapped"
+        self.mapped.discard((va, size))
+        super().unmap(va, size)
+
+
+@pytest.mark.parametrize("when", ["before mapping", "mapping fails"])
+def test_created_but_unmapped_segment_is_undone_without_unmapping(when):
+    backend = StrictHostBackend(granularity=G)
+    with VMemPow2Allocator(8 * G, backend=backend) as h:
+        keep = h.allocate(G)
+        before, segs, fds = h.stats(), h.get_allocation_segments(), open_fds()
+        held = set(backend.handles)
+        block, created, failure = h.allocate_unmapped(2 * G)
+        assert failure is None and len(created) == 1
+        assert len(backend.handles) == len(held) + 1      # created ...
+        assert len(backend.mapped) == 1                   # ... not mapped (only keep's)
+        fd = h.export(created[0])                         # exportable before it is mapped
+        os.close(fd)
+        if when == "mapping fails":
+            backend.fail_next_map = True
+            with pytest.raises(OSError, match="injected"):
+                h.map_created(created)
+        h.undo_allocation(block, created)                 # as every PE does after the vote
+        assert backend.handles == held and len(backend.mapped) == 1
+        assert h.stats() == before and h.get_allocation_segments() == segs
+        assert open_fds() == fds
+        t = h.allocate(2 * G)                             # the heap still works
+        t.fill_(3)
+        assert int(t.sum()) == 3 * 2 * G and keep.numel() == G
+
+
+def test_creation_failure_is_returned_with_what_it_was_for():
+    """allocate_unmapped returns a backend failure (already undone here) with
+    the block and segments, so the heap can tell its peers which step failed."""
+    backend = StrictHostBackend(granularity=G)
+    with VMemPow2Allocator(8 * G, backend=backend) as h:
+        before, fds = h.stats(), open_fds()
+
+        def no_memory(size):
+            raise OSError(12, "injected creation failure")
+        backend.create = no_memory
+        block, created, failure = h.allocate_unmapped(2 * G)
+        del backend.create
+        assert isinstance(failure, OSError) and "injected" in str(failure)
+        assert block.size == 2 * G and [s.offset for s in created] == [block.offset]
+        assert h.stats() == before and open_fds() == fds and not backend.handles
+
+
 # ---------------------------------------------------------------------------
 # threads
 # ---------------------------------------------------------------------------
