@@ -34,7 +34,8 @@ from __future__ import annotations
 import heapq
 import operator
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import HeapExhaustedError
 
@@ -63,14 +64,19 @@ class Segment:
     generation: int
 
 
-@dataclass(frozen=True)
-class Block:
-    """A live allocation. `serial` numbers allocations in request order."""
+class Block(NamedTuple):
+    """A live allocation. `serial` numbers allocations in request order.
+    Immutable; a named tuple because one is made per allocation, and a frozen
+    dataclass cost three times as much to make (the allocator makes them with
+    _new_block)."""
     offset: int
     size: int
     nbytes: int
     segment: Segment
     serial: int
+
+
+_new_block = tuple.__new__   # _new_block(Block, (offset, size, nbytes, segment, serial))
 
 
 class Buddy:
@@ -220,8 +226,10 @@ class Pow2Allocator:
     # -- requests -------------------------------------------------------------
     def allocate(self, nbytes: int) -> tuple[Block, list[Segment]]:
         """A block for `nbytes` and the segments created for it (to be backed)."""
-        nbytes = _check_size(nbytes)
-        size = self.size_class(nbytes)
+        if type(nbytes) is not int or nbytes < 0:  # (a plain int needs no check)
+            nbytes = _check_size(nbytes)
+        # = size_class(nbytes), inline
+        size = self.min_block if nbytes <= self.min_block else 1 << (nbytes - 1).bit_length()
         if size > self.budget:
             raise HeapExhaustedError(self._exhausted_message(nbytes, size, "exceeds the whole heap"))
         created: list[Segment] = []
@@ -250,9 +258,8 @@ class Pow2Allocator:
                 self.cached_bytes -= self.chunk
             self._small_users[chunk_offset] += 1
             segment = self._segments[chunk_offset]
-        self._serial += 1
-        block = Block(offset, size, nbytes, segment, self._serial)
-        self._blocks[offset] = block
+        self._serial = serial = self._serial + 1
+        block = self._blocks[offset] = _new_block(Block, (offset, size, nbytes, segment, serial))
         self.block_bytes += size
         self.requested_bytes += nbytes
         return block, created
@@ -316,7 +323,7 @@ class Pow2Allocator:
             raise ValueError(f"{nbytes} bytes do not fit the {block.size}-byte class of "
                              f"the block at {offset:#x}")
         self.requested_bytes += nbytes - block.nbytes
-        block = replace(block, nbytes=nbytes)
+        block = block._replace(nbytes=nbytes)
         self._blocks[offset] = block
         return block
 
