@@ -34,7 +34,7 @@ import sys
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -149,33 +149,45 @@ class _Mailbox:
 
 
 class _Watch(weakref.ref):
-    """A weak reference to a storage that views a block (its own, or a ptr()
-    view), which reports the storage's death to the mailbox. Cheaper than
-    weakref.finalize, and dropping the watch disarms it."""
+    """A weak reference to a storage that views a block (a ptr() view), which
+    reports the storage's death to the mailbox. Cheaper than weakref.finalize,
+    and dropping the watch disarms it. Made by _watch(): weakref.ref's own
+    constructor, then the slots (no Python-level __new__/__init__ to run)."""
 
     __slots__ = ("offset", "serial", "kind")
 
-    def __new__(cls, storage, mailbox: _Mailbox, offset: int, serial: int, kind: int):
-        watch = super().__new__(cls, storage, mailbox.died)
-        watch.offset, watch.serial, watch.kind = offset, serial, kind
-        return watch
 
-    def __init__(self, storage, mailbox, offset, serial, kind):
-        super().__init__(storage, mailbox.died)
+def _watch(storage, died, offset: int, serial: int, kind: int) -> _Watch:
+    watch = _Watch(storage, died)
+    watch.offset, watch.serial, watch.kind = offset, serial, kind
+    return watch
 
 
-@dataclass(eq=False)
-class _Record:
-    """An allocated block and what views it on this process."""
-    block: Block
-    storage: _Watch               # the block's own storage
-    own_alive: bool = True
-    views: set = field(default_factory=set)  # watches of registered views (ptr views) alive
-    freed: bool = False           # free()d: no longer a symmetric tensor, maybe still viewed
+class _Record(_Watch):
+    """An allocated block and what views it on this process. The record is
+    itself the watch of the block's own storage (kind _OWN): one object per
+    allocation, and dropping the record disarms it."""
+
+    __slots__ = ("block", "own_alive", "views", "freed")
+    # views: watches of registered views (ptr views) alive, a set made at the first
+    # (None until then); freed: free()d, no longer a symmetric tensor, maybe still viewed
+
+    @property
+    def storage(self) -> _Record:
+        """The watch of the block's own storage (the record itself)."""
+        return self
 
     @property
     def viewed(self) -> bool:
         return self.own_alive or bool(self.views)
+
+
+def _record(storage, died, block: Block) -> _Record:
+    """The record of `block`, watching its own `storage`."""
+    record = _Record(storage, died)
+    record.offset, record.serial, record.kind = block.offset, block.serial, _OWN
+    record.block, record.own_alive, record.views, record.freed = block, True, None, False
+    return record
 
 
 @dataclass(eq=False)
@@ -197,10 +209,10 @@ class Retirement:
 
     __slots__ = ("block", "tensor", "storage", "_geometry", "detached", "alone")
 
-    def __init__(self, block: Block, tensor: torch.Tensor, record: _Record):
-        self.block = block
+    def __init__(self, record: _Record, tensor: torch.Tensor, storage: torch.UntypedStorage):
+        self.block = block = record.block
         self.tensor = tensor
-        self.storage = tensor.untyped_storage()
+        self.storage = storage                 # tensor's, the block's own
         self._geometry = (tensor.storage_offset(), tensor.shape, tensor.stride())
         try:
             tensor.set_()
@@ -208,7 +220,9 @@ class Retirement:
             self.detached = True
         except RuntimeError:  # e.g. a tensor that requires grad: leave it as it is
             self.detached = False
-        self.alone = self.detached and not record.views and _only_holder(self.storage)
+        # alone: nothing else views the block here (as _only_holder(storage), inline)
+        self.alone = (self.detached and not record.views and _storage_use_count is not None
+                      and _storage_use_count(storage._cdata) == _HELD_ALONE)
 
     def restore(self) -> None:
         if self.detached and self.storage is not None:
@@ -253,6 +267,7 @@ class VMemPow2Allocator:
         self._records: dict[int, _Record] = {}       # block offset -> allocated block
         self._dead: set[int] = set()                 # offsets nothing here views any more
         self._mailbox = _Mailbox()
+        self._died = self._mailbox.died              # every watch's callback, bound once
         self._lock = threading.RLock()               # allocator, records, handles
         self._drain_lock = threading.Lock()          # after close: one drainer at a time
         self.release_dead = release_dead
@@ -412,12 +427,17 @@ class VMemPow2Allocator:
         a still-live block: a freed block's old views fail even while they keep
         its memory, and after the offset is reused, because the storage differs.
         """
+        return self._record_of(tensor)[0].block
+
+    def _record_of(self, tensor: torch.Tensor) -> tuple[_Record, torch.UntypedStorage]:
+        """block_of()'s record of the live block and tensor's storage."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         storage = tensor.untyped_storage()
         offset = storage.data_ptr() - self.base
-        record = self._records.get(self._storage_at.get(offset, offset))
-        if record is None or record.freed or record.storage() is not storage:
+        record = self._records.get(self._storage_at.get(offset, offset) if self._storage_at
+                                   else offset)
+        if record is None or record.freed or record() is not storage:
             freed_at = getattr(tensor, "_shmemvm_freed", None)
             if freed_at is not None:
                 raise FreedTensorError(
@@ -430,7 +450,7 @@ class VMemPow2Allocator:
             raise FreedTensorError(
                 f"tensor at {tensor.data_ptr():#x} on {tensor.device} is not in this heap "
                 f"({self.base:#x}..{self.base + self.va_size:#x} on {self.device})")
-        return record.block
+        return record, storage
 
     def offset_of(self, tensor: torch.Tensor) -> int:
         """Heap offset of `tensor`'s first element (from the storage: data_ptr()
@@ -486,9 +506,9 @@ class VMemPow2Allocator:
     def tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The block's own tensor; its storage's life decides the block's."""
         tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
-        watch = _Watch(tensor.untyped_storage(), self._mailbox, block.offset, block.serial, _OWN)
+        record = _record(tensor.untyped_storage(), self._died, block)
         with self._lock:
-            self._records[block.offset] = _Record(block, watch)
+            self._records[block.offset] = record
         return tensor
 
     def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor:
@@ -499,15 +519,17 @@ class VMemPow2Allocator:
             if record is None or record.block.serial != block.serial or record.freed:
                 raise FreedTensorError(f"the block at heap offset {block.offset:#x} was freed "
                                        f"while a view of it was being made")
-            record.views.add(_Watch(view.untyped_storage(), self._mailbox, block.offset,
+            if record.views is None:
+                record.views = set()
+            record.views.add(_watch(view.untyped_storage(), self._died, block.offset,
                                     block.serial, _VIEW))
         return view
 
     def retire(self, tensor: torch.Tensor) -> Retirement:
         """Detach `tensor` from its live block (first half of a free)."""
         with self._lock:
-            block = self.block_of(tensor)
-            return Retirement(block, tensor, self._records[block.offset])
+            record, storage = self._record_of(tensor)
+            return Retirement(record, tensor, storage)
 
     def finish_free(self, retirement: Retirement, release_now: bool) -> None:
         """Second half of a free: release the block now (nothing views it, here
@@ -582,9 +604,9 @@ class VMemPow2Allocator:
                                       torch.uint8).untyped_storage()
         tensor = torch.empty(0, dtype=like.dtype, device=self.device).set_(
             storage, like.storage_offset(), like.shape, like.stride())
-        watch = _Watch(storage, self._mailbox, block.offset, block.serial, _OWN)
+        record = _record(storage, self._died, block)
         with self._lock:
-            self._records[block.offset] = _Record(block, watch)
+            self._records[block.offset] = record
             if lead:
                 self._storage_at[block.offset + lead] = block.offset
         return tensor
