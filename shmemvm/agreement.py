@@ -36,7 +36,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mpi4py import MPI
 
@@ -111,19 +111,42 @@ _SEQ, _NEG_SEQ = _COMPARED - 1, 2 * _COMPARED - 1
 _FLAG_SLOT, _DEAD_SLOT = 2 * _COMPARED, 2 * _COMPARED + 1
 _ZEROS = bytes(8 * (2 * _COMPARED + 2))   # an empty receive vector
 _WORD = (1 << 63) - 1          # largest value whose negation fits an int64 too
+_MAX = MPI.MAX
 #: the words of a call that could not be formed: never a valid encoding (every word of one is >= 0)
 _REJECTED_WORDS = (-1,) * (1 + 2 * N_ARGS)
 
 
-@dataclass
 class Call:
     """One collective step as this PE sees it: the phase, the arguments that
     must be equal on every PE, a text for messages, and the error that made
-    this PE unable to form the call (bad arguments), if any."""
-    phase: Phase
-    args: tuple = ()
-    text: str = ""
-    error: BaseException | None = field(default=None, repr=False)
+    this PE unable to form the call (bad arguments), if any.
+
+    `text` may be given as a tuple (format, *values): it is then made, with
+    str.format, only when something reads it (a message), not on every call
+    of a cached malloc/free that succeeds."""
+
+    __slots__ = ("phase", "args", "_text", "error")
+
+    def __init__(self, phase: Phase, args: tuple = (), text: str | tuple = "",
+                 error: BaseException | None = None):
+        self.phase = phase
+        self.args = args
+        self._text = text
+        self.error = error
+
+    @property
+    def text(self) -> str:
+        text = self._text
+        if type(text) is tuple:
+            self._text = text = text[0].format(*text[1:])
+        return text
+
+    @text.setter
+    def text(self, value: str | tuple) -> None:
+        self._text = value
+
+    def __repr__(self) -> str:
+        return f"Call(phase={self.phase!r}, args={self.args!r}, text={self.text!r})"
 
     def step(self, phase: Phase, what: str) -> Call:
         """An internal step of this call."""
@@ -332,17 +355,21 @@ class Agreement:
         where every PE made the same call and this one could not form it."""
         if self.broken:
             self.check_usable()
-        self.seq += 1
+        self.seq = seq = self.seq + 1
         if call.phase in _COUNTED:
             self.calls += 1
         # MAX of v and of -v gives the max and minus the min of each word at once
         send = call.vector()
-        send[_SEQ] = self.seq
-        send[_NEG_SEQ] = -self.seq
-        send[_FLAG_SLOT] = -1 if flag else 0
-        send[_DEAD_SLOT] = -1 if dead else 0
+        send[_SEQ] = seq
+        send[_NEG_SEQ] = -seq
+        if flag:
+            send[_FLAG_SLOT] = -1
+        if dead:
+            send[_DEAD_SLOT] = -1
         recv = array.array("q", _ZEROS)
-        self.wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), lambda: self.describe(call))
+        request = self.comm.Iallreduce(send, recv, op=_MAX)
+        if not request.Test():  # (done at once: no need to make the wait's text maker)
+            self.wait(request, lambda: self.describe(call))
         everywhere, dead_everywhere = recv[_FLAG_SLOT] == -1, recv[_DEAD_SLOT] == -1
         # Every word agrees iff its max is this PE's word and its -min this PE's
         # negated word: then the vectors are equal, once the flags are.
