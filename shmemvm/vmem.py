@@ -96,14 +96,26 @@ def _shape_of(shape) -> tuple[int, ...]:
 
 
 def tensor_nbytes(shape, dtype: torch.dtype) -> tuple[tuple[int, ...], int]:
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-    _dlpack.check_dtype(dtype)
+    if type(dtype) is not torch.dtype or dtype not in _SUPPORTED_DTYPES:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        _dlpack.check_dtype(dtype)
+    # The common shapes, a plain int or a 1-tuple of one (malloc's), need no more checks
+    kind = type(shape)
+    if kind is int:
+        if shape >= 0:
+            return (shape,), shape * dtype.itemsize
+    elif kind is tuple and len(shape) == 1:
+        count = shape[0]
+        if type(count) is int and count >= 0:
+            return shape, count * dtype.itemsize
     dims = _shape_of(shape)
     if len(dims) > _dlpack.MAX_NDIM:
         raise ValueError(f"at most {_dlpack.MAX_NDIM} dimensions are supported, got {len(dims)}")
     return dims, math.prod(dims) * dtype.itemsize
 
+
+_SUPPORTED_DTYPES = _dlpack.SUPPORTED_DTYPES
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
