@@ -217,9 +217,9 @@ class SymmetricHeap:
             ShmemError: the heap is finalized.
             TypeError, ValueError: `nbytes` is not an integer >= 0.
         """
-        return self.empty((nbytes,), torch.uint8, _op_text=f"malloc({nbytes!r})")
+        return self.empty((nbytes,), torch.uint8, _op_text=("malloc({!r})", nbytes))
 
-    def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str = "",
+    def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str | tuple = "",
               _phase: Phase = Phase.MALLOC) -> torch.Tensor:
         """An uninitialised symmetric tensor (collective).
 
@@ -242,12 +242,14 @@ class SymmetricHeap:
             TypeError, ValueError: a bad shape or a dtype symmetric memory
                 does not support.
         """
-        call = Call(_phase, text=_op_text or f"empty({shape!r}, {dtype})")
+        # the call's text is made only if a message needs it (Call)
+        text = _op_text or ("empty({!r}, {})", shape, dtype)
         try:
             dims, nbytes = tensor_nbytes(shape, dtype)
-            call.args = (nbytes, dtype, dims)
         except (TypeError, ValueError) as exc:
-            call.error = exc
+            call = Call(_phase, (), text, exc)
+        else:
+            call = Call(_phase, (nbytes, dtype, dims), text)
         with self._lock:
             self.agree(call)
             block = self._allocate_collectively(nbytes, call)
@@ -398,16 +400,16 @@ class SymmetricHeap:
             SymmetryError: the PEs freed different tensors (nothing was freed).
             PeerTimeoutError: a PE did not join within the heap's timeout.
         """
-        call = Call(Phase.FREE, text="free(tensor)")
         retirement = None
         try:
             with self._lock:
                 try:
                     retirement = self.local.retire(tensor)
-                    call.args = (retirement.block.offset,)
-                    call.text = f"free(tensor at heap offset {retirement.block.offset:#x})"
                 except (TypeError, FreedTensorError) as exc:
-                    call.error = exc
+                    call = Call(Phase.FREE, (), "free(tensor)", exc)
+                else:
+                    offset = retirement.block.offset
+                    call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset))
                 self._quiet_every_context()
                 alone_everywhere = self.agree(
                     call, flag=retirement is not None and retirement.alone).flag_everywhere
@@ -684,9 +686,13 @@ class SymmetricHeap:
         the heap, like collectives.py): every PE makes this same `call` (else
         SymmetryError everywhere), and the blocks that nothing views on any PE
         any more are released first. The same outcome on every PE."""
-        self._check_usable()
-        self._pending.update(self.local.take_dead())
-        return self.agreement.collective(call, dead=self._pending, flag=flag)
+        agreement = self.agreement
+        if self.closed or agreement is None or agreement.broken:
+            self._check_usable()
+        dead = self.local.take_dead()
+        if dead:
+            self._pending.update(dead)
+        return agreement.collective(call, dead=self._pending, flag=flag)
 
     def _release(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more."""
@@ -965,8 +971,10 @@ class SymmetricHeap:
     def _quiet_every_context(self) -> None:
         """quiet() the default context and every live Ctx: before memory is freed
         or the window goes, nothing may still be in flight into it."""
-        self.quiet()
-        if self._contexts:  # (most programs make none: skip copying the weak set)
+        if self.closed:
+            self._check_usable()  # raises: finalized (as quiet())
+        self.completion.quiet()
+        if self._contexts.data:  # (most programs make none: skip copying the weak set)
             for ctx in list(self._contexts):
                 ctx.completion.quiet()
 
