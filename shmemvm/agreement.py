@@ -125,14 +125,18 @@ class Call:
     str.format, only when something reads it (a message), not on every call
     of a cached malloc/free that succeeds."""
 
-    __slots__ = ("phase", "args", "_text", "error")
+    __slots__ = ("phase", "args", "_text", "error", "exact")
 
     def __init__(self, phase: Phase, args: tuple = (), text: str | tuple = "",
-                 error: BaseException | None = None):
+                 error: BaseException | None = None, exact: bool = False):
         self.phase = phase
         self.args = args
         self._text = text
         self.error = error
+        #: the caller vouches that `args` are only ints (no bools), dtypes and tuples
+        #: of ints, as the heap makes them: values that are equal only when their
+        #: encodings are, so vector() need not key its cache by the types too
+        self.exact = exact
 
     @property
     def text(self) -> str:
@@ -167,7 +171,8 @@ class Call:
         if self.error is not None:
             return _REJECTED[int(self.phase)][:]
         try:
-            return _vector(self.phase, self.args, tuple(map(type, self.args)))[:]
+            return _vector(self.phase, self.args,
+                           None if self.exact else tuple(map(type, self.args)))[:]
         except TypeError:  # an unhashable argument: encoded every time
             return _make_vector(int(self.phase), _arguments(self.args))
 
@@ -192,7 +197,8 @@ def _vector(phase: Phase, args: tuple, kinds: tuple) -> array.array:
     # Keyed by the phase and the arguments' values: a program repeats the same
     # few calls (malloc of one size, free at a few offsets), so each is encoded
     # once. 1, True and 1.0 are equal keys but encode differently: `kinds`
-    # (the arguments' types) keeps them apart.
+    # (the arguments' types) keeps them apart; None for a Call.exact, whose
+    # arguments cannot be such look-alikes.
     return _make_vector(int(phase), _arguments(args))
 
 

@@ -249,7 +249,7 @@ class SymmetricHeap:
         except (TypeError, ValueError) as exc:
             call = Call(_phase, (), text, exc)
         else:
-            call = Call(_phase, (nbytes, dtype, dims), text)
+            call = Call(_phase, (nbytes, dtype, dims), text, None, True)  # exact: ints, a dtype
         with self._lock:
             self.agree(call)
             block = self._allocate_collectively(nbytes, call)
@@ -409,7 +409,8 @@ class SymmetricHeap:
                     call = Call(Phase.FREE, (), "free(tensor)", exc)
                 else:
                     offset = retirement.block.offset
-                    call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset))
+                    call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset),
+                                None, True)
                 self._quiet_every_context()
                 alone_everywhere = self.agree(
                     call, flag=retirement is not None and retirement.alone).flag_everywhere
