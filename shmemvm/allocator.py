@@ -344,7 +344,9 @@ class Pow2Allocator:
 
     def take_released(self) -> list[Segment]:
         """Segments evicted since the last call, to be unmapped by the caller."""
-        released, self._released = self._released, []
+        released = self._released
+        if released:  # (nothing released, the common case: no new list)
+            self._released = []
         return released
 
     # -- internals --------------------------------------------------------------

@@ -742,6 +742,8 @@ class VMemPow2Allocator:
         """Unmap what the allocator released; every segment is tried, the first
         failure is raised after (the allocator's state has moved on regardless)."""
         released = self._core.take_released()
+        if not released:
+            return []
         failure = None
         for segment in released:
             try:
