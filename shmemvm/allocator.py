@@ -233,16 +233,17 @@ class Pow2Allocator:
         if size > self.budget:
             raise HeapExhaustedError(self._exhausted_message(nbytes, size, "exceeds the whole heap"))
         created: list[Segment] = []
-        if size >= self.chunk:
+        chunk_size = self.chunk
+        if size >= chunk_size:
             segment = self._take_segment(size, nbytes, created)
             offset = segment.offset
         else:
-            order = size.bit_length() - 1
-            quick = self._quick[order]
-            if quick:
+            quick = self._quick[size.bit_length() - 1]
+            if quick:  # a block of this size freed lately: taken back as it is
                 offset = quick.pop()
                 self._quick_blocks -= 1
             else:
+                order = size.bit_length() - 1
                 offset = self._small.take(order)
                 if offset is None and self._quick_blocks:
                     self._flush_quick()
@@ -252,10 +253,10 @@ class Pow2Allocator:
                     self._small_users[chunk.offset] = 0
                     self._small.add(chunk.offset, self._chunk_order)
                     offset = self._small.take(order)
-            chunk_offset = offset & ~(self.chunk - 1)
-            if chunk_offset in self._idle:  # in use again
+            chunk_offset = offset & -chunk_size   # (= ~(chunk_size - 1))
+            if self._idle and chunk_offset in self._idle:  # in use again
                 del self._idle[chunk_offset]
-                self.cached_bytes -= self.chunk
+                self.cached_bytes -= chunk_size
             self._small_users[chunk_offset] += 1
             segment = self._segments[chunk_offset]
         self._serial = serial = self._serial + 1
@@ -298,19 +299,21 @@ class Pow2Allocator:
             self._va.add(offset, segment.size.bit_length() - 1)
             self._released.append(segment)
             return block
-        self.block_bytes -= block.size
+        size = block.size
+        self.block_bytes -= size
         self.requested_bytes -= block.nbytes
-        if block.size >= self.chunk:
+        if size >= self.chunk:
             self._cache_segment(block.segment)
         else:
-            self._quick[block.size.bit_length() - 1].append(offset)
-            self._quick_blocks += 1
+            self._quick[size.bit_length() - 1].append(offset)
+            self._quick_blocks = quick_blocks = self._quick_blocks + 1
             chunk = block.segment.offset
-            self._small_users[chunk] -= 1
-            if self._small_users[chunk] == 0:
+            users = self._small_users
+            users[chunk] -= 1
+            if not users[chunk]:
                 self._idle[chunk] = None
                 self.cached_bytes += self.chunk
-            if self._quick_blocks > _QUICK_LIMIT:
+            if quick_blocks > _QUICK_LIMIT:
                 self._flush_quick()
         return block
 

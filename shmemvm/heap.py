@@ -217,7 +217,16 @@ class SymmetricHeap:
             ShmemError: the heap is finalized.
             TypeError, ValueError: `nbytes` is not an integer >= 0.
         """
-        return self.empty((nbytes,), torch.uint8, _op_text=("malloc({!r})", nbytes))
+        text = ("malloc({!r})", nbytes)   # made into text only if a message needs it
+        if type(nbytes) is not int or nbytes < 0:
+            return self.empty((nbytes,), torch.uint8, _op_text=text)  # checked (or rejected) there
+        # empty((nbytes,), torch.uint8) with tensor_nbytes' answer for a plain int, inline
+        dims = (nbytes,)
+        call = Call(Phase.MALLOC, (nbytes, torch.uint8, dims), text, None, True)
+        with self._lock:
+            self.agree(call)
+            block = self._allocate_collectively(nbytes, call)
+            return self.local.tensor_for(block, dims, torch.uint8)
 
     def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str | tuple = "",
               _phase: Phase = Phase.MALLOC) -> torch.Tensor:

@@ -548,11 +548,11 @@ class VMemPow2Allocator:
         or, for the symmetric heap, on any PE), or defer it to its views' death."""
         offset = retirement.block.offset
         with self._lock:
-            self._records[offset].freed = True
             if release_now:
-                self.release(offset)           # its watch goes first: no report
+                self._release(offset)          # its watch goes first: no report
                 retirement.storage = None
             else:
+                self._records[offset].freed = True
                 retirement.storage = None      # our reference: the storage may die here
                 self._absorb_events()
 
@@ -578,12 +578,16 @@ class VMemPow2Allocator:
     def release(self, offset: int) -> Block:
         """Give the block back to the allocator (its segment is cached)."""
         with self._lock:
-            del self._records[offset]          # with its watches: they report nothing
-            self._dead.discard(offset)
-            block = self._core.free(offset)
-            if offset in self._imported:       # never cached: unmapped and given back now
-                self._unback_released()
-            return block
+            return self._release(offset)
+
+    def _release(self, offset: int) -> Block:
+        """release(), under the lock."""
+        del self._records[offset]              # with its watches: they report nothing
+        self._dead.discard(offset)
+        block = self._core.free(offset)
+        if offset in self._imported:           # never cached: unmapped and given back now
+            self._unback_released()
+        return block
 
     def place_external(self, block: Block, owner: torch.Tensor, pieces: list, shift: int) -> None:
         """Map another allocator's `pieces` (backend.import_external) one after
