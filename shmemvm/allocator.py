@@ -179,7 +179,8 @@ class Pow2Allocator:
         self._cache_by_size: dict[int, list[int]] = {}  # size -> heap of cached offsets
         self._generations: dict[int, int] = {}
         self._blocks: dict[int, Block] = {}
-        self._released: list[Segment] = []
+        #: segments evicted and not yet taken (take_released): to be unmapped
+        self.released: list[Segment] = []
         self._external: dict[int, Segment] = {}   # address ranges of imported memory
         self._serial = 0
         self.backed_bytes = 0   # live + cached segments
@@ -297,7 +298,7 @@ class Pow2Allocator:
         segment = self._external.pop(offset, None)
         if segment is not None:  # imported memory: its range goes back at once
             self._va.add(offset, segment.size.bit_length() - 1)
-            self._released.append(segment)
+            self.released.append(segment)
             return block
         size = block.size
         self.block_bytes -= size
@@ -347,9 +348,9 @@ class Pow2Allocator:
 
     def take_released(self) -> list[Segment]:
         """Segments evicted since the last call, to be unmapped by the caller."""
-        released = self._released
+        released = self.released
         if released:  # (nothing released, the common case: no new list)
-            self._released = []
+            self.released = []
         return released
 
     # -- internals --------------------------------------------------------------
@@ -422,7 +423,7 @@ class Pow2Allocator:
         self.backed_bytes -= segment.size
         del self._segments[segment.offset]
         self._va.add(segment.offset, segment.size.bit_length() - 1)
-        self._released.append(segment)
+        self.released.append(segment)
 
     def _exhausted_message(self, nbytes: int, size: int, why: str) -> str:
         live = self.backed_bytes - self.cached_bytes

@@ -490,7 +490,8 @@ class VMemPow2Allocator:
             try:
                 # Unmapping evicted segments can fail on one PE alone: the block is
                 # then returned here too, as the other PEs will (undo_allocation).
-                self._unback_released()
+                if self._core.released:  # (a cached block: nothing evicted, nothing made)
+                    self._unback_released()
                 for segment in created:
                     self._back(segment)
             except BaseException:
