@@ -373,7 +373,7 @@ class Agreement:
         if dead:
             send[_DEAD_SLOT] = -1
         recv = array.array("q", _ZEROS)
-        request = self.comm.Iallreduce(send, recv, op=_MAX)
+        request = self.comm.Iallreduce(send, recv, _MAX)
         if not request.Test():  # (done at once: no need to make the wait's text maker)
             self.wait(request, lambda: self.describe(call))
         everywhere, dead_everywhere = recv[_FLAG_SLOT] == -1, recv[_DEAD_SLOT] == -1
