@@ -287,11 +287,12 @@ class SymmetricHeap:
             TypeError, ValueError: a bad shape or a dtype symmetric memory
                 does not support.
         """
-        text = f"zeros({shape!r}, {dtype})"
-        tensor = self.empty(shape, dtype, _op_text=text, _phase=Phase.ZEROS)
+        # the texts are made only if a message needs them (Call)
+        tensor = self.empty(shape, dtype, _op_text=("zeros({!r}, {})", shape, dtype),
+                            _phase=Phase.ZEROS)
         tensor.zero_()
         self.backend.synchronize()
-        self.agree(Call(Phase.ZEROS_FILLED, text=f"{text} (filled)"))
+        self.agree(Call(Phase.ZEROS_FILLED, (), ("zeros({!r}, {}) (filled)", shape, dtype)))
         return tensor
 
     calloc = zeros

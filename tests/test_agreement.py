@@ -63,6 +63,19 @@ def test_a_call_that_could_not_be_formed_never_looks_valid():
         Call(Phase.MALLOC, tuple(range(N_ARGS + 1))).words()
 
 
+def test_a_lazy_text_reads_as_the_eager_one_and_an_exact_call_encodes_alike():
+    shape, dtype, offset = [2, 3], torch.float16, 0x4c0
+    call = Call(Phase.ZEROS, (), ("zeros({!r}, {}) (filled)", shape, dtype))
+    assert call.text == f"zeros({shape!r}, {dtype}) (filled)" == call.text
+    assert Call(Phase.FREE, (), ("free(tensor at heap offset {:#x})", offset)).text == \
+        f"free(tensor at heap offset {offset:#x})"
+    assert Call(Phase.MALLOC, (), ("malloc({!r})", 7)).step(Phase.BACKING, "x").text == \
+        "malloc(7) (x)"
+    args = (24, torch.float16, (2, 6))
+    assert Call(Phase.MALLOC, args, "", None, True).vector() == Call(Phase.MALLOC, args).vector()
+    assert Call(Phase.FREE, (1,)).vector() != Call(Phase.FREE, (True,)).vector()
+
+
 # -- the false agreements of issue 12 --------------------------------------------------------
 @pytest.mark.mpi(min_size=2)
 def test_zeros_never_agrees_with_malloc_then_barrier(heap):
