@@ -163,6 +163,16 @@ class Call:
             return list(_REJECTED_WORDS)
         return list(_arguments(self.args))
 
+    def encoded(self) -> array.array:
+        """vector()'s cached array itself, not a copy: never to be changed."""
+        if self.error is not None:
+            return _REJECTED[int(self.phase)]
+        try:
+            return _vector(self.phase, self.args,
+                           None if self.exact else tuple(map(type, self.args)))
+        except TypeError:  # an unhashable argument: encoded every time
+            return _make_vector(int(self.phase), _arguments(self.args))
+
     def vector(self) -> array.array:
         """What collective() reduces with MAX, less the step number and the
         flags (zeros): the phase, the words, a slot for the step number
@@ -333,6 +343,16 @@ class Agreement:
         self.broken: str | None = None
         #: False while init runs: a timeout then leaves no heap to finalize
         self.initialized = False
+        # Every step's allreduce: one persistent request (MPI-4 Allreduce_init) over
+        # these two buffers, restarted at each step; a new Iallreduce on new buffers
+        # cost about 2 us more a step. Made at the first step, which every PE of
+        # `comm` takes at the same point of its collective calls (made here, a local
+        # call such as team_shared() would start a collective on one PE only);
+        # False where MPI has no persistent collectives: a new Iallreduce every step.
+        self._send = array.array("q", _ZEROS)
+        self._recv = array.array("q", _ZEROS)
+        self._request: MPI.Prequest | bool | None = None
+        self._interrupted: MPI.Prequest | None = None   # see collective()
 
     # -- state ------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -365,17 +385,34 @@ class Agreement:
         if call.phase in _COUNTED:
             self.calls += 1
         # MAX of v and of -v gives the max and minus the min of each word at once
-        send = call.vector()
+        request = self._request
+        if request is None:
+            request = self._request = self._persistent_request()
+        if request is False:
+            send, recv = call.vector(), array.array("q", _ZEROS)
+        else:
+            send, recv = self._send, self._recv
+            send[:] = call.encoded()
         send[_SEQ] = seq
         send[_NEG_SEQ] = -seq
         if flag:
             send[_FLAG_SLOT] = -1
         if dead:
             send[_DEAD_SLOT] = -1
-        recv = array.array("q", _ZEROS)
-        request = self.comm.Iallreduce(send, recv, _MAX)
+        if request is False:
+            request = self.comm.Iallreduce(send, recv, _MAX)
+        else:
+            request.Start()
         if not request.Test():  # (done at once: no need to make the wait's text maker)
-            self.wait(request, lambda: self.describe(call))
+            try:
+                self.wait(request, lambda: self.describe(call))
+            except BaseException:
+                if request is self._request:
+                    # Still on (a timeout, or KeyboardInterrupt in the wait), so it
+                    # cannot be restarted: the next step, if any, waits for it first,
+                    # as a new Iallreduce would have left it to complete meanwhile.
+                    self._request, self._interrupted = None, request
+                raise
         everywhere, dead_everywhere = recv[_FLAG_SLOT] == -1, recv[_DEAD_SLOT] == -1
         # Every word agrees iff its max is this PE's word and its -min this PE's
         # negated word: then the vectors are equal, once the flags are.
@@ -392,6 +429,28 @@ class Agreement:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("PE %d: step #%d %s", self.my_pe, self.seq, self.describe(call))
         return outcome
+
+    def _persistent_request(self) -> MPI.Prequest | bool:
+        """The persistent allreduce of every step, or False where MPI has none
+        (before MPI 4.0): the same answer on every PE, whose MPI is the same.
+        After an interrupted step, that step's request once it is complete."""
+        interrupted = self._interrupted
+        if interrupted is not None:
+            self.wait(interrupted, f"the step #{self.seq - 1} (interrupted) before this one")
+            self._interrupted = None
+            return interrupted
+        try:
+            return self.comm.Allreduce_init(self._send, self._recv, _MAX)
+        except NotImplementedError:
+            return False
+
+    def close(self) -> None:
+        """Free the persistent request (before the communicator is freed; not
+        where a step timed out: it may still be active). Later steps, if any,
+        make a new Iallreduce each."""
+        request, self._request = self._request, False
+        if request and not self.broken:
+            request.Free()
 
     def all_ok(self, ok: bool, step: Call) -> bool:
         """True on every PE when `ok` was True on every PE (a step of its own)."""

@@ -1234,6 +1234,8 @@ class SymmetricHeap:
             # freeing them under it crashed Open MPI at exit. They are left to
             # MPI_Finalize.
             return
+        if self.agreement is not None:
+            self.agreement.close()  # its persistent request, before its communicator
         for comm in (getattr(self, "node", None), self.comm):
             if comm is not None and comm != MPI.COMM_NULL:
                 comm.Free()
