@@ -124,13 +124,6 @@ def _use_count(storage: torch.UntypedStorage) -> int | None:
     return None if _storage_use_count is None else _storage_use_count(storage._cdata)
 
 
-def _only_holder(storage: torch.UntypedStorage) -> bool:
-    """True when the caller's reference is the only thing keeping `storage`
-    alive (no tensor views it). Unknown counts say False: the block is then
-    deferred, which is always safe."""
-    return _use_count(storage) == _HELD_ALONE
-
-
 def _calibrate() -> int | None:
     # Use counts include torch's own reference from the storage's Python
     # object; measure what "held by one Python reference only" reads as here.
@@ -185,11 +178,6 @@ class _Record(_Watch):
     # (None until then); freed: free()d, no longer a symmetric tensor, maybe still viewed
 
     @property
-    def storage(self) -> _Record:
-        """The watch of the block's own storage (the record itself)."""
-        return self
-
-    @property
     def viewed(self) -> bool:
         return self.own_alive or bool(self.views)
 
@@ -232,7 +220,9 @@ class Retirement:
             self.detached = True
         except RuntimeError:  # e.g. a tensor that requires grad: leave it as it is
             self.detached = False
-        # alone: nothing else views the block here (as _only_holder(storage), inline)
+        # alone: nothing else views the block here: no registered view, and our
+        # reference is all that keeps the storage alive (no tensor views it).
+        # Unknown use counts say no: the block is then deferred, which is always safe.
         self.alone = (self.detached and not record.views and _storage_use_count is not None
                       and _storage_use_count(storage._cdata) == _HELD_ALONE)
 
