@@ -92,7 +92,8 @@ _dl.shape = _shape_pointer
 _dl.strides = None
 _dl.byte_offset = 0
 _dl_dtype.lanes = 1
-_last: list = [None, None]
+_last: list = [None, None, None]   # device key, dtype, ndim written in the struct
+_device_key = (None, None, None)   # tensor_at's last device, device_type and their DLPack pair
 # torch's own capsule consumer: torch.utils.dlpack.from_dlpack only adds checks
 # for objects with __dlpack__, which a capsule is not
 _from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
@@ -111,6 +112,7 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
     """A contiguous tensor of `shape`/`dtype` whose first element is at `address`.
     `device_type` overrides the DLPack device type (ROCm torch calls its devices
     "cuda" but only accepts kDLROCM)."""
+    global _device_key
     try:
         code, bits = _DTYPES[dtype]
     except (KeyError, TypeError):
@@ -119,14 +121,20 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
     ndim = len(shape)
     if ndim > MAX_NDIM:
         raise ValueError(f"at most {MAX_NDIM} dimensions are supported, got {ndim}")
-    device_key = (device_type or _DEVICE_TYPE[device.type], device.index or 0)
+    # the DLPack device of the last device asked for, kept (reading torch.device's
+    # type and index and making the pair cost about as much as a ctypes write)
+    known_device, known_type, device_key = _device_key
+    if known_device is not device or known_type != device_type:
+        device_key = (device_type or _DEVICE_TYPE[device.type], device.index or 0)
+        _device_key = (device, device_type, device_key)
     with _lock:
         # Only what changed since the last tensor is written: each ctypes field
         # write costs about as much as a Python call.
         _shape[:ndim] = shape
         dl = _dl
         dl.data = address
-        dl.ndim = ndim
+        if _last[2] != ndim:
+            dl.ndim = _last[2] = ndim
         if _last[0] != device_key:
             _dl_device.device_type, _dl_device.device_id = _last[0] = device_key
         if _last[1] is not dtype:

@@ -36,7 +36,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mpi4py import MPI
 
@@ -110,19 +110,46 @@ _SEQ, _NEG_SEQ = _COMPARED - 1, 2 * _COMPARED - 1
 _FLAG_SLOT, _DEAD_SLOT = 2 * _COMPARED, 2 * _COMPARED + 1
 _ZEROS = bytes(8 * (2 * _COMPARED + 2))   # an empty receive vector
 _WORD = (1 << 63) - 1          # largest value whose negation fits an int64 too
+_MAX = MPI.MAX
 #: the words of a call that could not be formed: never a valid encoding (every word of one is >= 0)
 _REJECTED_WORDS = (-1,) * (1 + 2 * N_ARGS)
 
 
-@dataclass
 class Call:
     """One collective step as this PE sees it: the phase, the arguments that
     must be equal on every PE, a text for messages, and the error that made
-    this PE unable to form the call (bad arguments), if any."""
-    phase: Phase
-    args: tuple = ()
-    text: str = ""
-    error: BaseException | None = field(default=None, repr=False)
+    this PE unable to form the call (bad arguments), if any.
+
+    `text` may be given as a tuple (format, *values): it is then made, with
+    str.format, only when something reads it (a message), not on every call
+    of a cached malloc/free that succeeds."""
+
+    __slots__ = ("phase", "args", "_text", "error", "exact")
+
+    def __init__(self, phase: Phase, args: tuple = (), text: str | tuple = "",
+                 error: BaseException | None = None, exact: bool = False):
+        self.phase = phase
+        self.args = args
+        self._text = text
+        self.error = error
+        #: the caller vouches that `args` are only ints (no bools), dtypes and tuples
+        #: of ints, as the heap makes them: values that are equal only when their
+        #: encodings are, so vector() need not key its cache by the types too
+        self.exact = exact
+
+    @property
+    def text(self) -> str:
+        text = self._text
+        if type(text) is tuple:
+            self._text = text = text[0].format(*text[1:])
+        return text
+
+    @text.setter
+    def text(self, value: str | tuple) -> None:
+        self._text = value
+
+    def __repr__(self) -> str:
+        return f"Call(phase={self.phase!r}, args={self.args!r}, text={self.text!r})"
 
     def step(self, phase: Phase, what: str) -> Call:
         """An internal step of this call."""
@@ -135,6 +162,16 @@ class Call:
             return list(_REJECTED_WORDS)
         return list(_arguments(self.args))
 
+    def encoded(self) -> array.array:
+        """vector()'s cached array itself, not a copy: never to be changed."""
+        if self.error is not None:
+            return _REJECTED[int(self.phase)]
+        try:
+            return _vector(self.phase, self.args,
+                           None if self.exact else tuple(map(type, self.args)))
+        except TypeError:  # an unhashable argument: encoded every time
+            return _make_vector(int(self.phase), _arguments(self.args))
+
     def vector(self) -> array.array:
         """What collective() reduces with MAX, less the step number and the
         flags (zeros): the phase, the words, a slot for the step number
@@ -143,7 +180,8 @@ class Call:
         if self.error is not None:
             return _REJECTED[int(self.phase)][:]
         try:
-            return _vector(self.phase, self.args, tuple(map(type, self.args)))[:]
+            return _vector(self.phase, self.args,
+                           None if self.exact else tuple(map(type, self.args)))[:]
         except TypeError:  # an unhashable argument: encoded every time
             return _make_vector(int(self.phase), _arguments(self.args))
 
@@ -168,7 +206,8 @@ def _vector(phase: Phase, args: tuple, kinds: tuple) -> array.array:
     # Keyed by the phase and the arguments' values: a program repeats the same
     # few calls (malloc of one size, free at a few offsets), so each is encoded
     # once. 1, True and 1.0 are equal keys but encode differently: `kinds`
-    # (the arguments' types) keeps them apart.
+    # (the arguments' types) keeps them apart; None for a Call.exact, whose
+    # arguments cannot be such look-alikes.
     return _make_vector(int(phase), _arguments(args))
 
 
@@ -303,6 +342,16 @@ class Agreement:
         self.broken: str | None = None
         #: False while init runs: a timeout then leaves no heap to finalize
         self.initialized = False
+        # Every step's allreduce: one persistent request (MPI-4 Allreduce_init) over
+        # these two buffers, restarted at each step; a new Iallreduce on new buffers
+        # cost about 2 us more a step. Made at the first step, which every PE of
+        # `comm` takes at the same point of its collective calls (made here, a local
+        # call such as team_shared() would start a collective on one PE only);
+        # False where MPI has no persistent collectives: a new Iallreduce every step.
+        self._send = array.array("q", _ZEROS)
+        self._recv = array.array("q", _ZEROS)
+        self._request: MPI.Prequest | bool | None = None
+        self._interrupted: MPI.Prequest | None = None   # see collective()
 
     # -- state ------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -331,17 +380,38 @@ class Agreement:
         where every PE made the same call and this one could not form it."""
         if self.broken:
             self.check_usable()
-        self.seq += 1
+        self.seq = seq = self.seq + 1
         if call.phase in _COUNTED:
             self.calls += 1
         # MAX of v and of -v gives the max and minus the min of each word at once
-        send = call.vector()
-        send[_SEQ] = self.seq
-        send[_NEG_SEQ] = -self.seq
-        send[_FLAG_SLOT] = -1 if flag else 0
-        send[_DEAD_SLOT] = -1 if dead else 0
-        recv = array.array("q", _ZEROS)
-        self.wait(self.comm.Iallreduce(send, recv, op=MPI.MAX), lambda: self.describe(call))
+        request = self._request
+        if request is None:
+            request = self._request = self._persistent_request()
+        if request is False:
+            send, recv = call.vector(), array.array("q", _ZEROS)
+        else:
+            send, recv = self._send, self._recv
+            send[:] = call.encoded()
+        send[_SEQ] = seq
+        send[_NEG_SEQ] = -seq
+        if flag:
+            send[_FLAG_SLOT] = -1
+        if dead:
+            send[_DEAD_SLOT] = -1
+        if request is False:
+            request = self.comm.Iallreduce(send, recv, _MAX)
+        else:
+            request.Start()
+        if not request.Test():  # (done at once: no need to make the wait's text maker)
+            try:
+                self.wait(request, lambda: self.describe(call))
+            except BaseException:
+                if request is self._request:
+                    # Still on (a timeout, or KeyboardInterrupt in the wait), so it
+                    # cannot be restarted: the next step, if any, waits for it first,
+                    # as a new Iallreduce would have left it to complete meanwhile.
+                    self._request, self._interrupted = None, request
+                raise
         everywhere, dead_everywhere = recv[_FLAG_SLOT] == -1, recv[_DEAD_SLOT] == -1
         # Every word agrees iff its max is this PE's word and its -min this PE's
         # negated word: then the vectors are equal, once the flags are.
@@ -358,6 +428,28 @@ class Agreement:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("PE %d: step #%d %s", self.my_pe, self.seq, self.describe(call))
         return outcome
+
+    def _persistent_request(self) -> MPI.Prequest | bool:
+        """The persistent allreduce of every step, or False where MPI has none
+        (before MPI 4.0): the same answer on every PE, whose MPI is the same.
+        After an interrupted step, that step's request once it is complete."""
+        interrupted = self._interrupted
+        if interrupted is not None:
+            self.wait(interrupted, f"the step #{self.seq - 1} (interrupted) before this one")
+            self._interrupted = None
+            return interrupted
+        try:
+            return self.comm.Allreduce_init(self._send, self._recv, _MAX)
+        except NotImplementedError:
+            return False
+
+    def close(self) -> None:
+        """Free the persistent request (before the communicator is freed; not
+        where a step timed out: it may still be active). Later steps, if any,
+        make a new Iallreduce each."""
+        request, self._request = self._request, False
+        if request and not self.broken:
+            request.Free()
 
     def all_ok(self, ok: bool, step: Call) -> bool:
         """True on every PE when `ok` was True on every PE (a step of its own)."""

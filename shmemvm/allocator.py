@@ -34,7 +34,8 @@ from __future__ import annotations
 import heapq
 import operator
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import HeapExhaustedError
 
@@ -63,14 +64,19 @@ class Segment:
     generation: int
 
 
-@dataclass(frozen=True)
-class Block:
-    """A live allocation. `serial` numbers allocations in request order."""
+class Block(NamedTuple):
+    """A live allocation. `serial` numbers allocations in request order.
+    Immutable; a named tuple because one is made per allocation, and a frozen
+    dataclass cost three times as much to make (the allocator makes them with
+    _new_block)."""
     offset: int
     size: int
     nbytes: int
     segment: Segment
     serial: int
+
+
+_new_block = tuple.__new__   # _new_block(Block, (offset, size, nbytes, segment, serial))
 
 
 class Buddy:
@@ -173,7 +179,8 @@ class Pow2Allocator:
         self._cache_by_size: dict[int, list[int]] = {}  # size -> heap of cached offsets
         self._generations: dict[int, int] = {}
         self._blocks: dict[int, Block] = {}
-        self._released: list[Segment] = []
+        #: segments evicted and not yet taken (take_released): to be unmapped
+        self.released: list[Segment] = []
         self._external: dict[int, Segment] = {}   # address ranges of imported memory
         self._serial = 0
         self.backed_bytes = 0   # live + cached segments
@@ -220,21 +227,24 @@ class Pow2Allocator:
     # -- requests -------------------------------------------------------------
     def allocate(self, nbytes: int) -> tuple[Block, list[Segment]]:
         """A block for `nbytes` and the segments created for it (to be backed)."""
-        nbytes = _check_size(nbytes)
-        size = self.size_class(nbytes)
+        if type(nbytes) is not int or nbytes < 0:  # (a plain int needs no check)
+            nbytes = _check_size(nbytes)
+        # = size_class(nbytes), inline
+        size = self.min_block if nbytes <= self.min_block else 1 << (nbytes - 1).bit_length()
         if size > self.budget:
             raise HeapExhaustedError(self._exhausted_message(nbytes, size, "exceeds the whole heap"))
         created: list[Segment] = []
-        if size >= self.chunk:
+        chunk_size = self.chunk
+        if size >= chunk_size:
             segment = self._take_segment(size, nbytes, created)
             offset = segment.offset
         else:
-            order = size.bit_length() - 1
-            quick = self._quick[order]
-            if quick:
+            quick = self._quick[size.bit_length() - 1]
+            if quick:  # a block of this size freed lately: taken back as it is
                 offset = quick.pop()
                 self._quick_blocks -= 1
             else:
+                order = size.bit_length() - 1
                 offset = self._small.take(order)
                 if offset is None and self._quick_blocks:
                     self._flush_quick()
@@ -244,15 +254,14 @@ class Pow2Allocator:
                     self._small_users[chunk.offset] = 0
                     self._small.add(chunk.offset, self._chunk_order)
                     offset = self._small.take(order)
-            chunk_offset = offset & ~(self.chunk - 1)
-            if chunk_offset in self._idle:  # in use again
+            chunk_offset = offset & -chunk_size   # (= ~(chunk_size - 1))
+            if self._idle and chunk_offset in self._idle:  # in use again
                 del self._idle[chunk_offset]
-                self.cached_bytes -= self.chunk
+                self.cached_bytes -= chunk_size
             self._small_users[chunk_offset] += 1
             segment = self._segments[chunk_offset]
-        self._serial += 1
-        block = Block(offset, size, nbytes, segment, self._serial)
-        self._blocks[offset] = block
+        self._serial = serial = self._serial + 1
+        block = self._blocks[offset] = _new_block(Block, (offset, size, nbytes, segment, serial))
         self.block_bytes += size
         self.requested_bytes += nbytes
         return block, created
@@ -289,21 +298,23 @@ class Pow2Allocator:
         segment = self._external.pop(offset, None)
         if segment is not None:  # imported memory: its range goes back at once
             self._va.add(offset, segment.size.bit_length() - 1)
-            self._released.append(segment)
+            self.released.append(segment)
             return block
-        self.block_bytes -= block.size
+        size = block.size
+        self.block_bytes -= size
         self.requested_bytes -= block.nbytes
-        if block.size >= self.chunk:
+        if size >= self.chunk:
             self._cache_segment(block.segment)
         else:
-            self._quick[block.size.bit_length() - 1].append(offset)
-            self._quick_blocks += 1
+            self._quick[size.bit_length() - 1].append(offset)
+            self._quick_blocks = quick_blocks = self._quick_blocks + 1
             chunk = block.segment.offset
-            self._small_users[chunk] -= 1
-            if self._small_users[chunk] == 0:
+            users = self._small_users
+            users[chunk] -= 1
+            if not users[chunk]:
                 self._idle[chunk] = None
                 self.cached_bytes += self.chunk
-            if self._quick_blocks > _QUICK_LIMIT:
+            if quick_blocks > _QUICK_LIMIT:
                 self._flush_quick()
         return block
 
@@ -316,7 +327,7 @@ class Pow2Allocator:
             raise ValueError(f"{nbytes} bytes do not fit the {block.size}-byte class of "
                              f"the block at {offset:#x}")
         self.requested_bytes += nbytes - block.nbytes
-        block = replace(block, nbytes=nbytes)
+        block = block._replace(nbytes=nbytes)
         self._blocks[offset] = block
         return block
 
@@ -337,7 +348,9 @@ class Pow2Allocator:
 
     def take_released(self) -> list[Segment]:
         """Segments evicted since the last call, to be unmapped by the caller."""
-        released, self._released = self._released, []
+        released = self.released
+        if released:  # (nothing released, the common case: no new list)
+            self.released = []
         return released
 
     # -- internals --------------------------------------------------------------
@@ -410,7 +423,7 @@ class Pow2Allocator:
         self.backed_bytes -= segment.size
         del self._segments[segment.offset]
         self._va.add(segment.offset, segment.size.bit_length() - 1)
-        self._released.append(segment)
+        self.released.append(segment)
 
     def _exhausted_message(self, nbytes: int, size: int, why: str) -> str:
         live = self.backed_bytes - self.cached_bytes

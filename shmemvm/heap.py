@@ -217,9 +217,18 @@ class SymmetricHeap:
             ShmemError: the heap is finalized.
             TypeError, ValueError: `nbytes` is not an integer >= 0.
         """
-        return self.empty((nbytes,), torch.uint8, _op_text=f"malloc({nbytes!r})")
+        text = ("malloc({!r})", nbytes)   # made into text only if a message needs it
+        if type(nbytes) is not int or nbytes < 0:
+            return self.empty((nbytes,), torch.uint8, _op_text=text)  # checked (or rejected) there
+        # empty((nbytes,), torch.uint8) with tensor_nbytes' answer for a plain int, inline
+        dims = (nbytes,)
+        call = Call(Phase.MALLOC, (nbytes, torch.uint8, dims), text, None, True)
+        with self._lock:
+            self.agree(call)
+            block = self._allocate_collectively(nbytes, call)
+            return self.local.tensor_for(block, dims, torch.uint8)
 
-    def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str = "",
+    def empty(self, shape, dtype: torch.dtype = torch.float32, *, _op_text: str | tuple = "",
               _phase: Phase = Phase.MALLOC) -> torch.Tensor:
         """An uninitialised symmetric tensor (collective).
 
@@ -242,12 +251,14 @@ class SymmetricHeap:
             TypeError, ValueError: a bad shape or a dtype symmetric memory
                 does not support.
         """
-        call = Call(_phase, text=_op_text or f"empty({shape!r}, {dtype})")
+        # the call's text is made only if a message needs it (Call)
+        text = _op_text or ("empty({!r}, {})", shape, dtype)
         try:
             dims, nbytes = tensor_nbytes(shape, dtype)
-            call.args = (nbytes, dtype, dims)
         except (TypeError, ValueError) as exc:
-            call.error = exc
+            call = Call(_phase, (), text, exc)
+        else:
+            call = Call(_phase, (nbytes, dtype, dims), text, None, True)  # exact: ints, a dtype
         with self._lock:
             self.agree(call)
             block = self._allocate_collectively(nbytes, call)
@@ -276,11 +287,12 @@ class SymmetricHeap:
             TypeError, ValueError: a bad shape or a dtype symmetric memory
                 does not support.
         """
-        text = f"zeros({shape!r}, {dtype})"
-        tensor = self.empty(shape, dtype, _op_text=text, _phase=Phase.ZEROS)
+        # the texts are made only if a message needs them (Call)
+        tensor = self.empty(shape, dtype, _op_text=("zeros({!r}, {})", shape, dtype),
+                            _phase=Phase.ZEROS)
         tensor.zero_()
         self.backend.synchronize()
-        self.agree(Call(Phase.ZEROS_FILLED, text=f"{text} (filled)"))
+        self.agree(Call(Phase.ZEROS_FILLED, (), ("zeros({!r}, {}) (filled)", shape, dtype)))
         return tensor
 
     calloc = zeros
@@ -398,16 +410,17 @@ class SymmetricHeap:
             SymmetryError: the PEs freed different tensors (nothing was freed).
             PeerTimeoutError: a PE did not join within the heap's timeout.
         """
-        call = Call(Phase.FREE, text="free(tensor)")
         retirement = None
         try:
             with self._lock:
                 try:
                     retirement = self.local.retire(tensor)
-                    call.args = (retirement.block.offset,)
-                    call.text = f"free(tensor at heap offset {retirement.block.offset:#x})"
                 except (TypeError, FreedTensorError) as exc:
-                    call.error = exc
+                    call = Call(Phase.FREE, (), "free(tensor)", exc)
+                else:
+                    offset = retirement.block.offset
+                    call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset),
+                                None, True)
                 self._quiet_every_context()
                 alone_everywhere = self.agree(
                     call, flag=retirement is not None and retirement.alone).flag_everywhere
@@ -685,9 +698,13 @@ class SymmetricHeap:
         the heap, like collectives.py): every PE makes this same `call` (else
         SymmetryError everywhere), and the blocks that nothing views on any PE
         any more are released first. The same outcome on every PE."""
-        self._check_usable()
-        self._pending.update(self.local.take_dead())
-        return self.agreement.collective(call, dead=self._pending, flag=flag)
+        agreement = self.agreement
+        if self.closed or agreement is None or agreement.broken:
+            self._check_usable()
+        dead = self.local.take_dead()
+        if dead:
+            self._pending.update(dead)
+        return agreement.collective(call, dead=self._pending, flag=flag)
 
     def _release(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more."""
@@ -966,8 +983,10 @@ class SymmetricHeap:
     def _quiet_every_context(self) -> None:
         """quiet() the default context and every live Ctx: before memory is freed
         or the window goes, nothing may still be in flight into it."""
-        self.quiet()
-        if self._contexts:  # (most programs make none: skip copying the weak set)
+        if self.closed:
+            self._check_usable()  # raises: finalized (as quiet())
+        self.completion.quiet()
+        if self._contexts.data:  # (most programs make none: skip copying the weak set)
             for ctx in list(self._contexts):
                 ctx.completion.quiet()
 
@@ -1216,6 +1235,8 @@ class SymmetricHeap:
             # freeing them under it crashed Open MPI at exit. They are left to
             # MPI_Finalize.
             return
+        if self.agreement is not None:
+            self.agreement.close()  # its persistent request, before its communicator
         for comm in (getattr(self, "node", None), self.comm):
             if comm is not None and comm != MPI.COMM_NULL:
                 comm.Free()

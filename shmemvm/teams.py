@@ -423,6 +423,8 @@ class Team:
             return
         self.destroyed = True
         self._contexts.clear()
+        if self.kind != "world" and not self.heap._broken:
+            self.agreement.close()  # its persistent request (not the heap's: world's is)
         if self.kind == "split" and not self.agreement.broken and not self.heap._broken:
             self.comm.Free()
 

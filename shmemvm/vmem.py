@@ -34,7 +34,7 @@ import sys
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -96,27 +96,32 @@ def _shape_of(shape) -> tuple[int, ...]:
 
 
 def tensor_nbytes(shape, dtype: torch.dtype) -> tuple[tuple[int, ...], int]:
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-    _dlpack.check_dtype(dtype)
+    if type(dtype) is not torch.dtype or dtype not in _SUPPORTED_DTYPES:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        _dlpack.check_dtype(dtype)
+    # The common shapes, a plain int or a 1-tuple of one (malloc's), need no more checks
+    kind = type(shape)
+    if kind is int:
+        if shape >= 0:
+            return (shape,), shape * dtype.itemsize
+    elif kind is tuple and len(shape) == 1:
+        count = shape[0]
+        if type(count) is int and count >= 0:
+            return shape, count * dtype.itemsize
     dims = _shape_of(shape)
     if len(dims) > _dlpack.MAX_NDIM:
         raise ValueError(f"at most {_dlpack.MAX_NDIM} dimensions are supported, got {len(dims)}")
     return dims, math.prod(dims) * dtype.itemsize
 
 
+_SUPPORTED_DTYPES = _dlpack.SUPPORTED_DTYPES
+
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def _use_count(storage: torch.UntypedStorage) -> int | None:
     return None if _storage_use_count is None else _storage_use_count(storage._cdata)
-
-
-def _only_holder(storage: torch.UntypedStorage) -> bool:
-    """True when the caller's reference is the only thing keeping `storage`
-    alive (no tensor views it). Unknown counts say False: the block is then
-    deferred, which is always safe."""
-    return _use_count(storage) == _HELD_ALONE
 
 
 def _calibrate() -> int | None:
@@ -149,33 +154,40 @@ class _Mailbox:
 
 
 class _Watch(weakref.ref):
-    """A weak reference to a storage that views a block (its own, or a ptr()
-    view), which reports the storage's death to the mailbox. Cheaper than
-    weakref.finalize, and dropping the watch disarms it."""
+    """A weak reference to a storage that views a block (a ptr() view), which
+    reports the storage's death to the mailbox. Cheaper than weakref.finalize,
+    and dropping the watch disarms it. Made by _watch(): weakref.ref's own
+    constructor, then the slots (no Python-level __new__/__init__ to run)."""
 
     __slots__ = ("offset", "serial", "kind")
 
-    def __new__(cls, storage, mailbox: _Mailbox, offset: int, serial: int, kind: int):
-        watch = super().__new__(cls, storage, mailbox.died)
-        watch.offset, watch.serial, watch.kind = offset, serial, kind
-        return watch
 
-    def __init__(self, storage, mailbox, offset, serial, kind):
-        super().__init__(storage, mailbox.died)
+def _watch(storage, died, offset: int, serial: int, kind: int) -> _Watch:
+    watch = _Watch(storage, died)
+    watch.offset, watch.serial, watch.kind = offset, serial, kind
+    return watch
 
 
-@dataclass(eq=False)
-class _Record:
-    """An allocated block and what views it on this process."""
-    block: Block
-    storage: _Watch               # the block's own storage
-    own_alive: bool = True
-    views: set = field(default_factory=set)  # watches of registered views (ptr views) alive
-    freed: bool = False           # free()d: no longer a symmetric tensor, maybe still viewed
+class _Record(_Watch):
+    """An allocated block and what views it on this process. The record is
+    itself the watch of the block's own storage (kind _OWN): one object per
+    allocation, and dropping the record disarms it."""
+
+    __slots__ = ("block", "own_alive", "views", "freed")
+    # views: watches of registered views (ptr views) alive, a set made at the first
+    # (None until then); freed: free()d, no longer a symmetric tensor, maybe still viewed
 
     @property
     def viewed(self) -> bool:
         return self.own_alive or bool(self.views)
+
+
+def _record(storage, died, block: Block) -> _Record:
+    """The record of `block`, watching its own `storage`."""
+    record = _Record(storage, died)
+    record.offset, record.serial, record.kind = block.offset, block.serial, _OWN
+    record.block, record.own_alive, record.views, record.freed = block, True, None, False
+    return record
 
 
 @dataclass(eq=False)
@@ -197,10 +209,10 @@ class Retirement:
 
     __slots__ = ("block", "tensor", "storage", "_geometry", "detached", "alone")
 
-    def __init__(self, block: Block, tensor: torch.Tensor, record: _Record):
-        self.block = block
+    def __init__(self, record: _Record, tensor: torch.Tensor, storage: torch.UntypedStorage):
+        self.block = block = record.block
         self.tensor = tensor
-        self.storage = tensor.untyped_storage()
+        self.storage = storage                 # tensor's, the block's own
         self._geometry = (tensor.storage_offset(), tensor.shape, tensor.stride())
         try:
             tensor.set_()
@@ -208,7 +220,11 @@ class Retirement:
             self.detached = True
         except RuntimeError:  # e.g. a tensor that requires grad: leave it as it is
             self.detached = False
-        self.alone = self.detached and not record.views and _only_holder(self.storage)
+        # alone: nothing else views the block here: no registered view, and our
+        # reference is all that keeps the storage alive (no tensor views it).
+        # Unknown use counts say no: the block is then deferred, which is always safe.
+        self.alone = (self.detached and not record.views and _storage_use_count is not None
+                      and _storage_use_count(storage._cdata) == _HELD_ALONE)
 
     def restore(self) -> None:
         if self.detached and self.storage is not None:
@@ -254,6 +270,7 @@ class VMemPow2Allocator:
         self._records: dict[int, _Record] = {}       # block offset -> allocated block
         self._dead: set[int] = set()                 # offsets nothing here views any more
         self._mailbox = _Mailbox()
+        self._died = self._mailbox.died              # every watch's callback, bound once
         self._lock = threading.RLock()               # allocator, records, handles
         self._drain_lock = threading.Lock()          # after close: one drainer at a time
         self.release_dead = release_dead
@@ -413,12 +430,17 @@ class VMemPow2Allocator:
         a still-live block: a freed block's old views fail even while they keep
         its memory, and after the offset is reused, because the storage differs.
         """
+        return self._record_of(tensor)[0].block
+
+    def _record_of(self, tensor: torch.Tensor) -> tuple[_Record, torch.UntypedStorage]:
+        """block_of()'s record of the live block and tensor's storage."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         storage = tensor.untyped_storage()
         offset = storage.data_ptr() - self.base
-        record = self._records.get(self._storage_at.get(offset, offset))
-        if record is None or record.freed or record.storage() is not storage:
+        record = self._records.get(self._storage_at.get(offset, offset) if self._storage_at
+                                   else offset)
+        if record is None or record.freed or record() is not storage:
             freed_at = getattr(tensor, "_shmemvm_freed", None)
             if freed_at is not None:
                 raise FreedTensorError(
@@ -431,7 +453,7 @@ class VMemPow2Allocator:
             raise FreedTensorError(
                 f"tensor at {tensor.data_ptr():#x} on {tensor.device} is not in this heap "
                 f"({self.base:#x}..{self.base + self.va_size:#x} on {self.device})")
-        return record.block
+        return record, storage
 
     def offset_of(self, tensor: torch.Tensor) -> int:
         """Heap offset of `tensor`'s first element (from the storage: data_ptr()
@@ -481,7 +503,8 @@ class VMemPow2Allocator:
             try:
                 # Unmapping evicted segments can fail on one PE alone: the block is
                 # then returned here too, as the other PEs will (undo_allocation).
-                self._unback_released()
+                if self._core.released:  # (a cached block: nothing evicted, nothing made)
+                    self._unback_released()
                 for segment in created:
                     self._create(segment)
             except Exception as exc:  # noqa: BLE001 - returned, agreed on by the caller
@@ -525,9 +548,12 @@ class VMemPow2Allocator:
     def tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The block's own tensor; its storage's life decides the block's."""
         tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
-        watch = _Watch(tensor.untyped_storage(), self._mailbox, block.offset, block.serial, _OWN)
+        # = _record(tensor.untyped_storage(), self._died, block), inline
+        record = _Record(tensor.untyped_storage(), self._died)
+        record.offset, record.serial, record.kind = block.offset, block.serial, _OWN
+        record.block, record.own_alive, record.views, record.freed = block, True, None, False
         with self._lock:
-            self._records[block.offset] = _Record(block, watch)
+            self._records[block.offset] = record
         return tensor
 
     def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor:
@@ -538,26 +564,28 @@ class VMemPow2Allocator:
             if record is None or record.block.serial != block.serial or record.freed:
                 raise FreedTensorError(f"the block at heap offset {block.offset:#x} was freed "
                                        f"while a view of it was being made")
-            record.views.add(_Watch(view.untyped_storage(), self._mailbox, block.offset,
+            if record.views is None:
+                record.views = set()
+            record.views.add(_watch(view.untyped_storage(), self._died, block.offset,
                                     block.serial, _VIEW))
         return view
 
     def retire(self, tensor: torch.Tensor) -> Retirement:
         """Detach `tensor` from its live block (first half of a free)."""
         with self._lock:
-            block = self.block_of(tensor)
-            return Retirement(block, tensor, self._records[block.offset])
+            record, storage = self._record_of(tensor)
+            return Retirement(record, tensor, storage)
 
     def finish_free(self, retirement: Retirement, release_now: bool) -> None:
         """Second half of a free: release the block now (nothing views it, here
         or, for the symmetric heap, on any PE), or defer it to its views' death."""
         offset = retirement.block.offset
         with self._lock:
-            self._records[offset].freed = True
             if release_now:
-                self.release(offset)           # its watch goes first: no report
+                self._release(offset)          # its watch goes first: no report
                 retirement.storage = None
             else:
+                self._records[offset].freed = True
                 retirement.storage = None      # our reference: the storage may die here
                 self._absorb_events()
 
@@ -583,12 +611,16 @@ class VMemPow2Allocator:
     def release(self, offset: int) -> Block:
         """Give the block back to the allocator (its segment is cached)."""
         with self._lock:
-            del self._records[offset]          # with its watches: they report nothing
-            self._dead.discard(offset)
-            block = self._core.free(offset)
-            if offset in self._imported:       # never cached: unmapped and given back now
-                self._unback_released()
-            return block
+            return self._release(offset)
+
+    def _release(self, offset: int) -> Block:
+        """release(), under the lock."""
+        del self._records[offset]              # with its watches: they report nothing
+        self._dead.discard(offset)
+        block = self._core.free(offset)
+        if offset in self._imported:           # never cached: unmapped and given back now
+            self._unback_released()
+        return block
 
     def place_external(self, block: Block, owner: torch.Tensor, pieces: list, shift: int) -> None:
         """Map another allocator's `pieces` (backend.import_external) one after
@@ -621,9 +653,9 @@ class VMemPow2Allocator:
                                       torch.uint8).untyped_storage()
         tensor = torch.empty(0, dtype=like.dtype, device=self.device).set_(
             storage, like.storage_offset(), like.shape, like.stride())
-        watch = _Watch(storage, self._mailbox, block.offset, block.serial, _OWN)
+        record = _record(storage, self._died, block)
         with self._lock:
-            self._records[block.offset] = _Record(block, watch)
+            self._records[block.offset] = record
             if lead:
                 self._storage_at[block.offset + lead] = block.offset
         return tensor
@@ -745,6 +777,8 @@ class VMemPow2Allocator:
         """Unmap what the allocator released; every segment is tried, the first
         failure is raised after (the allocator's state has moved on regardless)."""
         released = self._core.take_released()
+        if not released:
+            return []
         failure = None
         for segment in released:
             try:

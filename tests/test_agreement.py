@@ -7,6 +7,7 @@ encoding tests run in one process.
 from __future__ import annotations
 
 import re
+import time
 import zlib
 
 import pytest
@@ -61,6 +62,19 @@ def test_a_call_that_could_not_be_formed_never_looks_valid():
     assert all(w >= 0 for w in Call(Phase.MALLOC, (0, torch.uint8, (0,))).words())
     with pytest.raises(ValueError):
         Call(Phase.MALLOC, tuple(range(N_ARGS + 1))).words()
+
+
+def test_a_lazy_text_reads_as_the_eager_one_and_an_exact_call_encodes_alike():
+    shape, dtype, offset = [2, 3], torch.float16, 0x4c0
+    call = Call(Phase.ZEROS, (), ("zeros({!r}, {}) (filled)", shape, dtype))
+    assert call.text == f"zeros({shape!r}, {dtype}) (filled)" == call.text
+    assert Call(Phase.FREE, (), ("free(tensor at heap offset {:#x})", offset)).text == \
+        f"free(tensor at heap offset {offset:#x})"
+    assert Call(Phase.MALLOC, (), ("malloc({!r})", 7)).step(Phase.BACKING, "x").text == \
+        "malloc(7) (x)"
+    args = (24, torch.float16, (2, 6))
+    assert Call(Phase.MALLOC, args, "", None, True).vector() == Call(Phase.MALLOC, args).vector()
+    assert Call(Phase.FREE, (1,)).vector() != Call(Phase.FREE, (True,)).vector()
 
 
 # -- the false agreements of issue 12 --------------------------------------------------------
@@ -148,7 +162,44 @@ def test_offsets_dead_on_every_pe_are_released_before_the_error():
         assert agreement.collective(Call(Phase.TRIM), dead=dead).released == frozenset(
             {0, 64, 128})                 # the Agreement keeps no state of its own about it
     finally:
+        agreement.close()
         comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_steps_agree_alike_with_a_new_iallreduce_each_and_after_an_interrupted_wait(heap):
+    me = heap.my_pe
+    x = heap.malloc(64)
+    heap.free(x)
+    # a persistent allreduce where MPI has them (MPI 4.0: MPICH 4, Open MPI 5)
+    assert heap.agreement._request is False or isinstance(heap.agreement._request, MPI.Prequest)
+    # an interrupted wait (KeyboardInterrupt): the next step waits for that step first
+    agreement, real_wait = heap.agreement, heap.agreement.wait
+    if me == 1:
+        def interrupted(request, what):
+            agreement.wait = real_wait
+            raise KeyboardInterrupt
+        agreement.wait = interrupted
+    else:
+        time.sleep(0.2)  # PE 1 finds the step not done and waits
+    interrupted_here = False
+    try:
+        heap.barrier_all()
+    except KeyboardInterrupt:
+        interrupted_here = True
+    assert interrupted_here == (me == 1)
+    heap.barrier_all()
+    y = heap.malloc(128)
+    assert heap.agreement.broken is None
+    # without a persistent request (MPI before 4.0): a new Iallreduce every step
+    heap.agreement.close()
+    assert heap.agreement._request is False
+    heap.free(y)
+    z = heap.zeros(8, torch.int32)
+    with pytest.raises(SymmetryError, match="malloc"):
+        heap.malloc(64 if me == 0 else 32)
+    heap.free(z)
+    heap.barrier_all()
 
 
 # -- property: different call sequences ------------------------------------------------------
