@@ -42,7 +42,6 @@ What a wrong call does (the kernels cannot raise):
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import logging
 
@@ -66,8 +65,22 @@ ALGORITHMS = ("auto", "one_shot", "two_shot")
 TIMED_OUT, MISMATCH = tl.constexpr(1), tl.constexpr(2)
 _DTYPES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4,
            torch.int32: 5, torch.int64: 6}
-#: graphs kept per object (least recently used ones are dropped)
+#: graphs kept per object (the oldest recorded is dropped first)
 MAX_GRAPHS = 64
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is being captured (only asked where a
+    graph exists or would be recorded, so on CUDA)."""
+    return torch._C._cuda_isCurrentStreamCapturing()
+
+
+def _replay(graph) -> None:
+    graph.replay()
+
+
+# CUDAGraph.replay without the Python frame of torch's subclass (a call is a few us)
+_replay = getattr(getattr(torch._C, "_CUDAGraph", None), "replay", _replay)
 
 log = logging.getLogger("shmemvm")
 
@@ -212,7 +225,7 @@ class DeviceAllReduce:
         pinned = device.type == "cuda"
         self._status = torch.zeros(1, dtype=torch.int32, pin_memory=pinned)
         self._status_word = ctypes.c_int32.from_address(self._status.data_ptr())
-        self._graph_cache: collections.OrderedDict = collections.OrderedDict()
+        self._graph_cache: dict = {}   # call key -> recorded graph, oldest first
         self.timeout = float(setting("SHMEMVM_TIMEOUT", timeout))
         self.max_polls = sv.max_polls_for(self.timeout, device)
 
@@ -239,19 +252,18 @@ class DeviceAllReduce:
             self.check()
         key = (dst.data_ptr(), src.data_ptr(), src.numel(), src.dtype, op, algorithm)
         graph = self._graph_cache.get(key)
-        if graph is not None and src.is_contiguous() and dst.is_contiguous():
+        if (graph is not None and src.is_contiguous() and dst.is_contiguous()
+                and not _capturing()):
             # the tensors must still be live symmetric tensors (their memory mapped)
             self.heap.local.block_of(src)
             self.heap.local.block_of(dst)
-            if not torch.cuda.is_current_stream_capturing():
-                self._graph_cache.move_to_end(key)
-                graph.replay()
-                return
+            _replay(graph)
+            return
         launch = self._prepare(dst, src, op, algorithm)
         if launch is None:
             return
         launch()
-        if self.graphs and graph is None and not torch.cuda.is_current_stream_capturing():
+        if self.graphs and graph is None and not _capturing():
             try:
                 self._graph_cache[key] = self._record(launch)
             except Exception as exc:  # noqa: BLE001 - the call itself was made: keep it working
@@ -259,7 +271,7 @@ class DeviceAllReduce:
                             "every call directly from now on", exc)
                 self.graphs = False
             if len(self._graph_cache) > MAX_GRAPHS:
-                self._graph_cache.popitem(last=False)
+                del self._graph_cache[next(iter(self._graph_cache))]   # the oldest
 
     def check(self) -> None:
         """Raise what a finished call found on the device (SymmetryError,
