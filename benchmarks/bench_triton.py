@@ -10,7 +10,8 @@ Every figure beside its baseline, measured in the same run:
   examples/triton_allreduce.py's plain one-shot kernel (a Triton launch per
   call), beside torch.distributed._symmetric_memory's one_shot_all_reduce and
   two_shot_all_reduce_ (CUDA backend, multicast off) and NCCL's all_reduce.
-  CUDA events around back-to-back calls; both PEs run every call. The records
+  CUDA events around back-to-back calls; both PEs run every call; five rounds,
+  every library once a round, and the median round per library. The records
   compare "auto" with each baseline and with the best of torch's two.
 - device-side remote store bandwidth: a Triton kernel storing a local buffer
   into the peer's memory (sv.store with a contiguity hint) beside the copy
@@ -90,7 +91,11 @@ def slowest(seconds: float) -> float:
 
 
 def iterations(nbytes: int) -> int:
-    return max(5, min(200, (2 << 30) // max(nbytes, 1) // 4))
+    return max(20, min(200, (2 << 30) // max(nbytes, 1) // 4))
+
+
+#: rounds of the all-reduce comparison (each library measured once a round)
+TRIALS = 5
 
 
 OURS = "shmemvm DeviceAllReduce (auto)"
@@ -125,14 +130,20 @@ def all_reduce(run, heap, symm, sizes, dev):
             TORCH[1]: lambda: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", symm.group),
             "NCCL all_reduce": lambda: dist.all_reduce(c),
         }
-        times = {}
+        samples: dict = {}
         for name, op in ops.items():
             try:
                 op()   # warm-up (compiles, records the CUDA graph, rendezvous)
-                times[name] = slowest(events(op, iters))
+                samples[name] = []
             except Exception as exc:  # noqa: BLE001 - e.g. a size torch refuses
                 run.errors.append(f"all_reduce {name} {nbytes} B: {exc!r}"[:300])
-                times[name] = None
+        # TRIALS rounds, every library once a round: the median over rounds leaves out
+        # a round that the machine disturbed, for every library alike
+        for _ in range(TRIALS):
+            for name in samples:
+                samples[name].append(slowest(events(ops[name], iters)))
+        times = {name: (statistics.median(samples[name]) if name in samples else None)
+                 for name in ops}
         # correctness of each of ours at this size, against a host-order sum (a PE-ordered sum)
         gathered = [torch.empty_like(s) for _ in range(n_pes)]
         dist.all_gather(gathered, s)
@@ -155,6 +166,8 @@ def all_reduce(run, heap, symm, sizes, dev):
             if name == OURS or ours is None or value is None:
                 continue
             run.record("all_reduce float32 sum", {"bytes": nbytes, "iters": iters,
+                                                   "trials": TRIALS, "statistic": "median of "
+                                                   "the trials' mean time per call",
                                                    "correct": correct, "us": ours * 1e6,
                                                    "baseline_us": value * 1e6},
                        nbytes / ours / 1e9, "GB/s (algbw)", name, nbytes / value / 1e9)
