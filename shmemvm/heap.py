@@ -591,18 +591,10 @@ class SymmetricHeap:
             segments.append(Segment(offset, piece.size, block.segment.generation))
             handles[offset] = piece.handle
             offset += piece.size
-        failure = None
-        try:
-            self.exchange.run(
-                self.agreement.seq, segments,
-                lambda segment: self.backend.export_fd(handles[segment.offset]),
-                lambda pe, piece, fd: self.peers.map_piece(pe, block.segment, piece, fd),
-                call.text, within=block.segment)
-        except PeerTimeoutError as exc:
-            self.agreement.mark_broken(f"{call.text}: {exc}")
-            raise
-        except (OSError, ShmemError, MPI.Exception) as exc:
-            failure = exc
+        failure = self._exchange(
+            call, segments, lambda segment: self.backend.export_fd(handles[segment.offset]),
+            lambda pe, piece, fd: self.peers.map_piece(pe, block.segment, piece, fd),
+            within=block.segment)
         if not self.agreement.all_ok(failure is None,
                                      call.step(Phase.SHARING, "sharing the imported memory")):
             self.local.undo_allocation(block, [])
@@ -633,18 +625,8 @@ class SymmetricHeap:
         if failure is None and not created:
             self._hints.pop(block.offset, None)
             return block
-        try:
-            self.exchange.run(self.agreement.seq, created, self.local.export, self.peers.map,
-                              call.text, local=lambda: self._map_created(created),
-                              failed=failure)
-            step_failure = None
-        except PeerTimeoutError as exc:
-            # A PE is gone or stuck: agreeing on the failure would wait as long
-            # again (2x SHMEMVM_TIMEOUT). The heap is unusable from here on.
-            self.agreement.mark_broken(f"{call.text}: {exc}")
-            raise
-        except (OSError, ShmemError, MPI.Exception) as exc:
-            step_failure = exc
+        step_failure = self._exchange(call, created, self.local.export, self.peers.map,
+                                      local=lambda: self._map_created(created), failed=failure)
         # Undoing releases the new segments, which unmaps peers' copies and
         # detaches them from the window (release listeners). A PE whose
         # allocation failed has undone it already (allocate_unmapped).
@@ -657,6 +639,21 @@ class SymmetricHeap:
                 f"({step_failure or 'see the other PEs'}); undone on every PE"))
         self._hints.pop(block.offset, None)  # a former block's (malloc_with_hints sets its own)
         return block
+
+    def _exchange(self, call: Call, segments: list, export, map_peer, **options):
+        """The fd exchange of `call`'s step (Exchange.run): the failure to agree
+        on, or None. A timeout is raised instead: a PE is gone or stuck, and
+        agreeing on it would wait as long again (2x SHMEMVM_TIMEOUT), so the
+        heap is unusable from here on."""
+        try:
+            self.exchange.run(self.agreement.seq, segments, export, map_peer, call.text,
+                              **options)
+        except PeerTimeoutError as exc:
+            self.agreement.mark_broken(f"{call.text}: {exc}")
+            raise
+        except (OSError, ShmemError, MPI.Exception) as exc:
+            return exc
+        return None
 
     def _map_created(self, created: list) -> None:
         """This PE's own part of sharing new segments, run by the exchange once
