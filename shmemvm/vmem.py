@@ -548,10 +548,7 @@ class VMemPow2Allocator:
     def tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The block's own tensor; its storage's life decides the block's."""
         tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
-        # = _record(tensor.untyped_storage(), self._died, block), inline
-        record = _Record(tensor.untyped_storage(), self._died)
-        record.offset, record.serial, record.kind = block.offset, block.serial, _OWN
-        record.block, record.own_alive, record.views, record.freed = block, True, None, False
+        record = _record(tensor.untyped_storage(), self._died, block)
         with self._lock:
             self._records[block.offset] = record
         return tensor
