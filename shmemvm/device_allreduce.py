@@ -182,7 +182,8 @@ class DeviceAllReduce:
         heap: the SymmetricHeap (collective: every PE makes the object, in
             the same order as its other collective calls).
         programs: the most programs (thread blocks) a call runs; default the
-            device's multiprocessor count (3 in the interpreter).
+            device's multiprocessor count (3 in the interpreter). The same on
+            every PE, as `block` (calls of objects that differ raise).
         block: elements each program handles per step (a power of two).
         num_warps: warps per program.
         two_shot_from: bytes from which "auto" picks the two-shot algorithm
@@ -318,9 +319,11 @@ class DeviceAllReduce:
             return None
         two_shot = algorithm == "two_shot" or (algorithm == "auto" and size >= self.two_shot_from)
         grid = (max(1, min(self.programs, triton.cdiv(n, self.block))),)
-        # names the call: PEs whose words differ called differently (ints hash alike everywhere)
-        word = (hash((src_offset, dst_offset, n, _DTYPES[src.dtype], OPS[op], two_shot))
-                & ((1 << 61) - 1)) | (1 << 61)
+        # Names the call: PEs whose words differ called differently (ints hash alike
+        # everywhere). The grid and block too: PEs whose objects were made with other
+        # `programs`/`block` would split the work differently.
+        word = (hash((src_offset, dst_offset, n, _DTYPES[src.dtype], OPS[op], two_shot,
+                      grid[0], self.block)) & ((1 << 61) - 1)) | (1 << 61)
         aligned = src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0
         kernel = _all_reduce[grid]
         args = (src, dst, self._pads, self._status, n, word, self._me, self._bases,

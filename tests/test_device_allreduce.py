@@ -123,6 +123,21 @@ def test_different_calls_raise_symmetry_error_at_the_next_call_not_a_hang(heap):
 
 
 @pytest.mark.mpi
+def test_objects_made_differently_on_some_pe_raise_instead_of_hanging(heap):
+    if comm.size < 2:
+        pytest.skip("needs 2 PEs")
+    with pytest.raises(SymmetryError):       # other programs: other pads, refused at once
+        DeviceAllReduce(heap, block=64, programs=2 if heap.my_pe == 0 else 3)
+    # another block size: the work is split differently, which the call words tell
+    reduce = DeviceAllReduce(heap, block=64 if heap.my_pe == 0 else 128, timeout=1)
+    a, b = heap.zeros(5000, torch.float32), heap.zeros(5000, torch.float32)
+    reduce(b, a)
+    with pytest.raises((SymmetryError, PeerTimeoutError)):
+        reduce.synchronize()
+    comm.Barrier()
+
+
+@pytest.mark.mpi
 def test_a_pe_that_never_calls_times_out_instead_of_hanging(heap):
     if comm.size < 2:
         pytest.skip("needs 2 PEs")
