@@ -31,7 +31,7 @@ Why a call costs a few microseconds:
 
 What a wrong call does (the kernels cannot raise):
 - every call carries a word naming its arguments (the tensors' heap offsets,
-  size, dtype, op, algorithm); programs compare the words they exchange, and
+  size, dtype, op, algorithm, grid, block); programs compare the words they exchange, and
   where PEs called differently, nothing is reduced;
 - every wait on a peer gives up after about `timeout` seconds (counted in
   polls: shmemvm.triton.max_polls_for);
