@@ -273,16 +273,8 @@ class Pow2Allocator:
         (take_released reports its segment, to be unmapped)."""
         nbytes = _check_size(nbytes)
         size = max(self.granularity, self.size_class(nbytes))
-        order = size.bit_length() - 1
-        offset = self._va.take(order) if size <= self.va_size else None
-        while offset is None and self._cache:
-            self._evict_oldest()
-            offset = self._va.take(order)
-        if offset is None:
-            raise HeapExhaustedError(self._exhausted_message(
-                nbytes, size, "finds no free address range for the imported memory"))
-        generation = self._generations.get(offset, 0) + 1
-        self._generations[offset] = generation
+        offset, generation = self._take_range(
+            nbytes, size, "finds no free address range for the imported memory")
         segment = self._external[offset] = Segment(offset, size, generation)
         self._serial += 1
         block = self._blocks[offset] = Block(offset, size, nbytes, segment, self._serial)
@@ -366,21 +358,27 @@ class Pow2Allocator:
             raise HeapExhaustedError(self._exhausted_message(nbytes, size, "does not fit"))
         while self.backed_bytes + size > self.budget:
             self._evict_oldest()
-        order = size.bit_length() - 1
-        offset = self._va.take(order)
-        while offset is None and self._cache:
-            self._evict_oldest()
-            offset = self._va.take(order)
-        if offset is None:
-            raise HeapExhaustedError(self._exhausted_message(
-                nbytes, size, "finds no free address range (fragmented)"))
-        generation = self._generations.get(offset, 0) + 1
-        self._generations[offset] = generation
+        offset, generation = self._take_range(
+            nbytes, size, "finds no free address range (fragmented)")
         segment = Segment(offset, size, generation)
         self._segments[offset] = segment
         self.backed_bytes += size
         created.append(segment)
         return segment
+
+    def _take_range(self, nbytes: int, size: int, why: str) -> tuple[int, int]:
+        """(offset, generation) of a free address range of `size` bytes (a power
+        of two), evicting cached segments, oldest first, until one is free;
+        HeapExhaustedError saying `why` where none is, even with the cache empty."""
+        order = size.bit_length() - 1
+        offset = self._va.take(order) if size <= self.va_size else None
+        while offset is None and self._cache:
+            self._evict_oldest()
+            offset = self._va.take(order)
+        if offset is None:
+            raise HeapExhaustedError(self._exhausted_message(nbytes, size, why))
+        generation = self._generations[offset] = self._generations.get(offset, 0) + 1
+        return offset, generation
 
     def _flush_quick(self) -> None:
         """Merge the quick lists' blocks into the buddy system and move the idle
