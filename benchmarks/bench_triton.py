@@ -49,7 +49,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import shmemvm  # noqa: E402
-from bench_gpu import Run, TorchSymm, git_commit, log  # noqa: E402
+from bench_gpu import Run, TorchSymm, git_commit, log, per_call_events  # noqa: E402
 from shmemvm import triton as sv  # noqa: E402
 from shmemvm.device_allreduce import DeviceAllReduce  # noqa: E402
 from triton_allreduce import OneShotAllReduce  # noqa: E402
@@ -76,13 +76,7 @@ def events(fn, iters: int) -> float:
     """Seconds per call of back-to-back GPU work (CUDA events), after a barrier."""
     torch.cuda.synchronize()
     comm.Barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
+    return per_call_events(fn, iters)
 
 
 def slowest(seconds: float) -> float:

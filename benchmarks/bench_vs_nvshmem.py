@@ -309,6 +309,15 @@ def cached_alloc_free(bench: Bench) -> None:
 
 # -- 2. blocking put latency --------------------------------------------------------
 
+def free_buffers(bench: Bench, ours: tuple, theirs: tuple) -> None:
+    """Free a section's buffers: shmemvm's, and NVSHMEM4Py's where it runs."""
+    for tensor in ours:
+        bench.heap.free(tensor)
+    if bench.nv is not None:
+        for tensor in theirs:
+            bench.nv.free(tensor)
+
+
 def put_latency(bench: Bench) -> None:
     heap, nv, run = bench.heap, bench.nv, bench.run
     calls = bench.iters(3000, 200)
@@ -358,11 +367,7 @@ def put_latency(bench: Bench) -> None:
                 rested()
         else:
             rest()
-        heap.free(ours_dst)
-        heap.free(ours_src)
-        if nv is not None:
-            nv.free(theirs_dst)
-            nv.free(theirs_src)
+        free_buffers(bench, (ours_dst, ours_src), (theirs_dst, theirs_src))
 
 
 # -- 3. put bandwidth ----------------------------------------------------------------
@@ -437,11 +442,7 @@ def put_bandwidth(bench: Bench) -> None:
                 rested()
         else:
             rest()
-        heap.free(ours_dst)
-        heap.free(ours_src)
-        if nv is not None:
-            nv.free(theirs_dst)
-            nv.free(theirs_src)
+        free_buffers(bench, (ours_dst, ours_src), (theirs_dst, theirs_src))
 
 
 # -- 4. allocation that needs new physical memory ---------------------------------------
