@@ -55,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
                       "(or pip install shmemvm[triton])") from exc
 
 from . import triton as sv
+from .collectives import _symmetric_contiguous   # the collectives' own checks
 from .config import setting
 from .errors import PeerTimeoutError, SymmetryError, UnsupportedError
 
@@ -75,12 +76,9 @@ def _capturing() -> bool:
     return torch._C._cuda_isCurrentStreamCapturing()
 
 
-def _replay(graph) -> None:
-    graph.replay()
-
-
-# CUDAGraph.replay without the Python frame of torch's subclass (a call is a few us)
-_replay = getattr(getattr(torch._C, "_CUDAGraph", None), "replay", _replay)
+# CUDAGraph.replay without the Python frame of torch's subclass (a call is a few us);
+# torch builds without CUDA have no such method, and never record a graph either
+_replay = getattr(getattr(torch._C, "_CUDAGraph", None), "replay", None)
 
 log = logging.getLogger("shmemvm")
 
@@ -297,7 +295,6 @@ class DeviceAllReduce:
     def _prepare(self, dst, src, op, algorithm):
         """The call's launch as a function of no arguments (None: nothing to do),
         after checking its arguments."""
-        from .collectives import _symmetric_contiguous  # the collectives' own checks
         what = "DeviceAllReduce"
         src_offset = _symmetric_contiguous(self.heap, src, "source", what)
         dst_offset = _symmetric_contiguous(self.heap, dst, "destination", what)

@@ -59,6 +59,10 @@ Triton is an optional dependency: ``pip install triton`` (or the extra,
 
 from __future__ import annotations
 
+import time
+
+import torch
+
 try:
     import triton
     import triton.language as tl
@@ -519,9 +523,6 @@ def max_polls_for(seconds: float, device) -> int:
     Raises:
         ValueError: seconds is not > 0.
     """
-    import time
-
-    import torch
     if not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
     device = torch.device(device)
