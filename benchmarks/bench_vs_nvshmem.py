@@ -453,12 +453,8 @@ def new_memory(bench: Bench) -> None:
         if n > bench.args.max_size:
             continue
         iters = bench.iters(6 if n < GiB else 4, 2)
-        ours, ours_free, segments_made, inline = [], [], [], []
-        background = heap.backend.background_map_from
-        for i in range(2 * (iters + 1)):   # the first of each: warm-up
-            # interleaved: the backend's choice, then mapping in line (no thread), to
-            # show what mapping on a thread (exchange.py, background_map_from) gains
-            heap.backend.background_map_from = background if i % 2 == 0 else None
+        ours, ours_free, segments_made = [], [], []
+        for _ in range(iters + 1):   # the first: warm-up
             heap.trim()
             bench.sync()
             comm.Barrier()
@@ -469,15 +465,11 @@ def new_memory(bench: Bench) -> None:
             segments_made.append(heap.local.stats()["segments"] - before)
             heap.free(x)
             t2 = time.perf_counter()
-            if i % 2:
-                inline.append(slowest(t1 - t0))
-            else:
-                ours.append(slowest(t1 - t0))
-                ours_free.append(slowest(t2 - t1))
+            ours.append(slowest(t1 - t0))
+            ours_free.append(slowest(t2 - t1))
             del x
-        heap.backend.background_map_from = background
         heap.trim()
-        ours, ours_free, segments_made, inline = ours[1:], ours_free[1:], segments_made[2:], inline[1:]
+        ours, ours_free, segments_made = ours[1:], ours_free[1:], segments_made[1:]
         if not all(segments_made):
             bench.local_errors.append(f"PE {rank}: fresh malloc({n}) made no new segment: "
                                       f"{segments_made}")
@@ -512,16 +504,12 @@ def new_memory(bench: Bench) -> None:
                                      f"section 6 / alloc_new_memory_vs_nvshmem_growth is NVSHMEM's "
                                      f"own new-memory case",
                 "samples_us": [_round(t * 1e6) for t in ours],
-                "background_map_from": background,
-                "inline_map_median_us": _round(median_us(inline)),
-                "inline_map_samples_us": [_round(t * 1e6) for t in inline],
                 "baseline_samples_us": [_round(t * 1e6) for t in theirs],
                 "free_us": _round(median_us(ours_free)),
                 "baseline_free_us": _round(median_us(theirs_free)) if theirs_free else None,
                 "goal": GOALS["fresh_64M"] if n == 64 * MiB else GOALS["new_memory"]},
                 value, "us", base_name, base)
-        log(f"new-memory malloc {fmt_size(n):>7}: shmemvm {value:.0f} us (mapping in line: "
-            f"{median_us(inline):.0f} us); {NVSHMEM} in its "
+        log(f"new-memory malloc {fmt_size(n):>7}: shmemvm {value:.0f} us; {NVSHMEM} in its "
             f"pre-mapped heap {base or float('nan'):.0f} us")
 
 

@@ -38,7 +38,6 @@ import logging
 import os
 import socket
 import struct
-import threading
 import time
 
 from .allocator import Segment
@@ -72,7 +71,7 @@ class Exchange:
         self.timeout = timeout
 
     def run(self, seq: int, created: list[Segment], export, map_peer, text: str,
-            within: Segment | None = None, *, local=None, local_first: bool = False,
+            within: Segment | None = None, *, local=None,
             failed: BaseException | None = None) -> None:
         """Send our new segments (`export(segment)` gives a descriptor to send,
         ours to close) to every PE of the node and hand theirs to
@@ -81,10 +80,7 @@ class Exchange:
         `local()`, where given, is this PE's own work on its new segments
         (mapping them here): it runs once our datagrams are on their way, so
         that it overlaps the peers' imports of them, and also where the node
-        has no other PE. With `local_first`, it runs on a thread of its own
-        from the start instead, overlapping our export too (the driver calls
-        that map large GPU memory release the GIL); it must not call MPI.
-        `failed`: this PE already failed (creating its
+        has no other PE. `failed`: this PE already failed (creating its
         memory); it sends FAILED instead of descriptors, runs no local work,
         and the step fails here like any other failure.
 
@@ -97,9 +93,6 @@ class Exchange:
         PeerTimeoutError when a peer was not heard from within the timeout."""
         failure: BaseException | None = failed
         fds: list[int] = []
-        worker = None
-        if local is not None and local_first and failure is None:
-            worker, local = _Background(local), None
         if self.peer_paths and failure is None:
             try:
                 for segment in created:
@@ -165,8 +158,6 @@ class Exchange:
                     failure = self._map(source, theirs, message.fds, map_peer)
         finally:
             _close(fds)
-            if worker is not None:   # before anything may undo what it maps
-                failure = failure or worker.join()
         if failure is not None:
             kind = ResourceLimitError if isinstance(failure, ResourceLimitError) else ShmemError
             raise kind(f"PE {self.my_pe}: {text}: {failure}") from failure
@@ -231,25 +222,6 @@ class Exchange:
                 f"expected {expected if within is None else f'pieces inside {within}'} for "
                 f"#{seq}: the heaps diverged"), None
         return source, status, None, segments
-
-
-class _Background(threading.Thread):
-    """`work()` on a thread of its own; join() gives the exception it raised."""
-
-    def __init__(self, work):
-        super().__init__(name="shmemvm-map", daemon=True)
-        self._work, self._error = work, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self._work()
-        except Exception as exc:  # noqa: BLE001 - fails the step, in the caller's thread
-            self._error = exc
-
-    def join(self, timeout=None) -> Exception | None:
-        super().join(timeout)
-        return self._error
 
 
 def _matches(segments: list[Segment] | None, expected: list[Segment],

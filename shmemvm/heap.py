@@ -625,15 +625,8 @@ class SymmetricHeap:
         if failure is None and not created:
             self._hints.pop(block.offset, None)
             return block
-        background = self._maps_in_background(created)
         step_failure = self._exchange(call, created, self.local.export, self.peers.map,
-                                      local=lambda: self._map_created(created, not background),
-                                      local_first=background, failed=failure)
-        if background and step_failure is None and failure is None:
-            try:
-                self._attach_created(created)  # MPI: here, not on the thread
-            except (OSError, ShmemError, MPI.Exception) as exc:
-                step_failure = exc
+                                      local=lambda: self._map_created(created), failed=failure)
         # Undoing releases the new segments, which unmaps peers' copies and
         # detaches them from the window (release listeners). A PE whose
         # allocation failed has undone it already (allocate_unmapped).
@@ -662,24 +655,10 @@ class SymmetricHeap:
             return exc
         return None
 
-    def _maps_in_background(self, created: list) -> bool:
-        """Whether mapping new segments here runs on a thread, from the start of
-        the exchange, instead of after our datagrams are sent: where the backend
-        says mapping this much is slow enough (a GPU's cuMemSetAccess of fresh
-        memory: ~0.4 ms a GiB) and no MPI window needs them attached (MPI is not
-        called from that thread)."""
-        start = self.backend.background_map_from
-        return start is not None and sum(segment.size for segment in created) >= start
-
-    def _map_created(self, created: list, attach: bool = True) -> None:
+    def _map_created(self, created: list) -> None:
         """This PE's own part of sharing new segments, run by the exchange once
-        they are sent (or on its thread): map them here, and attach them to the
-        MPI window (unless `attach` is False: the thread does not call MPI)."""
+        they are sent: map them here, and attach them to the MPI window."""
         self.local.map_created(created)
-        if attach:
-            self._attach_created(created)
-
-    def _attach_created(self, created: list) -> None:
         if self.offnode is not None:
             for segment in created:
                 self.offnode.attach(segment)

@@ -11,11 +11,9 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import threading
 import time
 
 import pytest
-import torch
 from mpi4py import MPI
 
 from shmemvm import ShmemError, exchange
@@ -200,57 +198,3 @@ def test_wire_format_round_trip():
     body = payload[exchange.HEADER.size:]
     assert [Segment(*exchange.SEGMENT.unpack_from(body, i * exchange.SEGMENT.size))
             for i in range(count)] == segments
-
-
-@pytest.fixture
-def maps_on_a_thread(heap, monkeypatch):
-    """New segments mapped on the exchange's thread (as on a GPU heap for large
-    ones, backends' background_map_from), here from the first byte."""
-    monkeypatch.setattr(heap.backend, "background_map_from", 0)
-    return heap
-
-
-def test_new_segments_mapped_on_a_thread_are_shared_and_attached(maps_on_a_thread,
-                                                                  monkeypatch):
-    heap = maps_on_a_thread
-    threads: list[str] = []
-    real = heap.local.map_created
-
-    def recording(created):
-        threads.append(threading.current_thread().name)
-        real(created)
-    monkeypatch.setattr(heap.local, "map_created", recording)
-    warm_up(heap)
-    fds = open_fds()
-    new_segment_round_trip(heap)
-    assert threads and all(name == "shmemvm-map" for name in threads)
-    assert open_fds() == fds
-    if heap.offnode is not None:   # attached to the MPI window after the thread: atomics work
-        t = heap.zeros(1, torch.int64)
-        heap.atomic_add(t, 1, (heap.my_pe + 1) % heap.n_pes)
-        heap.barrier_all()
-        assert int(t[0]) == 1
-        heap.free(t)
-
-
-@pytest.mark.mpi(min_size=2)
-def test_failure_to_map_on_the_thread_is_undone_everywhere(maps_on_a_thread, monkeypatch):
-    heap = maps_on_a_thread
-    victim = heap.n_pes - 1
-    warm_up(heap)
-    fds, rejected = open_fds(), heap.channel.rejected
-    real = heap.local.map_created
-    if heap.my_pe == victim:
-        def no_mapping(created):
-            raise OSError(errno.ENOMEM, "Cannot allocate memory (injected)")
-        monkeypatch.setattr(heap.local, "map_created", no_mapping)
-    with pytest.raises(ShmemError, match=r"failed while PEs shared the new memory") as info:
-        heap.malloc(1 << 20)
-    monkeypatch.setattr(heap.local, "map_created", real)   # (threads stay on)
-    if heap.my_pe == victim:
-        assert "Cannot allocate memory" in str(info.value)
-    for pe in heap.peers.windows:
-        assert [s.offset for s in heap.peers.mapped(pe)] == \
-            [s.offset for s in heap.local._core.segments()]
-    assert heap.heap_info()["live_allocations"] == 0
-    still_works_and_kept_nothing(heap, fds, rejected)

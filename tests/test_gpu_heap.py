@@ -214,23 +214,3 @@ def test_finalize_returns_device_memory():
     comm.Barrier()  # every PE has let go of the others' memory
     after = device_used(index)
     assert abs(after - before) <= 16 * MiB, (before, during, after)
-
-
-@pytest.mark.parametrize("background_map_from", [0, None], ids=["on a thread", "in line"])
-def test_new_segments_mapped_on_a_thread_or_in_line_are_shared(gpu_heap, background_map_from):
-    """A large new segment is mapped here on a thread of its own (cuda
-    backend's background_map_from; here from the first byte) while the peers
-    import it: every PE sees every other PE's stores, both ways."""
-    gpu_heap.backend.background_map_from = background_map_from
-    for nbytes in (2 * MiB, 64 * MiB):
-        gpu_heap.trim()
-        before = gpu_heap.local.stats()["segments"]
-        t = gpu_heap.malloc(nbytes)
-        assert gpu_heap.local.stats()["segments"] > before   # a new segment
-        t.fill_(gpu_heap.my_pe + 1)
-        gpu_heap.barrier_all()
-        for pe in range(gpu_heap.n_pes):
-            view = gpu_heap.ptr(t, pe)
-            assert int(view[0]) == pe + 1 and int(view[-1]) == pe + 1
-        gpu_heap.barrier_all()
-        gpu_heap.free(t)

@@ -42,11 +42,6 @@ class VMMBackend(abc.ABC):
     #: yes. Device memory: no, since shmemvm does not assume a GPU-aware MPI.
     #: The default is the safe answer for a new backend.
     mpi_accessible: bool = False
-    #: Mapping new segments of at least this many bytes (in one step) runs on a
-    #: thread of its own, overlapping exporting and importing (exchange.py):
-    #: worth it where mapping is slow and its driver calls release the GIL.
-    #: None: never (host memory maps in microseconds).
-    background_map_from: int | None = None
 
     @staticmethod
     def is_available() -> bool:

@@ -248,9 +248,6 @@ class CudaBackend(VMMBackend):
     name = "cuda"
     cumulative_access = False
     mpi_accessible = False       # device memory: no GPU-aware MPI is assumed
-    # cuMemSetAccess of fresh memory takes ~0.4 ms a GiB on an H200 (the driver
-    # clears it) and releases the GIL: from this size, on a thread (base.py)
-    background_map_from = 256 << 20
 
     @staticmethod
     def is_available() -> bool:
