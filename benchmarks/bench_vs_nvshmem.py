@@ -660,6 +660,8 @@ def main() -> int:
                     help="NVSHMEM_SYMMETRIC_SIZE where the environment does not set it (3G)")
     ap.add_argument("--no-nvshmem", action="store_true", help="measure shmemvm only")
     ap.add_argument("--sections", default="1,2,3,4,5,6", help="which sections to run")
+    ap.add_argument("--hold", default=None,
+                    help="a shmemvm allocation of this size held for the whole run (e.g. 512M)")
     args = ap.parse_args()
     if n_pes != 2:
         if rank == 0:
@@ -721,6 +723,8 @@ def main() -> int:
     t0 = time.perf_counter()
     bench.heap = SymmetricHeap(comm, heap_size=heap_size, backend=args.backend, timeout=60)
     run.meta["shmemvm_init_s"] = _round(slowest(time.perf_counter() - t0))
+    held = bench.heap.malloc(shmemvm.config.parse_size(args.hold)) if args.hold else None
+    run.meta["shmemvm_held_bytes"] = held.numel() if held is not None else 0
     try:
         plan = [("1", "cached allocate+free 1 KiB", cached_alloc_free),
                 ("2", "blocking put latency", put_latency),
