@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
+from .board import Board
 from .config import SETTINGS, setting
 from .errors import PeerTimeoutError, ShmemError, SymmetryError
 
@@ -289,12 +290,18 @@ def wait(request: MPI.Request, timeout: float, what, my_pe: int,
     """Complete an MPI request or raise PeerTimeoutError after `timeout` s.
     `what` names the step (a string, or a function making one, called only
     for the message); the message ends with `after`, what the timeout leaves."""
-    if request.Test():
+    wait_until(request.Test, timeout, what, my_pe, after)
+
+
+def wait_until(ready, timeout: float, what, my_pe: int, after: str = _UNUSABLE) -> None:
+    """Poll `ready()` until it is True, or raise PeerTimeoutError after
+    `timeout` s (as wait())."""
+    if ready():
         return
     now = time.monotonic()
     deadline, keep_core = now + timeout, now + _SPIN_S
     spins = 0
-    while not request.Test():
+    while not ready():
         spins += 1
         if spins % 64 == 0:
             now = time.monotonic()
@@ -352,6 +359,9 @@ class Agreement:
         self._recv = array.array("q", _ZEROS)
         self._request: MPI.Prequest | bool | None = None
         self._interrupted: MPI.Prequest | None = None   # see collective()
+        #: where every PE of `comm` shares memory, the heap gives the agreement a
+        #: Board (board.py) once every PE has one: steps then go through it, not MPI
+        self.board: Board | None = None
 
     # -- state ------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -384,20 +394,28 @@ class Agreement:
         if call.phase in _COUNTED:
             self.calls += 1
         # MAX of v and of -v gives the max and minus the min of each word at once
-        request = self._request
-        if request is None:
-            request = self._request = self._persistent_request()
-        if request is False:
-            send, recv = call.vector(), array.array("q", _ZEROS)
+        board, request = self.board, None
+        if board is not None:
+            send = call.vector()
         else:
-            send, recv = self._send, self._recv
-            send[:] = call.encoded()
+            request = self._request
+            if request is None:
+                request = self._request = self._persistent_request()
+            if request is False:
+                send, recv = call.vector(), array.array("q", _ZEROS)
+            else:
+                send, recv = self._send, self._recv
+                send[:] = call.encoded()
         send[_SEQ] = seq
         send[_NEG_SEQ] = -seq
         if flag:
             send[_FLAG_SLOT] = -1
         if dead:
             send[_DEAD_SLOT] = -1
+        if board is not None:
+            recv = board.allreduce_max(send, seq, lambda ready: self.wait_until(
+                ready, lambda: self.describe(call)))
+            return self._outcome(call, send, recv, dead)
         if request is False:
             request = self.comm.Iallreduce(send, recv, _MAX)
         else:
@@ -412,6 +430,11 @@ class Agreement:
                     # as a new Iallreduce would have left it to complete meanwhile.
                     self._request, self._interrupted = None, request
                 raise
+        return self._outcome(call, send, recv, dead)
+
+    def _outcome(self, call: Call, send: array.array, recv: array.array,
+                 dead: set[int]) -> Outcome:
+        """The step's outcome from this PE's vector and the MAX of everybody's."""
         everywhere, dead_everywhere = recv[_FLAG_SLOT] == -1, recv[_DEAD_SLOT] == -1
         # Every word agrees iff its max is this PE's word and its -min this PE's
         # negated word: then the vectors are equal, once the flags are.
@@ -429,6 +452,16 @@ class Agreement:
             log.debug("PE %d: step #%d %s", self.my_pe, self.seq, self.describe(call))
         return outcome
 
+    def make_board(self) -> Board:
+        """A board for this agreement's steps (collective over `comm`, whose
+        PEs must share memory); use_board() once every PE has one."""
+        return Board(self.comm, len(_ZEROS) // 8, _SEQ)
+
+    def use_board(self, board: Board) -> None:
+        """Take every later step through `board` (every PE at the same step)."""
+        board.freeable = True
+        self.board = board
+
     def _persistent_request(self) -> MPI.Prequest | bool:
         """The persistent allreduce of every step, or False where MPI has none
         (before MPI 4.0): the same answer on every PE, whose MPI is the same.
@@ -444,12 +477,16 @@ class Agreement:
             return False
 
     def close(self) -> None:
-        """Free the persistent request (before the communicator is freed; not
-        where a step timed out: it may still be active). Later steps, if any,
-        make a new Iallreduce each."""
+        """Free the persistent request and the board (before the communicator
+        is freed; not where a step timed out: it may still be active, and a
+        PE may be gone). Later steps, if any, make a new Iallreduce each."""
         request, self._request = self._request, False
         if request and not self.broken:
             request.Free()
+        board, self.board = self.board, None
+        if board is not None:
+            board.freeable = board.freeable and not self.broken
+            board.close()
 
     def all_ok(self, ok: bool, step: Call) -> bool:
         """True on every PE when `ok` was True on every PE (a step of its own)."""
@@ -458,11 +495,15 @@ class Agreement:
     def wait(self, request: MPI.Request, what) -> None:
         """Complete an MPI request of this heap, or break the heap and raise
         PeerTimeoutError at the deadline (`what`: as for wait())."""
-        if request.Test():
+        self.wait_until(request.Test, what)
+
+    def wait_until(self, ready, what) -> None:
+        """wait() for `ready()` to be True."""
+        if ready():
             return
         try:
-            wait(request, self.timeout, what, self.my_pe,
-                 _UNUSABLE if self.initialized else "init failed; no heap was made")
+            wait_until(ready, self.timeout, what, self.my_pe,
+                       _UNUSABLE if self.initialized else "init failed; no heap was made")
         except PeerTimeoutError:
             what = what() if callable(what) else what
             self.mark_broken(f"{what} timed out after {self.timeout:g} s")

@@ -51,7 +51,8 @@ class SymmetricHeap:
 
     def __init__(self, comm: MPI.Comm | None = None, heap_size: int | str | None = None,
                  backend=None, *, timeout: float | None = None, node_split: int | None = None,
-                 va_factor: int | None = None, thread_level: int | None = None):
+                 va_factor: int | None = None, thread_level: int | None = None,
+                 agreement: str | None = None):
         if setting("SHMEMVM_DEBUG") not in ("", "0"):
             log.setLevel(logging.DEBUG)
         self.thread_level = thread_levels.provide(thread_level)
@@ -69,12 +70,13 @@ class SymmetricHeap:
         self._heap_bases: torch.Tensor | None = None   # heap_bases(), made once
         self._teams = teams.TeamRegistry()  # its teams, destroyed at finalize (teams.py)
         try:
-            self._setup(comm, heap_size, backend, timeout, node_split, va_factor)
+            self._setup(comm, heap_size, backend, timeout, node_split, va_factor, agreement)
         except BaseException:
             self._teardown()
             raise
 
-    def _setup(self, comm, heap_size, backend, timeout, node_split, va_factor) -> None:
+    def _setup(self, comm, heap_size, backend, timeout, node_split, va_factor,
+               agreement) -> None:
         """Every step waits with the deadline, and a PE that fails locally (bad
         settings, no memory) still takes part until the init agreement, where
         every PE raises: that error where every PE has it, else SymmetryError."""
@@ -87,6 +89,10 @@ class SymmetricHeap:
             split = _node_split(node_split)
         except ValueError as exc:
             call.error, split = call.error or exc, None
+        try:
+            transport = _agreement_transport(agreement)
+        except ValueError as exc:
+            call.error, transport = call.error or exc, "mpi"
         self.comm = duplicate(comm if comm is not None else MPI.COMM_WORLD, self.timeout)
         self.my_pe = self.comm.Get_rank()
         self.n_pes = self.comm.Get_size()
@@ -105,10 +111,11 @@ class SymmetricHeap:
                 self.completion = CompletionTracker(self.backend, current_stream=True)
                 _note_rounding(heap_size, self.local, self.my_pe)
                 call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
-                             self.backend.name, self.local.chunk)
+                             (self.backend.name, transport), self.local.chunk)
                 call.text = (f"init(heap_size={self.local.heap_size}, backend="
                              f"{self.backend.name}, granularity={self.backend.granularity}, "
-                             f"va_size={self.local.va_size}, chunk={self.local.chunk})")
+                             f"va_size={self.local.va_size}, chunk={self.local.chunk}, "
+                             f"SHMEMVM_AGREEMENT={transport})")
                 self.channel = FdChannel(f"pe{self.my_pe}")
             except Exception as exc:
                 call.error = exc
@@ -124,10 +131,25 @@ class SymmetricHeap:
             self.peers = PeerTable(self.backend, self.local.va_size, sorted(self._peer_pids))
         except Exception as exc:  # no address space: the others must not wait in the window
             failure = exc
-        if not self.agreement.all_ok(failure is None, call.step(Phase.INIT_PEERS,
-                                                                "reserving the peers' windows")):
+        # Every PE on this node: the agreement's steps can go through shared
+        # memory instead of MPI (board.py). Every PE decides alike (the same
+        # PEs, the same setting: compared at init), so all or none make one.
+        board = None
+        if transport == "auto" and 1 < self.n_pes == len(self.node_pes):
+            try:
+                board = self.agreement.make_board()
+            except Exception as exc:  # noqa: BLE001 - agreed on below
+                failure = failure or exc
+        if not self.agreement.all_ok(failure is None, call.step(
+                Phase.INIT_PEERS, "reserving the peers' windows and the agreement's board")):
+            if board is not None:
+                board.close()   # not freed: some PE may have none (left to MPI_Finalize)
             raise ShmemError(f"init failed: a PE could not reserve address space for its "
-                             f"peers' heaps ({failure or 'see the other PEs'})") from failure
+                             f"peers' heaps or make the agreement's board in shared memory "
+                             f"({failure or 'see the other PEs'}; SHMEMVM_AGREEMENT=mpi "
+                             f"does without the board)") from failure
+        if board is not None:
+            self.agreement.use_board(board)
         self.exchange = Exchange(self.channel, self.my_pe, self._peer_paths, self._peer_pids,
                                  self.timeout)
         self.local.release_listeners.append(self.peers.drop)
@@ -1253,6 +1275,17 @@ def _note_rounding(heap_size, local: VMemPow2Allocator, pe: int) -> None:
                  "backend's granularity %d", local.requested_size, heap_size
                  if heap_size is not None else setting("SHMEMVM_HEAP_SIZE"), local.heap_size,
                  backend.name, backend.granularity)
+
+
+def _agreement_transport(value) -> str:
+    """SHMEMVM_AGREEMENT (or agreement=): auto (shared memory where every PE is
+    on one node) or mpi."""
+    raw = setting("SHMEMVM_AGREEMENT", value)
+    text = raw.strip().lower() if isinstance(raw, str) else raw
+    if text not in ("auto", "mpi"):
+        raise ValueError(f"SHMEMVM_AGREEMENT (the agreement= argument) must be 'auto' or "
+                         f"'mpi', got {raw!r}")
+    return text
 
 
 def _node_split(value) -> int | None:

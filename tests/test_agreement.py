@@ -166,8 +166,18 @@ def test_offsets_dead_on_every_pe_are_released_before_the_error():
         comm.Free()
 
 
+@pytest.fixture
+def mpi_heap():
+    """A heap whose steps go through MPI (SHMEMVM_AGREEMENT=mpi), not the board."""
+    h = SymmetricHeap(world, "16M", agreement="mpi", **HEAP_OPTIONS)
+    yield h
+    h.finalize()
+
+
 @pytest.mark.mpi(min_size=2)
-def test_steps_agree_alike_with_a_new_iallreduce_each_and_after_an_interrupted_wait(heap):
+def test_steps_agree_alike_with_a_new_iallreduce_each_and_after_an_interrupted_wait(mpi_heap):
+    heap = mpi_heap
+    assert heap.agreement.board is None
     me = heap.my_pe
     x = heap.malloc(64)
     heap.free(x)

@@ -1,0 +1,216 @@
+"""The agreement's board (board.py): where every PE is on one node, steps go
+through shared memory and must decide exactly what the MPI allreduce did.
+Run under mpirun -n 2 and 4 (the suite runs 1, 2 and 4; most need 2 PEs).
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import random
+import time
+import zlib
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from shmemvm import PeerTimeoutError, SymmetricHeap, SymmetryError
+from shmemvm.agreement import _SEQ
+from shmemvm.board import Board
+from util import open_fds
+
+pytestmark = pytest.mark.mpi
+
+world = MPI.COMM_WORLD
+OPTIONS = {"backend": "host", "timeout": 10}
+WORDS = 28
+
+
+def no_wait(ready):
+    while not ready():
+        pass
+
+
+@pytest.fixture
+def board():
+    b = Board(world, WORDS, _SEQ)
+    b.freeable = True
+    yield b
+    world.Barrier()
+    b.close()
+
+
+def vector(seq: int, fill: int = 7) -> array.array:
+    v = array.array("q", [fill] * WORDS)
+    v[_SEQ] = seq
+    return v
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_heap_on_one_node_agrees_through_the_board_unless_told_otherwise():
+    heap = SymmetricHeap(world, "16M", **OPTIONS)
+    try:
+        assert heap.agreement.board is not None
+        x = heap.malloc(100)
+        heap.free(x)
+    finally:
+        heap.finalize()
+    for kwargs in ({"agreement": "mpi"}, {"node_split": 1}):
+        heap = SymmetricHeap(world, "16M", **OPTIONS, **kwargs)
+        try:
+            assert heap.agreement.board is None   # MPI: told so, or not one node
+            heap.free(heap.malloc(100))
+        finally:
+            heap.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_board_reduces_as_mpi_allreduce_max_does(board):
+    """Random vectors, mostly alike (the common case), sometimes with other
+    flags or other words: the board's MAX is MPI's, word for word."""
+    rng = random.Random(1234)
+    for seq in range(1, 400):
+        base = [rng.randrange(-2**62, 2**62) for _ in range(WORDS)]
+        send = array.array("q", base)
+        send[_SEQ] = seq
+        kind = rng.random()
+        if kind < 0.3:                       # flags differ
+            send[-1] = -1 if rng.random() < 0.5 else 0
+            send[-2] = -1 if rng.random() < 0.5 else 0
+        elif kind < 0.4:                     # the PEs differ in a word
+            send[rng.randrange(_SEQ)] += world.rank
+        expected = array.array("q", bytes(8 * WORDS))
+        world.Allreduce(send, expected, MPI.MAX)
+        assert board.allreduce_max(send, seq, no_wait) == expected, seq
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_slot_is_read_only_when_written_whole(board):
+    """A reader takes a slot only when its step word, the step inside the
+    vector and the check word all say step s: a slot seen half written (any
+    order of stores) or still holding the step before is read again."""
+    seq = 5
+    slot = board._theirs[seq & 1][0]          # on PE 1: PE 0's slot
+    world.Barrier()
+    if world.rank == 0:
+        step, start, end, check = board._mine[seq & 1]
+        data = vector(seq).tobytes()
+        words, raw = board._words, board._bytes
+        raw[start:end] = data
+        words[step] = seq                     # step word first, check word not yet
+        world.Barrier()
+        world.Barrier()
+        words[check] = zlib.crc32(data)       # now whole
+        world.Barrier()
+        world.Barrier()
+        stale = vector(seq - 2).tobytes()     # an older step's vector, step word new
+        raw[start:end] = stale
+        words[check] = zlib.crc32(stale)
+        world.Barrier()
+        world.Barrier()
+    else:
+        world.Barrier()
+        if world.rank == 1:
+            assert board._read(slot, seq) is None
+        world.Barrier()
+        world.Barrier()
+        if world.rank == 1:
+            assert board._read(slot, seq) == vector(seq).tobytes()
+        world.Barrier()
+        world.Barrier()
+        if world.rank == 1:
+            assert board._read(slot, seq) is None
+        world.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mismatched_calls_raise_symmetry_error_everywhere_through_the_board():
+    heap = SymmetricHeap(world, "16M", **OPTIONS)
+    try:
+        assert heap.agreement.board is not None
+        with pytest.raises(SymmetryError, match=r"malloc\(64\).*malloc\(32\)|malloc\(32\).*malloc\(64\)"):
+            heap.malloc(64 if heap.my_pe == 0 else 32)
+        x = heap.malloc(16)           # nothing was done: the heap goes on
+        heap.free(x)
+    finally:
+        heap.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_interrupted_wait_on_the_board_is_finished_by_the_next_step():
+    heap = SymmetricHeap(world, "16M", **OPTIONS)
+    try:
+        agreement, real = heap.agreement, heap.agreement.wait_until
+        if heap.my_pe == 1:
+            def interrupted(ready, what):
+                agreement.wait_until = real
+                raise KeyboardInterrupt
+            agreement.wait_until = interrupted
+        else:
+            time.sleep(0.2)           # PE 1 finds the step not done and waits
+        interrupted_here = False
+        try:
+            heap.barrier_all()
+        except KeyboardInterrupt:
+            interrupted_here = True
+        assert interrupted_here == (heap.my_pe == 1)
+        for n in (64, 128, 256):      # later steps: the same on every PE
+            t = heap.zeros(n, torch.uint8)
+            heap.free(t)
+        assert agreement.broken is None
+    finally:
+        heap.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_pe_that_does_not_come_in_time_is_a_timeout_through_the_board():
+    """PE 0 gives up on a barrier that the others join only after the
+    deadline; nobody hangs: PE 0 raises PeerTimeoutError, and the others,
+    whose later finalize() PE 0 no longer joins, time out there."""
+    heap = SymmetricHeap(world, "16M", backend="host", timeout=1)
+    assert heap.agreement.board is not None
+    if heap.my_pe == 0:
+        start = time.monotonic()
+        with pytest.raises(PeerTimeoutError, match=r"not every PE joined barrier_all"):
+            heap.barrier_all()
+        assert time.monotonic() - start < 5
+        world.Barrier()
+        heap.finalize()                 # broken: releases this PE's memory alone
+    else:
+        world.Barrier()                 # after PE 0 gave up
+        with pytest.raises(PeerTimeoutError):
+            heap.barrier_all()          # completes with PE 0's old slot, or times out
+            heap.finalize()
+        heap.finalize()
+    world.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_different_agreement_settings_are_an_init_error_on_every_pe():
+    with pytest.raises(SymmetryError, match="SHMEMVM_AGREEMENT"):
+        SymmetricHeap(world, "16M", agreement="mpi" if world.rank == 0 else "auto", **OPTIONS)
+    world.Barrier()
+
+
+def test_a_bad_agreement_setting_is_refused():
+    with pytest.raises(ValueError, match="SHMEMVM_AGREEMENT.*'auto' or 'mpi'"):
+        SymmetricHeap(MPI.COMM_SELF, "16M", agreement="shm", **OPTIONS)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_heaps_with_boards_leave_no_descriptor_or_shared_file():
+    def shm_files():
+        return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    SymmetricHeap(world, "16M", **OPTIONS).finalize()   # MPI's own one-off state
+    world.Barrier()
+    fds, files = open_fds(), shm_files()
+    for _ in range(5):
+        heap = SymmetricHeap(world, "16M", **OPTIONS)
+        heap.free(heap.malloc(64))
+        heap.finalize()
+    world.Barrier()
+    assert open_fds() == fds
+    if world.rank == 0:
+        assert shm_files() <= files
+    world.Barrier()
