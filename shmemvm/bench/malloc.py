@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from ..heap import SymmetricHeap
 from .common import Bench, KiB, MiB, format_size, loop_time
 
 BARRIER = "MPI.Barrier"
@@ -24,6 +25,7 @@ RAW_CYCLE = "backend create+map+set_access+unmap+release"
 def run(bench: Bench) -> None:
     quick = bench.options.quick
     cached(bench, [1 * KiB, 1 * MiB], 200 if quick else 2000)
+    agreement_transports(bench, 1 * KiB, 200 if quick else 2000)
     fresh(bench, [1 * MiB] if quick else [64 * KiB, 1 * MiB, 64 * MiB], 20 if quick else 200)
 
 
@@ -33,10 +35,11 @@ def barrier_time(bench: Bench, iterations: int) -> float:
 
 
 def malloc_free_time(bench: Bench, size: int, iterations: int,
-                     trim: bool = False) -> tuple[float, float]:
+                     trim: bool = False, heap=None) -> tuple[float, float]:
     """Mean seconds per collective malloc and per free (+trim) of `size`, on the
-    slowest PE, over `iterations` calls started together."""
-    heap, perf = bench.heap, time.perf_counter
+    slowest PE, over `iterations` calls started together (on `heap`, default
+    the benchmark's)."""
+    heap, perf = heap or bench.heap, time.perf_counter
     bench.comm.Barrier()
     t_malloc = t_free = 0.0
     for _ in range(iterations):
@@ -68,6 +71,32 @@ def cached(bench: Bench, sizes: list[int], iterations: int) -> None:
         params = {"bytes": size, "kind": "cached"}
         bench.record("malloc.latency", params, bench.summary(malloc) * 1e6, "us", BARRIER, b_us)
         bench.record("free.latency", params, bench.summary(free) * 1e6, "us", BARRIER, b_us)
+
+
+def agreement_transports(bench: Bench, size: int, iterations: int) -> None:
+    """The cached malloc of this heap, whose steps go through shared memory
+    where every PE is on one node (board.py), against a heap of the same
+    size whose steps are MPI allreduces (SHMEMVM_AGREEMENT=mpi), interleaved."""
+    heap = bench.heap
+    if heap.agreement.board is None:
+        return   # not one node, or SHMEMVM_AGREEMENT=mpi: nothing to compare
+    other = SymmetricHeap(bench.comm, heap.local.heap_size, heap.backend.name,
+                          timeout=heap.timeout, agreement="mpi")
+    try:
+        bench.progress("malloc, cached %s: shared-memory agreement against MPI (%d calls x %d)",
+                       format_size(size), iterations, bench.options.repeat)
+        for h in (heap, other):
+            h.free(h.malloc(size))  # now cached
+        board, mpi = [], []
+        for _ in range(bench.options.repeat):
+            board.append(malloc_free_time(bench, size, iterations)[0])
+            mpi.append(malloc_free_time(bench, size, iterations, heap=other)[0])
+        bench.record("malloc.latency", {"bytes": size, "kind": "cached",
+                                        "agreement": "shared memory (board)"},
+                     bench.summary(board) * 1e6, "us", "the same, agreement=mpi",
+                     bench.summary(mpi) * 1e6)
+    finally:
+        other.finalize()
 
 
 def fresh(bench: Bench, sizes: list[int], iterations: int) -> None:
