@@ -321,6 +321,15 @@ def wait_until(ready, timeout: float, what, my_pe: int, after: str = _UNUSABLE) 
                 time.sleep(0.0002)
 
 
+def persistent_collectives() -> bool:
+    """Whether this MPI has persistent collectives (MPI 4.0: MPI_Allreduce_init),
+    which the agreement restarts every step. Without them each step is a new
+    MPI_Iallreduce, and on one node the board (board.py) is faster: 3.8-4.9
+    against 5.0-7.7 us a step with Open MPI 4.1 on the H200 host; with MPICH
+    5's persistent allreduce the two are even (docs/performance.md)."""
+    return MPI.Get_version() >= (4, 0)
+
+
 def duplicate(comm: MPI.Comm, timeout: float) -> MPI.Comm:
     """A duplicate of `comm` (MPI_Comm_idup), or PeerTimeoutError when not every
     PE joins within `timeout`: a PE that starts late or never must not hold the

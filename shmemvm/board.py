@@ -28,8 +28,10 @@ import zlib
 from mpi4py import MPI
 
 _WORD = 8
-#: polls of a slot between two calls that let MPI make progress (_Poll)
-_PROGRESS_EVERY = 16
+#: a wait lets MPI make progress (_Poll) every _PROGRESS_EVERY polls once it
+#: has polled _QUIET_POLLS times (~100 us): not in the common short wait, where
+#: an MPI call per few polls made a cached malloc slower than MPI's allreduce
+_QUIET_POLLS, _PROGRESS_EVERY = 512, 16
 
 
 class Board:
@@ -152,7 +154,7 @@ class _Poll:
         self.value = self.board._read(self.slot, self.seq)
         if self.value is not None:
             return True
-        self.polls += 1
-        if self.polls % _PROGRESS_EVERY == 0:
+        self.polls = polls = self.polls + 1
+        if polls > _QUIET_POLLS and polls % _PROGRESS_EVERY == 0:
             self.board._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
         return False

@@ -26,9 +26,10 @@ SETTINGS = {
                               "off-node put/get) before raising (finite, > 0)"),
     "SHMEMVM_DEVICE": ("", "GPU index for this PE (default: node-local rank modulo GPU count)"),
     "SHMEMVM_NODE_SPLIT": ("", "force a node split on one machine: N = PEs per simulated node"),
-    "SHMEMVM_AGREEMENT": ("auto", "how collective calls agree: auto (through memory the PEs "
-                                   "share where every PE is on one node, else MPI) or mpi "
-                                   "(an MPI allreduce every step)"),
+    "SHMEMVM_AGREEMENT": ("auto", "how collective calls agree: board (through memory the PEs "
+                                   "share, where every PE is on one node), mpi (an MPI "
+                                   "allreduce every step), or auto (board where MPI has no "
+                                   "persistent collectives, i.e. before MPI 4.0, else mpi)"),
     "SHMEMVM_DEBUG": ("0", "1 = log every collective and mapping at DEBUG level"),
 }
 

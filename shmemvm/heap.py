@@ -28,7 +28,8 @@ import torch
 from mpi4py import MPI
 
 from . import atomics, collectives, locks, profile, strided, sync, teams, thread_levels
-from .agreement import DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate, parse_timeout
+from .agreement import (DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate,
+                        parse_timeout, persistent_collectives)
 from .allocator import Block, Segment
 from .completion import CompletionTracker
 from .config import setting
@@ -133,9 +134,11 @@ class SymmetricHeap:
             failure = exc
         # Every PE on this node: the agreement's steps can go through shared
         # memory instead of MPI (board.py). Every PE decides alike (the same
-        # PEs, the same setting: compared at init), so all or none make one.
+        # PEs, the same setting: compared at init, the same MPI), so all or
+        # none make one.
         board = None
-        if transport == "auto" and 1 < self.n_pes == len(self.node_pes):
+        if 1 < self.n_pes == len(self.node_pes) and (
+                transport == "board" or (transport == "auto" and not persistent_collectives())):
             try:
                 board = self.agreement.make_board()
             except Exception as exc:  # noqa: BLE001 - agreed on below
@@ -1278,13 +1281,12 @@ def _note_rounding(heap_size, local: VMemPow2Allocator, pe: int) -> None:
 
 
 def _agreement_transport(value) -> str:
-    """SHMEMVM_AGREEMENT (or agreement=): auto (shared memory where every PE is
-    on one node) or mpi."""
+    """SHMEMVM_AGREEMENT (or agreement=): auto, board or mpi (config.py)."""
     raw = setting("SHMEMVM_AGREEMENT", value)
     text = raw.strip().lower() if isinstance(raw, str) else raw
-    if text not in ("auto", "mpi"):
-        raise ValueError(f"SHMEMVM_AGREEMENT (the agreement= argument) must be 'auto' or "
-                         f"'mpi', got {raw!r}")
+    if text not in ("auto", "board", "mpi"):
+        raise ValueError(f"SHMEMVM_AGREEMENT (the agreement= argument) must be 'auto', "
+                         f"'board' or 'mpi', got {raw!r}")
     return text
 
 

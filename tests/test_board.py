@@ -16,14 +16,14 @@ import torch
 from mpi4py import MPI
 
 from shmemvm import PeerTimeoutError, SymmetricHeap, SymmetryError
-from shmemvm.agreement import _SEQ
+from shmemvm.agreement import _SEQ, persistent_collectives
 from shmemvm.board import Board
 from util import open_fds
 
 pytestmark = pytest.mark.mpi
 
 world = MPI.COMM_WORLD
-OPTIONS = {"backend": "host", "timeout": 10}
+OPTIONS = {"backend": "host", "timeout": 10, "agreement": "board"}
 WORDS = 28
 
 
@@ -48,18 +48,14 @@ def vector(seq: int, fill: int = 7) -> array.array:
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_heap_on_one_node_agrees_through_the_board_unless_told_otherwise():
-    heap = SymmetricHeap(world, "16M", **OPTIONS)
-    try:
-        assert heap.agreement.board is not None
-        x = heap.malloc(100)
-        heap.free(x)
-    finally:
-        heap.finalize()
-    for kwargs in ({"agreement": "mpi"}, {"node_split": 1}):
-        heap = SymmetricHeap(world, "16M", **OPTIONS, **kwargs)
+@pytest.mark.parametrize("setting, on_one_node", [
+    ("board", True), ("mpi", False), ("auto", not persistent_collectives())])
+def test_the_setting_chooses_the_board_where_every_pe_is_on_one_node(setting, on_one_node):
+    for node_split, expected in ((None, on_one_node), (1, False)):   # node_split=1: not one node
+        heap = SymmetricHeap(world, "16M", backend="host", timeout=10, agreement=setting,
+                             node_split=node_split)
         try:
-            assert heap.agreement.board is None   # MPI: told so, or not one node
+            assert (heap.agreement.board is not None) == expected
             heap.free(heap.malloc(100))
         finally:
             heap.finalize()
@@ -168,7 +164,7 @@ def test_a_pe_that_does_not_come_in_time_is_a_timeout_through_the_board():
     """PE 0 gives up on a barrier that the others join only after the
     deadline; nobody hangs: PE 0 raises PeerTimeoutError, and the others,
     whose later finalize() PE 0 no longer joins, time out there."""
-    heap = SymmetricHeap(world, "16M", backend="host", timeout=1)
+    heap = SymmetricHeap(world, "16M", backend="host", timeout=1, agreement="board")
     assert heap.agreement.board is not None
     if heap.my_pe == 0:
         start = time.monotonic()
@@ -188,14 +184,15 @@ def test_a_pe_that_does_not_come_in_time_is_a_timeout_through_the_board():
 
 @pytest.mark.mpi(min_size=2)
 def test_different_agreement_settings_are_an_init_error_on_every_pe():
+    options = dict(OPTIONS, agreement="mpi" if world.rank == 0 else "board")
     with pytest.raises(SymmetryError, match="SHMEMVM_AGREEMENT"):
-        SymmetricHeap(world, "16M", agreement="mpi" if world.rank == 0 else "auto", **OPTIONS)
+        SymmetricHeap(world, "16M", **options)
     world.Barrier()
 
 
 def test_a_bad_agreement_setting_is_refused():
-    with pytest.raises(ValueError, match="SHMEMVM_AGREEMENT.*'auto' or 'mpi'"):
-        SymmetricHeap(MPI.COMM_SELF, "16M", agreement="shm", **OPTIONS)
+    with pytest.raises(ValueError, match="SHMEMVM_AGREEMENT.*'auto', 'board' or 'mpi'"):
+        SymmetricHeap(MPI.COMM_SELF, "16M", **dict(OPTIONS, agreement="shm"))
 
 
 @pytest.mark.mpi(min_size=2)
