@@ -74,29 +74,38 @@ def cached(bench: Bench, sizes: list[int], iterations: int) -> None:
 
 
 def agreement_transports(bench: Bench, size: int, iterations: int) -> None:
-    """The cached malloc of this heap, whose steps go through shared memory
-    where every PE is on one node (board.py), against a heap of the same
-    size whose steps are MPI allreduces (SHMEMVM_AGREEMENT=mpi), interleaved."""
+    """A cached malloc, and sync_all (one agreement step), on a heap whose steps
+    go through shared memory (board.py) against one whose steps are MPI
+    allreduces, interleaved; where every PE is on one node."""
     heap = bench.heap
-    if heap.agreement.board is None:
-        return   # not one node, or SHMEMVM_AGREEMENT=mpi: nothing to compare
-    other = SymmetricHeap(bench.comm, heap.local.heap_size, heap.backend.name,
-                          timeout=heap.timeout, agreement="mpi")
+    if heap.n_pes < 2 or len(heap.node_pes) != heap.n_pes:
+        return   # no board possible
+    heaps = [SymmetricHeap(bench.comm, heap.local.heap_size, heap.backend.name,
+                           timeout=heap.timeout, agreement=kind) for kind in ("board", "mpi")]
     try:
         bench.progress("malloc, cached %s: shared-memory agreement against MPI (%d calls x %d)",
                        format_size(size), iterations, bench.options.repeat)
-        for h in (heap, other):
+        for h in heaps:
             h.free(h.malloc(size))  # now cached
-        board, mpi = [], []
+        malloc = {h: [] for h in heaps}
+        sync = {h: [] for h in heaps}
         for _ in range(bench.options.repeat):
-            board.append(malloc_free_time(bench, size, iterations)[0])
-            mpi.append(malloc_free_time(bench, size, iterations, heap=other)[0])
+            for h in heaps:
+                malloc[h].append(malloc_free_time(bench, size, iterations, heap=h)[0])
+                # sync_all: one agreement step and nothing else (host memory has no queue)
+                bench.comm.Barrier()
+                sync[h].append(bench.max_over_pes(loop_time(h.sync_all, iterations)))
+        board, mpi = heaps
         bench.record("malloc.latency", {"bytes": size, "kind": "cached",
-                                        "agreement": "shared memory (board)"},
-                     bench.summary(board) * 1e6, "us", "the same, agreement=mpi",
-                     bench.summary(mpi) * 1e6)
+                                        "agreement": "board (shared memory)"},
+                     bench.summary(malloc[board]) * 1e6, "us", "the same, agreement=mpi",
+                     bench.summary(malloc[mpi]) * 1e6)
+        bench.record("sync_all.latency", {"agreement": "board (shared memory)"},
+                     bench.summary(sync[board]) * 1e6, "us", "the same, agreement=mpi",
+                     bench.summary(sync[mpi]) * 1e6)
     finally:
-        other.finalize()
+        for h in heaps:
+            h.finalize()
 
 
 def fresh(bench: Bench, sizes: list[int], iterations: int) -> None:
