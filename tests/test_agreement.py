@@ -7,7 +7,6 @@ encoding tests run in one process.
 from __future__ import annotations
 
 import re
-import time
 import zlib
 
 import pytest
@@ -20,6 +19,7 @@ from mpi4py import MPI
 import shmemvm
 from shmemvm import SymmetricHeap, SymmetryError
 from shmemvm.agreement import N_ARGS, Agreement, Call, Phase, _encode
+from util import barrier_interrupted_on_pe_1
 
 world = MPI.COMM_WORLD
 
@@ -184,20 +184,7 @@ def test_steps_agree_alike_with_a_new_iallreduce_each_and_after_an_interrupted_w
     # a persistent allreduce where MPI has them (MPI 4.0: MPICH 4, Open MPI 5)
     assert heap.agreement._request is False or isinstance(heap.agreement._request, MPI.Prequest)
     # an interrupted wait (KeyboardInterrupt): the next step waits for that step first
-    agreement, real_wait = heap.agreement, heap.agreement.wait
-    if me == 1:
-        def interrupted(request, what):
-            agreement.wait = real_wait
-            raise KeyboardInterrupt
-        agreement.wait = interrupted
-    else:
-        time.sleep(0.2)  # PE 1 finds the step not done and waits
-    interrupted_here = False
-    try:
-        heap.barrier_all()
-    except KeyboardInterrupt:
-        interrupted_here = True
-    assert interrupted_here == (me == 1)
+    barrier_interrupted_on_pe_1(heap)
     heap.barrier_all()
     y = heap.malloc(128)
     assert heap.agreement.broken is None

@@ -18,7 +18,7 @@ from mpi4py import MPI
 from shmemvm import PeerTimeoutError, SymmetricHeap, SymmetryError
 from shmemvm.agreement import _SEQ, persistent_collectives
 from shmemvm.board import Board
-from util import open_fds
+from util import barrier_interrupted_on_pe_1, open_fds
 
 pytestmark = pytest.mark.mpi
 
@@ -137,24 +137,11 @@ def test_mismatched_calls_raise_symmetry_error_everywhere_through_the_board():
 def test_an_interrupted_wait_on_the_board_is_finished_by_the_next_step():
     heap = SymmetricHeap(world, "16M", **OPTIONS)
     try:
-        agreement, real = heap.agreement, heap.agreement.wait_until
-        if heap.my_pe == 1:
-            def interrupted(ready, what):
-                agreement.wait_until = real
-                raise KeyboardInterrupt
-            agreement.wait_until = interrupted
-        else:
-            time.sleep(0.2)           # PE 1 finds the step not done and waits
-        interrupted_here = False
-        try:
-            heap.barrier_all()
-        except KeyboardInterrupt:
-            interrupted_here = True
-        assert interrupted_here == (heap.my_pe == 1)
+        barrier_interrupted_on_pe_1(heap)
         for n in (64, 128, 256):      # later steps: the same on every PE
             t = heap.zeros(n, torch.uint8)
             heap.free(t)
-        assert agreement.broken is None
+        assert heap.agreement.broken is None
     finally:
         heap.finalize()
 

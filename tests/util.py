@@ -5,6 +5,7 @@ import gc
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,23 @@ def run_jobs(root: Path, jobs: dict, limit: float, n_pes: int) -> dict:
                 os.killpg(job.pid, 9)
                 job.wait()
             log.close()
+
+
+def barrier_interrupted_on_pe_1(heap) -> None:
+    """heap.barrier_all() whose wait for the other PEs is interrupted on PE 1
+    (KeyboardInterrupt, as Ctrl-C would) after PE 0 is late for it; checks that
+    only PE 1 saw the interrupt. The next steps must still agree everywhere."""
+    agreement, real = heap.agreement, heap.agreement.wait_until
+    if heap.my_pe == 1:
+        def interrupted(ready, what):
+            agreement.wait_until = real
+            raise KeyboardInterrupt
+        agreement.wait_until = interrupted
+    else:
+        time.sleep(0.2)  # PE 1 finds the step not done and waits
+    interrupted_here = False
+    try:
+        heap.barrier_all()
+    except KeyboardInterrupt:
+        interrupted_here = True
+    assert interrupted_here == (heap.my_pe == 1)
