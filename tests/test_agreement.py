@@ -199,6 +199,25 @@ def test_steps_agree_alike_with_a_new_iallreduce_each_and_after_an_interrupted_w
     heap.barrier_all()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_an_interrupted_iallreduce_keeps_its_buffers_until_it_has_completed(mpi_heap):
+    """Without persistent collectives (MPI before 4.0, e.g. Open MPI 4.1) every
+    step is a new Iallreduce on buffers of its own. An interrupted wait leaves
+    it in flight, and MPI writes its result later: its buffers must live until
+    then (they went with the step's frame, and Open MPI 4.1 crashed in a later
+    step), and the next step waits for it first."""
+    heap = mpi_heap
+    heap.agreement.close()            # from here on, a new Iallreduce every step
+    barrier_interrupted_on_pe_1(heap)
+    if heap.my_pe == 1:
+        request, buffers = heap.agreement._interrupted
+        assert isinstance(request, MPI.Request) and len(buffers) == 2
+    for n in (64, 128, 4096):         # later steps: the same on every PE
+        heap.free(heap.malloc(n))
+    assert heap.agreement._interrupted is None
+    assert heap.agreement.broken is None
+
+
 # -- property: different call sequences ------------------------------------------------------
 SIZES = st.sampled_from([0, 1, 64, 100, 4096, 65536, 1 << 20])
 DTYPES = st.sampled_from([torch.uint8, torch.int32, torch.float32, torch.float64])
