@@ -367,7 +367,9 @@ class Agreement:
         self._send = array.array("q", _ZEROS)
         self._recv = array.array("q", _ZEROS)
         self._request: MPI.Prequest | bool | None = None
-        self._interrupted: MPI.Prequest | None = None   # see collective()
+        #: a step whose wait was interrupted: its persistent request, or a new
+        #: Iallreduce and its (send, receive) buffers (see collective())
+        self._interrupted: MPI.Prequest | tuple | None = None
         #: where every PE of `comm` shares memory, the heap gives the agreement a
         #: Board (board.py) once every PE has one: steps then go through it, not MPI
         self.board: Board | None = None
@@ -410,6 +412,8 @@ class Agreement:
             request = self._request
             if request is None:
                 request = self._request = self._persistent_request()
+            elif request is False and self._interrupted is not None:
+                self._finish_interrupted()
             if request is False:
                 send, recv = call.vector(), array.array("q", _ZEROS)
             else:
@@ -433,11 +437,14 @@ class Agreement:
             try:
                 self.wait(request, lambda: self.describe(call))
             except BaseException:
+                # Still on (a timeout, or KeyboardInterrupt in the wait): the next
+                # step, if any, waits for it first. A persistent request cannot be
+                # restarted until then; a new Iallreduce's buffers must live until
+                # MPI has written into them.
                 if request is self._request:
-                    # Still on (a timeout, or KeyboardInterrupt in the wait), so it
-                    # cannot be restarted: the next step, if any, waits for it first,
-                    # as a new Iallreduce would have left it to complete meanwhile.
                     self._request, self._interrupted = None, request
+                else:
+                    self._interrupted = (request, (send, recv))
                 raise
         return self._outcome(call, send, recv, dead)
 
@@ -461,6 +468,14 @@ class Agreement:
             log.debug("PE %d: step #%d %s", self.my_pe, self.seq, self.describe(call))
         return outcome
 
+    def _finish_interrupted(self) -> None:
+        """Wait for the step whose wait was interrupted (the persistent request,
+        or a new Iallreduce with its buffers), then let it go."""
+        interrupted = self._interrupted
+        request = interrupted if isinstance(interrupted, MPI.Request) else interrupted[0]
+        self.wait(request, f"the step #{self.seq - 1} (interrupted) before this one")
+        self._interrupted = None
+
     def make_board(self) -> Board:
         """A board for this agreement's steps (collective over `comm`, whose
         PEs must share memory); use_board() once every PE has one."""
@@ -477,8 +492,7 @@ class Agreement:
         After an interrupted step, that step's request once it is complete."""
         interrupted = self._interrupted
         if interrupted is not None:
-            self.wait(interrupted, f"the step #{self.seq - 1} (interrupted) before this one")
-            self._interrupted = None
+            self._finish_interrupted()
             return interrupted
         try:
             return self.comm.Allreduce_init(self._send, self._recv, _MAX)
