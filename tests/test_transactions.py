@@ -130,3 +130,36 @@ def test_a_step_failing_on_one_pe_is_undone_on_every_pe(step):
     finally:
         gc.collect()
         heap.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_trim_failing_on_one_pe_raises_on_every_pe_and_the_heap_goes_on():
+    """trim() unmaps the cached segments on every PE. Where an unmap fails on
+    one PE only, every PE raises (not that PE alone, leaving the others in the
+    next call), every segment is still tried, and the heap keeps working."""
+    heap = SymmetricHeap(world, heap_size=16 * G, backend="host", timeout=20)
+    try:
+        exercise(heap, 1)
+        held = [heap.malloc(2 * G) for _ in range(4)]
+        for x in held:
+            heap.free(x)
+        del x, held
+        victim = heap.n_pes - 1
+        restore = fail_once(heap.backend, "unmap") if heap.my_pe == victim else (lambda: None)
+        try:
+            outcome = "ok"
+            try:
+                heap.trim()
+            except ShmemError as exc:
+                outcome = type(exc).__name__
+                assert heap.my_pe == victim or f"PE {victim}" in str(exc), str(exc)
+        finally:
+            restore()
+        assert world.allgather(outcome) == ["ShmemError"] * heap.n_pes
+        assert heap.local.stats()["segments"] == 0      # released everywhere, as agreed
+        assert_consistent(heap)
+        exercise(heap, 5)
+        assert_consistent(heap)
+    finally:
+        gc.collect()
+        heap.finalize()
