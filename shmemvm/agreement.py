@@ -86,6 +86,7 @@ class Phase(enum.IntEnum):
     ALLTOALL_COPIED = 112
     REDUCE_COMBINED = 113
     REDUCE_GATHERED = 114
+    TRIM_RELEASED = 115         # trim: every PE could unmap what it released
     COLLECT_SIZES = 120         # collect: every PE's number of elements
     COLLECT_COPIED = 121
     ALLTOALLS_COPIED = 122

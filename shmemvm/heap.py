@@ -1101,11 +1101,30 @@ class SymmetricHeap:
         Raises:
             SymmetryError: some PE is in another collective call.
             PeerTimeoutError: a PE did not arrive within the heap's timeout.
-            ShmemError: the heap is finalized.
+            ShmemError: the heap is finalized, or unmapping failed on some PE
+                (every PE raises it; the segments are released everywhere,
+                and the heap stays usable).
         """
         with self._lock:
-            self.agree(Call(Phase.TRIM, text="trim()"))
-            return self.local.trim()
+            call = Call(Phase.TRIM, text="trim()")
+            self.agree(call)
+            failure = None
+            try:
+                freed = self.local.trim()
+            except Exception as exc:  # noqa: BLE001 - an unmap here; every segment was tried
+                failure = exc
+            # The allocator released the same segments everywhere; only the unmapping
+            # can fail, on one PE alone: agreed on, so that every PE raises.
+            step = call.step(Phase.TRIM_RELEASED, "unmapping the cached memory")
+            if not self.agreement.all_ok(failure is None, step):
+                reports = self.agreement.allgather_bytes(
+                    Phase.TRIM_RELEASED, str(failure or "").encode()[:1024],
+                    f"{step.text} (reporting the failures)")
+                failed = "; ".join(f"PE {pe}: {report.decode(errors='replace')}"
+                                   for pe, report in enumerate(reports) if report)
+                raise ShmemError(f"trim() released the cached memory on every PE, but unmapping "
+                                 f"it failed ({failed}); the heap stays usable") from failure
+            return freed
 
     # -- atomics and signals (atomics.py): one-element int32/int64/uint64 views ------
     # Defined once, in atomics.py, taking the heap first: bound here as methods.

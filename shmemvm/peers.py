@@ -89,9 +89,16 @@ class PeerTable:
             self.backend.unmap(self.windows[pe] + piece.offset, piece.size)
 
     def drop(self, segment: Segment) -> None:
-        """The segment at this offset was released on every PE: unmap it everywhere."""
+        """The segment at this offset was released on every PE: unmap it everywhere.
+        Every peer's copy is tried (and forgotten); the first failure is raised after."""
+        failure = None
         for pe in self._imports:
-            self.unmap(pe, segment.offset)
+            try:
+                self.unmap(pe, segment.offset)
+            except Exception as exc:  # noqa: BLE001 - the other peers' copies still go
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def check(self, pe: int, segment: Segment) -> None:
         """Raise unless `segment` (offset and generation) is what is mapped for `pe`."""

@@ -750,25 +750,38 @@ class VMemPow2Allocator:
         self._unmapped.add(segment.offset)
 
     def _unback(self, segment: Segment) -> None:
+        """Unmap and release a segment the allocator released. Every part is
+        tried, and the segment is forgotten here whatever fails (the allocator
+        has moved on); the first failure is raised after. A mapping that could
+        not be removed is replaced when the offset is mapped again."""
+        failure = None
+
+        def attempt(step, *args):
+            nonlocal failure
+            try:
+                step(*args)
+            except Exception as exc:  # noqa: BLE001 - raised after the rest is done
+                failure = failure or exc
         for listener in self.release_listeners:
-            listener(segment)
+            attempt(listener, segment)
         imported = self._imported.pop(segment.offset, None)
         if imported is not None:
             self._storage_at.pop(imported.start, None)
             for va, size in imported.placed:
-                self.backend.unmap(va, size)
+                attempt(self.backend.unmap, va, size)
             for piece in imported.pieces:
-                self.backend.release(piece.handle)
+                attempt(self.backend.release, piece.handle)
             imported.owner = None              # its allocator may reuse the memory now
-            return
-        handle = self._handles.pop(segment.offset, None)
-        if handle is None:
-            return  # never backed (its creation failed)
-        if segment.offset in self._unmapped:   # created, never mapped (a failed step)
-            self._unmapped.discard(segment.offset)
         else:
-            self.backend.unmap(self.base + segment.offset, segment.size)
-        self.backend.release(handle)
+            handle = self._handles.pop(segment.offset, None)
+            if handle is not None:             # (None: never backed, its creation failed)
+                if segment.offset in self._unmapped:   # created, never mapped (a failed step)
+                    self._unmapped.discard(segment.offset)
+                else:
+                    attempt(self.backend.unmap, self.base + segment.offset, segment.size)
+                attempt(self.backend.release, handle)  # a mapping keeps its memory until unmapped
+        if failure is not None:
+            raise failure
 
     def _unback_released(self) -> list[Segment]:
         """Unmap what the allocator released; every segment is tried, the first
