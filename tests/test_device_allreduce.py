@@ -9,7 +9,6 @@ replay, speed) is tests/test_gpu_triton.py and benchmarks/bench_triton.py.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
 
@@ -30,12 +29,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        "only (tests/conftest.py sets TRITON_INTERPRET=1)")
 
 
-@pytest.fixture
-def heap():
-    h = SymmetricHeap(comm, heap_size="32M", backend="host", timeout=30)
-    yield h
-    gc.collect()
-    h.finalize()
+HEAP_OPTIONS = {"heap_size": "32M", "backend": "host"}   # the conftest heap fixture
 
 
 def _data(pe: int, count: int, dtype: torch.dtype, call: int = 0) -> torch.Tensor:
@@ -106,10 +100,8 @@ def test_auto_picks_two_shot_from_its_threshold_and_slices_work(heap):
         assert torch.equal(dst[:n], _expected(3000, torch.float32, "sum")[:n]), n
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(min_size=2)
 def test_different_calls_raise_symmetry_error_at_the_next_call_not_a_hang(heap):
-    if comm.size < 2:
-        pytest.skip("needs 2 PEs")
     reduce = DeviceAllReduce(heap, block=64, timeout=5)
     a, b = heap.zeros(64, torch.float32), heap.zeros(64, torch.float32)
     c = heap.zeros(64, torch.float32)
@@ -122,10 +114,8 @@ def test_different_calls_raise_symmetry_error_at_the_next_call_not_a_hang(heap):
     comm.Barrier()
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(min_size=2)
 def test_objects_made_differently_on_some_pe_raise_instead_of_hanging(heap):
-    if comm.size < 2:
-        pytest.skip("needs 2 PEs")
     with pytest.raises(SymmetryError):       # other programs: other pads, refused at once
         DeviceAllReduce(heap, block=64, programs=2 if heap.my_pe == 0 else 3)
     # another block size: the work is split differently, which the call words tell
@@ -137,10 +127,8 @@ def test_objects_made_differently_on_some_pe_raise_instead_of_hanging(heap):
     comm.Barrier()
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(min_size=2)
 def test_a_pe_that_never_calls_times_out_instead_of_hanging(heap):
-    if comm.size < 2:
-        pytest.skip("needs 2 PEs")
     reduce = DeviceAllReduce(heap, block=64, timeout=0.5)
     a, b = heap.zeros(64, torch.float32), heap.zeros(64, torch.float32)
     if heap.my_pe == 0:
