@@ -27,7 +27,6 @@ import torch
 from mpi4py import MPI
 
 import shmemvm.backends
-from shmemvm import SymmetricHeap
 
 pytestmark = [
     pytest.mark.gpu,
@@ -101,12 +100,13 @@ def test_with_expandable_segments_one_process_imports_without_a_copy():
 
 
 # -- the heap, one GPU per PE ------------------------------------------------------------------
+HEAP_OPTIONS = {"heap_size": "256M", "backend": "cuda", "timeout": 60}   # the conftest heap fixture
+
+
 @pytest.fixture
-def gpu_heap():
-    h = SymmetricHeap(WORLD, heap_size="256M", backend="cuda", timeout=60)
-    yield h
-    gc.collect()
-    h.finalize()
+def gpu_heap(heap):
+    """The conftest heap, on this PE's GPU."""
+    return heap
 
 
 def fresh(count: int, value: float, device) -> torch.Tensor:

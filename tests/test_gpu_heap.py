@@ -42,12 +42,13 @@ def device_used(index: int) -> int:
     return total - free
 
 
+HEAP_OPTIONS = {"heap_size": "512M", "backend": "cuda", "timeout": 60}   # the conftest heap fixture
+
+
 @pytest.fixture
-def gpu_heap():
-    h = SymmetricHeap(comm, heap_size="512M", backend="cuda", timeout=60)
-    yield h
-    gc.collect()
-    h.finalize()
+def gpu_heap(heap):
+    """The conftest heap, on this PE's GPU."""
+    return heap
 
 
 def test_each_pe_uses_its_node_local_gpu(gpu_heap):

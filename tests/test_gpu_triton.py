@@ -12,7 +12,6 @@ Skipped where there is no CUDA GPU, no cuda-bindings or no triton.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
 
@@ -21,7 +20,6 @@ import torch
 from mpi4py import MPI
 
 import shmemvm.backends
-from shmemvm import SymmetricHeap
 
 pytestmark = [
     pytest.mark.mpi,
@@ -39,12 +37,13 @@ from shmemvm import triton as sv  # noqa: E402
 comm = MPI.COMM_WORLD
 
 
+HEAP_OPTIONS = {"heap_size": "512M", "backend": "cuda", "timeout": 60}   # the conftest heap fixture
+
+
 @pytest.fixture
-def gpu_heap():
-    h = SymmetricHeap(comm, heap_size="512M", backend="cuda", timeout=60)
-    yield h
-    gc.collect()
-    h.finalize()
+def gpu_heap(heap):
+    """The conftest heap, on this PE's GPU."""
+    return heap
 
 
 @triton.jit

@@ -33,7 +33,7 @@ from shmemvm import triton as sv  # noqa: E402
 from shmemvm.backends.host import HostBackend  # noqa: E402
 
 comm = MPI.COMM_WORLD
-HEAP_OPTIONS = {"backend": "host"}   # the interpreter runs on the CPU
+HEAP_OPTIONS = {"heap_size": "16M", "backend": "host"}   # conftest's heap; interpreter on the CPU
 # conftest.py turns the interpreter on for host-backend runs (before triton is imported)
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="runs in Triton's interpreter: host-backend test runs "
@@ -123,14 +123,6 @@ def wait_bounded(sig, out, value, MAX: tl.constexpr):
 
 
 # -- fixtures ----------------------------------------------------------------------------
-@pytest.fixture
-def heap():
-    h = SymmetricHeap(comm, heap_size="16M", backend="host", timeout=30)
-    yield h
-    gc.collect()
-    h.finalize()
-
-
 class _NotForMPI(HostBackend):
     """Host memory that the heap does not hand to MPI, as it does not hand it
     device memory: the heap takes the device path for atomics, waits and
