@@ -30,6 +30,11 @@ SETTINGS = {
                                    "share, where every PE is on one node), mpi (an MPI "
                                    "allreduce every step), or auto (board where MPI has no "
                                    "persistent collectives, i.e. before MPI 4.0, else mpi)"),
+    "SHMEMVM_ANCHOR": ("auto", "device memory each PE keeps exported and mapped by the node's "
+                               "other PEs for the heap's life, outside the heap size, because "
+                               "the CUDA driver shares fresh memory 5-20x faster then (bytes, "
+                               "0 = none; auto: 512M on CUDA where the node has several PEs, "
+                               "else none)"),
     "SHMEMVM_DEBUG": ("0", "1 = log every collective and mapping at DEBUG level"),
 }
 

@@ -31,6 +31,7 @@ from . import atomics, collectives, locks, profile, strided, sync, teams, thread
 from .agreement import (DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate,
                         parse_timeout, persistent_collectives)
 from .allocator import Block, Segment
+from .anchor import Anchor, anchor_setting, anchor_size
 from .completion import CompletionTracker
 from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ResourceLimitError,
@@ -53,7 +54,7 @@ class SymmetricHeap:
     def __init__(self, comm: MPI.Comm | None = None, heap_size: int | str | None = None,
                  backend=None, *, timeout: float | None = None, node_split: int | None = None,
                  va_factor: int | None = None, thread_level: int | None = None,
-                 agreement: str | None = None):
+                 agreement: str | None = None, anchor: int | str | None = None):
         if setting("SHMEMVM_DEBUG") not in ("", "0"):
             log.setLevel(logging.DEBUG)
         self.thread_level = thread_levels.provide(thread_level)
@@ -67,17 +68,18 @@ class SymmetricHeap:
         self._hints: dict[int, int] = {}       # block offset -> malloc_with_hints' hints
         # Built one by one in _setup; _teardown releases whatever was built.
         self.comm = self.node = self.agreement = self.exchange = None
-        self.local = self.peers = self.channel = self.offnode = None
+        self.local = self.peers = self.channel = self.offnode = self.anchor = None
         self._heap_bases: torch.Tensor | None = None   # heap_bases(), made once
         self._teams = teams.TeamRegistry()  # its teams, destroyed at finalize (teams.py)
         try:
-            self._setup(comm, heap_size, backend, timeout, node_split, va_factor, agreement)
+            self._setup(comm, heap_size, backend, timeout, node_split, va_factor, agreement,
+                        anchor)
         except BaseException:
             self._teardown()
             raise
 
     def _setup(self, comm, heap_size, backend, timeout, node_split, va_factor,
-               agreement) -> None:
+               agreement, anchor) -> None:
         """Every step waits with the deadline, and a PE that fails locally (bad
         settings, no memory) still takes part until the init agreement, where
         every PE raises: that error where every PE has it, else SymmetryError."""
@@ -94,6 +96,10 @@ class SymmetricHeap:
             transport = _agreement_transport(agreement)
         except ValueError as exc:
             call.error, transport = call.error or exc, "mpi"
+        try:
+            anchor = anchor_setting(anchor)
+        except ValueError as exc:
+            call.error, anchor = call.error or exc, 0
         self.comm = duplicate(comm if comm is not None else MPI.COMM_WORLD, self.timeout)
         self.my_pe = self.comm.Get_rank()
         self.n_pes = self.comm.Get_size()
@@ -112,11 +118,11 @@ class SymmetricHeap:
                 self.completion = CompletionTracker(self.backend, current_stream=True)
                 _note_rounding(heap_size, self.local, self.my_pe)
                 call.args = (self.local.heap_size, self.local.va_size, self.backend.granularity,
-                             (self.backend.name, transport), self.local.chunk)
+                             (self.backend.name, transport, anchor), self.local.chunk)
                 call.text = (f"init(heap_size={self.local.heap_size}, backend="
                              f"{self.backend.name}, granularity={self.backend.granularity}, "
                              f"va_size={self.local.va_size}, chunk={self.local.chunk}, "
-                             f"SHMEMVM_AGREEMENT={transport})")
+                             f"SHMEMVM_AGREEMENT={transport}, SHMEMVM_ANCHOR={anchor})")
                 self.channel = FdChannel(f"pe{self.my_pe}")
             except Exception as exc:
                 call.error = exc
@@ -157,6 +163,8 @@ class SymmetricHeap:
                                  self.timeout)
         self.local.release_listeners.append(self.peers.drop)
         self.local.close_listeners.append(self.peers.close)
+        self.anchor = self._make_anchor(call, anchor_size(anchor, self.backend,
+                                                          len(self.node_pes)))
         self.offnode = self._open_window()
         self.agreement.collective(call.step(Phase.INIT_READY, "peers ready"))
         self.agreement.initialized = True
@@ -164,6 +172,29 @@ class SymmetricHeap:
             profile.instrument(self)
         log.debug("PE %d/%d ready: node PEs %s, backend %s", self.my_pe, self.n_pes,
                   self.node_pes, self.backend.name)
+
+    def _make_anchor(self, call: Call, size: int) -> Anchor | None:
+        """This PE's anchor of `size` bytes (0: none), mapped by every PE of the
+        node (anchor.py); None on every PE where some PE could not make or map
+        one: it only speeds up sharing new memory, so the heap goes on without."""
+        anchor = failure = None
+        if size:
+            try:
+                anchor = Anchor(self.backend, size, sorted(self._peer_pids))
+            except Exception as exc:  # noqa: BLE001 - told to the peers, agreed on below
+                failure = exc
+            failure = self._exchange(call, [Segment(0, size, 0)],
+                                     anchor.export if anchor else None,
+                                     anchor.map_peer if anchor else None, failed=failure)
+        # Every PE takes this step, those without an anchor (alone on their node) too.
+        if self.agreement.all_ok(failure is None, call.step(Phase.INIT_ANCHOR, "the anchor")):
+            return anchor
+        if anchor is not None:
+            anchor.close()
+        log.warning("shmemvm: PE %d: no anchor (%s): sharing new memory with the node's "
+                    "other PEs may be 5-20x slower (SHMEMVM_ANCHOR, docs/performance.md)",
+                    self.my_pe, failure or "some PE could not make its anchor")
+        return None
 
     def _open_window(self) -> OffNodeWindow | None:
         """The MPI window that carries off-node put/get and every atomic (on the
@@ -1076,7 +1107,9 @@ class SymmetricHeap:
             (bytes in blocks), requested (bytes asked for), mapped (physical
             bytes backing the heap), cached (mapped bytes of freed segments kept for reuse), free
             (bytes that can still be allocated), live_allocations, segments,
-            and pe, n_pes, backend, device, node_pes (the PEs of this node).
+            anchor (bytes of this PE's anchor, outside the heap size:
+            SHMEMVM_ANCHOR), and pe, n_pes, backend, device, node_pes (the
+            PEs of this node).
 
         Raises:
             ShmemError: the heap is finalized (a heap broken by a timeout still
@@ -1086,7 +1119,8 @@ class SymmetricHeap:
             raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
         stats = self.local.stats()
         stats.update(pe=self.my_pe, n_pes=self.n_pes, backend=self.backend.name,
-                     device=str(self.device), node_pes=list(self.node_pes))
+                     device=str(self.device), node_pes=list(self.node_pes),
+                     anchor=self.anchor.size if self.anchor is not None else 0)
         return stats
 
     def trim(self) -> int:
@@ -1265,7 +1299,7 @@ class SymmetricHeap:
         self._teams.close()  # before the communicators they were split from
         # The peer table goes with the allocator (a close listener): memory that
         # tensors or ptr() views still view stays mapped until they die.
-        for part in (self.offnode, self.channel, self.local):
+        for part in (self.offnode, self.channel, self.anchor, self.local):
             if part is not None:
                 try:
                     part.close()

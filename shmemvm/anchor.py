@@ -1,0 +1,132 @@
+"""The anchor: a fixed piece of each PE's memory, exported once (the
+descriptor stays open) and mapped by every PE of the node, for the heap's life.
+
+It holds no data. It is there because the CUDA driver shares fresh memory
+between processes 5-20x faster while a process holds both (measured on
+2 x H200 with tools/cuda_peer_map_probe.py; docs/performance.md):
+
+- an open exported descriptor: without one, each export takes 1-2 ms and
+  closing the last descriptor about as long; with one, an export takes
+  about 0.1 ms;
+- a peer's mapping of >= 512 MiB of its memory: without one, setting access
+  to a peer's fresh 1 GiB takes 9-20 ms, with the other process's driver
+  calls waiting meanwhile; with one, 50-110 us. 256 MiB was not enough.
+
+Fresh segments of 64 MiB went from 3-5 ms to 0.45-0.65 ms, of 1 GiB from
+12-23 ms to 0.8-2 ms. This is what NVSHMEM's own heap (512 MiB granules,
+mapped by every peer) happens to give a process; the anchor gives it
+without NVSHMEM. It costs its size in device memory per PE (the default: 512
+MiB on CUDA where the node has several PEs, nothing elsewhere), outside the
+heap's budget: SHMEMVM_ANCHOR sets it, 0 turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .allocator import Segment
+from .config import parse_size, setting
+
+log = logging.getLogger("shmemvm")
+
+#: SHMEMVM_ANCHOR=auto on the CUDA backend where the node has other PEs
+CUDA_ANCHOR = 512 << 20
+
+#: the one segment every PE sends: the same on every PE (the exchange checks it)
+_GENERATION = 0
+
+
+def anchor_setting(value=None) -> int | str:
+    """SHMEMVM_ANCHOR (or the anchor= argument): 'auto' or a size in bytes."""
+    raw = setting("SHMEMVM_ANCHOR", value)
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        if isinstance(raw, bool):
+            raise ValueError(raw)
+        return parse_size(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"SHMEMVM_ANCHOR (the anchor= argument) must be 'auto', 0 or a size "
+                         f"such as 512M, got {raw!r}") from None
+
+
+def anchor_size(chosen: int | str, backend, node_pes: int) -> int:
+    """The anchor's bytes for `chosen` (anchor_setting()): 0 where the node has
+    no other PE (nothing is shared there), else rounded up to the granularity."""
+    if node_pes < 2:
+        return 0
+    if chosen == "auto":
+        chosen = CUDA_ANCHOR if backend.name == "cuda" else 0
+    granularity = backend.granularity
+    return -(-chosen // granularity) * granularity
+
+
+class Anchor:
+    """This PE's anchor and its mappings of the node peers' anchors.
+
+    Made in two halves: the constructor creates, maps and exports our piece;
+    the heap's exchange then sends export() to every peer and hands theirs to
+    map_peer(). close() releases everything, whatever was reached."""
+
+    def __init__(self, backend, size: int, peers: list[int]):
+        self.backend = backend
+        self.size = size
+        self.segment = Segment(0, size, _GENERATION)
+        self.va = backend.reserve(size * (1 + len(peers)), backend.granularity)
+        self._slots = {pe: self.va + size * (1 + i) for i, pe in enumerate(peers)}
+        self._mapped: list[int] = []            # addresses mapped here, ours first
+        self._handles: list = []                # ours first, then the peers'
+        self.fd: int | None = None
+        try:
+            handle = backend.create(size)
+            self._handles.append(handle)
+            backend.map_accessible(self.va, size, handle)
+            self._mapped.append(self.va)
+            self.fd = backend.export_fd(handle)  # kept open: what makes exports fast
+        except BaseException:
+            self.close()
+            raise
+
+    def export(self, segment: Segment) -> int:
+        """A descriptor of our piece for the exchange to send (it closes it)."""
+        return os.dup(self.fd)
+
+    def map_peer(self, pe: int, segment: Segment, fd: int) -> None:
+        """Map PE `pe`'s piece, received as `fd` (ours to close)."""
+        handle = self.backend.import_fd(fd, self.size)
+        try:
+            self.backend.map_accessible(self._slots[pe], self.size, handle)
+        except BaseException:
+            self.backend.release(handle)
+            raise
+        self._handles.append(handle)
+        self._mapped.append(self._slots[pe])
+
+    def close(self) -> None:
+        """Unmap and release everything; every part is tried. Raises the first
+        failure after that."""
+        failures = []
+        for va in reversed(self._mapped):
+            try:
+                self.backend.unmap(va, self.size)
+            except Exception as exc:  # noqa: BLE001 - the rest is still released
+                failures.append(exc)
+        self._mapped = []
+        for handle in self._handles:
+            try:
+                self.backend.release(handle)
+            except Exception as exc:  # noqa: BLE001
+                failures.append(exc)
+        self._handles = []
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.va is not None and not failures:  # a range still mapped cannot be freed
+            try:
+                self.backend.unreserve(self.va, self.size * (1 + len(self._slots)))
+            except Exception as exc:  # noqa: BLE001
+                failures.append(exc)
+            self.va = None
+        if failures:
+            raise failures[0]
