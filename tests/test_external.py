@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import gc
+import logging
 import os
 import weakref
 from collections import Counter
@@ -28,7 +29,7 @@ import torch
 from mpi4py import MPI
 
 import shmemvm
-from shmemvm import SymmetricHeap, SymmetryError, UnsupportedError
+from shmemvm import ShmemError, SymmetricHeap, SymmetryError, UnsupportedError
 from shmemvm.backends.cuda import ExternalPiece, external_pieces
 from shmemvm.backends.host import HostBackend
 
@@ -326,6 +327,53 @@ def test_free_releases_the_import_and_the_range(shared):
     assert heap.local.allocator_state()[0] == before[0]     # the address range is free again
     states = WORLD.allgather(repr(heap.local.allocator_state()))
     assert len(set(states)) == 1
+
+
+def refuse_unmapping(va, size):
+    raise OSError(f"unmapping {va:#x}+{size:#x} refused (test)")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_failed_unmap_when_freeing_an_import_raises_on_every_pe_and_the_heap_goes_on(
+        shared, monkeypatch):
+    heap, foreign, make, count = shared
+    t = make()
+    x = heap.import_external_tensor(t)
+    original = weakref.ref(t)
+    del t
+    if heap.my_pe == 1:
+        monkeypatch.setattr(heap.backend, "unmap", refuse_unmapping)
+    with pytest.raises(ShmemError, match="PE 1.*unmapping .* refused"):
+        heap.free(x)
+    monkeypatch.undo()
+    gc.collect()
+    assert original() is None                               # released everywhere all the same
+    assert len(set(WORLD.allgather(repr(heap.local.allocator_state())))) == 1
+    y = heap.zeros(HG, torch.uint8)                          # the heap goes on, in step
+    assert len(set(WORLD.allgather(heap.local.offset_of(y)))) == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_failed_unmap_of_an_import_released_later_raises_on_no_pe(shared, monkeypatch, caplog):
+    """Released after free(), once its last view dies: that happens inside
+    whichever collective call comes next, which must not fail on one PE alone."""
+    heap, foreign, make, count = shared
+    x = heap.import_external_tensor(make())
+    view = x[:4]
+    heap.free(x)                                             # deferred: `view` holds it
+    if heap.my_pe == 1:
+        monkeypatch.setattr(heap.backend, "unmap", refuse_unmapping)
+    del view
+    gc.collect()
+    with caplog.at_level(logging.WARNING, logger="shmemvm"):
+        heap.barrier_all()
+        heap.barrier_all()
+    monkeypatch.undo()
+    if heap.my_pe == 1:
+        assert "unmapping" in caplog.text and "refused" in caplog.text
+    assert len(set(WORLD.allgather(repr(heap.local.allocator_state())))) == 1
+    y = heap.zeros(HG, torch.uint8)
+    assert len(set(WORLD.allgather(heap.local.offset_of(y)))) == 1
 
 
 @pytest.mark.mpi(min_size=2)
