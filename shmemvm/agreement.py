@@ -86,7 +86,7 @@ class Phase(enum.IntEnum):
     ALLTOALL_COPIED = 112
     REDUCE_COMBINED = 113
     REDUCE_GATHERED = 114
-    TRIM_RELEASED = 115         # trim: every PE could unmap what it released
+    UNMAPPED = 115              # trim, free of imported memory: every PE could unmap what it released
     INIT_ANCHOR = 116           # init: every PE made its anchor and mapped its peers' (anchor.py)
     COLLECT_SIZES = 120         # collect: every PE's number of elements
     COLLECT_COPIED = 121

@@ -480,7 +480,12 @@ class SymmetricHeap:
                 self._quiet_every_context()
                 alone_everywhere = self.agree(
                     call, flag=retirement is not None and retirement.alone).flag_everywhere
+                # imported memory is unmapped at once: where that fails on one PE, every PE says so
+                imported = alone_everywhere and self.local.imported(offset) is not None
                 self.local.finish_free(retirement, release_now=alone_everywhere)
+                if imported:
+                    self._agree_on_unmapping(call, self.local.take_unmap_failure(),
+                                             "the imported memory")
         except BaseException:
             if retirement is not None and retirement.storage is not None:
                 retirement.restore()  # nothing was done: the tensor stays usable
@@ -764,6 +769,10 @@ class SymmetricHeap:
         for offset in sorted(offsets):
             self.local.release(offset)
         self._pending -= offsets
+        # Inside whichever collective call came next, on one PE alone: raising
+        # here would put the PEs out of step. The failure was logged; the
+        # mapping left behind is replaced when the offset is mapped again.
+        self.local.take_unmap_failure()
 
     # -- one-sided access ------------------------------------------------------------
     def _check_pe(self, pe) -> int:
@@ -1147,18 +1156,22 @@ class SymmetricHeap:
                 freed = self.local.trim()
             except Exception as exc:  # noqa: BLE001 - an unmap here; every segment was tried
                 failure = exc
-            # The allocator released the same segments everywhere; only the unmapping
-            # can fail, on one PE alone: agreed on, so that every PE raises.
-            step = call.step(Phase.TRIM_RELEASED, "unmapping the cached memory")
-            if not self.agreement.all_ok(failure is None, step):
-                reports = self.agreement.allgather_bytes(
-                    Phase.TRIM_RELEASED, str(failure or "").encode()[:1024],
-                    f"{step.text} (reporting the failures)")
-                failed = "; ".join(f"PE {pe}: {report.decode(errors='replace')}"
-                                   for pe, report in enumerate(reports) if report)
-                raise ShmemError(f"trim() released the cached memory on every PE, but unmapping "
-                                 f"it failed ({failed}); the heap stays usable") from failure
+            self._agree_on_unmapping(call, failure, "the cached memory")
             return freed
+
+    def _agree_on_unmapping(self, call: Call, failure: Exception | None, what: str) -> None:
+        """After memory was released on every PE (the allocators moved on alike),
+        only unmapping it can have failed, on one PE alone: agreed on, so that
+        every PE raises the same ShmemError naming the failures, or none does."""
+        step = call.step(Phase.UNMAPPED, f"unmapping {what}")
+        if self.agreement.all_ok(failure is None, step):
+            return
+        reports = self.agreement.allgather_bytes(Phase.UNMAPPED, str(failure or "").encode()[:1024],
+                                                 f"{step.text} (reporting the failures)")
+        failed = "; ".join(f"PE {pe}: {report.decode(errors='replace')}"
+                           for pe, report in enumerate(reports) if report)
+        raise ShmemError(f"{call.text} released {what} on every PE, but unmapping it failed "
+                         f"({failed}); the heap stays usable") from failure
 
     # -- atomics and signals (atomics.py): one-element int32/int64/uint64 views ------
     # Defined once, in atomics.py, taking the heap first: bound here as methods.

@@ -266,6 +266,8 @@ class VMemPow2Allocator:
         self._handles: dict[int, object] = {}        # segment offset -> physical handle
         self._unmapped: set[int] = set()             # offsets created, not mapped yet
         self._imported: dict[int, _Imported] = {}    # block offset -> imported memory
+        #: why unmapping a released import failed here (logged), until the heap takes it
+        self._unmap_failure: Exception | None = None
         self._storage_at: dict[int, int] = {}        # imported storage's offset -> block offset
         self._records: dict[int, _Record] = {}       # block offset -> allocated block
         self._dead: set[int] = set()                 # offsets nothing here views any more
@@ -616,8 +618,18 @@ class VMemPow2Allocator:
         self._dead.discard(offset)
         block = self._core.free(offset)
         if offset in self._imported:           # never cached: unmapped and given back now
-            self._unback_released()
+            try:
+                self._unback_released()
+            except Exception as exc:  # noqa: BLE001 - logged; on this PE alone, so not raised
+                self._unmap_failure = self._unmap_failure or exc   # take_unmap_failure()
         return block
+
+    def take_unmap_failure(self) -> Exception | None:
+        """Why unmapping a released import failed here since the last call, if
+        it did: the release itself is done (the allocator moved on), and the
+        failure is on this PE alone, so the caller decides whom to tell."""
+        failure, self._unmap_failure = self._unmap_failure, None
+        return failure
 
     def place_external(self, block: Block, owner: torch.Tensor, pieces: list, shift: int) -> None:
         """Map another allocator's `pieces` (backend.import_external) one after
