@@ -133,6 +133,42 @@ def test_a_step_failing_on_one_pe_is_undone_on_every_pe(step):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_an_exhausted_heap_whose_eviction_fails_on_one_pe_raises_the_same_error_everywhere():
+    """The allocator evicts cached segments before it finds that a request
+    does not fit even so (no free address range: va_factor=1 and a live block
+    in each half): where unmapping them fails on one PE, every PE must still
+    raise HeapExhaustedError, not that PE another error (it would then wait
+    for peers that are already gone from the call)."""
+    heap = SymmetricHeap(world, heap_size=16 * G, backend="host", timeout=20, va_factor=1)
+    try:
+        blocks = [heap.malloc(2 * G) for _ in range(5)]     # at 0, 2, 4, 6 and 8 G
+        assert [heap.local.offset_of(x) // G for x in blocks] == [0, 2, 4, 6, 8]
+        live = [blocks[0], blocks[4]]                        # one in each half
+        for x in blocks[1:4]:
+            heap.free(x)                                     # 6 G cached
+        del blocks, x
+        restore = fail_once(heap.backend, "unmap") if heap.my_pe == heap.n_pes - 1 else None
+        try:
+            outcome = "ok"
+            try:
+                heap.malloc(8 * G)         # fits the budget; evicts the cache, finds no range
+            except ShmemError as exc:
+                outcome = type(exc).__name__
+        finally:
+            if restore:
+                restore()
+        assert world.allgather(outcome) == ["HeapExhaustedError"] * heap.n_pes
+        assert_consistent(heap)
+        del live
+        gc.collect()
+        exercise(heap, 20)
+        assert_consistent(heap)
+    finally:
+        gc.collect()
+        heap.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_trim_failing_on_one_pe_raises_on_every_pe_and_the_heap_goes_on():
     """trim() unmaps the cached segments on every PE. Where an unmap fails on
     one PE only, every PE raises (not that PE alone, leaving the others in the
