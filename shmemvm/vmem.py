@@ -500,7 +500,10 @@ class VMemPow2Allocator:
             try:
                 block, created = self._core.allocate(nbytes)
             except BaseException:
-                self._unback_released()  # what it evicted before it failed
+                try:
+                    self._unback_released()  # what it evicted before it failed
+                except Exception:  # noqa: BLE001 - logged there; the allocator's own error,
+                    pass           # the same on every PE, is what every PE must raise
                 raise
             try:
                 # Unmapping evicted segments can fail on one PE alone: the block is
