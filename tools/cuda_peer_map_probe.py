@@ -25,6 +25,9 @@ MODE (what the process holds or does before the trials), parts joined by +:
   nvheap     NVSHMEM's heap rebuilt: a 256 GiB reservation per PE, a 512 MiB
              gpuDirectRDMACapable piece at its base, mapped by the peer at +128 GiB
 
+SETTLE_MS (default 0): idle milliseconds before each trial, after the last
+one's memory was released.
+
 Each process prints, per trial, every call as name[start-end] in us from a
 common start. What it showed on 2 x H200 (docs/performance.md): without
 NVSHMEM or a live peer mapping of >= 512 MiB, setting access to the peer's
@@ -177,7 +180,9 @@ if "nvshmem" in modes:
 print(f"PE {rank}: {len(os.sched_getaffinity(0))} CPUs in this process's affinity", flush=True)
 comm.Barrier()
 
+settle = float(os.environ.get("SETTLE_MS", "0")) / 1e3   # idle time before each trial
 for size, order in [(size, order) for size in sizes for order in orders]:
+    time.sleep(settle)
     comm.Barrier()
     events, t0 = [], time.perf_counter()
     handle = timed("create", lambda: check(d.cuMemCreate(size, prop, 0)))
