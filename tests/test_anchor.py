@@ -62,6 +62,18 @@ def test_an_anchor_that_fails_halfway_releases_what_it_made():
         backend.close()
 
 
+def assert_a_fresh_segment_is_shared(heap) -> None:
+    """A new segment, written by each PE and read from its right neighbour."""
+    x = heap.malloc(1 << 20)
+    x.fill_(heap.my_pe + 1)
+    heap.barrier_all()
+    peer = (heap.my_pe + 1) % heap.n_pes
+    got = torch.empty(8, dtype=torch.uint8, device=x.device)
+    heap.get(got, x[:8], peer)
+    assert got.tolist() == [peer + 1] * 8
+    heap.free(x)
+
+
 def read_slot(heap, va: int) -> torch.Tensor:
     return heap.backend.tensor(va, (4,), torch.int32).cpu()
 
@@ -79,14 +91,7 @@ def test_every_pe_maps_the_anchor_of_every_other_pe_of_its_node():
         for pe, va in anchor._slots.items():  # the peer's memory itself, not a copy
             assert read_slot(heap, va).tolist() == [100 + pe] * 4
         heap.barrier_all()
-        # the heap goes on as ever: a fresh segment shared between the PEs
-        x = heap.malloc(1 << 20)
-        x.fill_(heap.my_pe + 1)
-        heap.barrier_all()
-        peer = (heap.my_pe + 1) % heap.n_pes
-        got = torch.empty(8, dtype=torch.uint8, device=x.device)
-        heap.get(got, x[:8], peer)
-        assert got.tolist() == [peer + 1] * 8
+        assert_a_fresh_segment_is_shared(heap)   # the heap goes on as ever
     finally:
         heap.finalize()
 
@@ -130,14 +135,7 @@ def test_a_pe_without_its_anchor_leaves_every_pe_without_one_and_the_heap_works(
     try:
         assert heap.anchor is None and heap.heap_info()["anchor"] == 0
         assert "no anchor" in caplog.text
-        x = heap.malloc(1 << 20)
-        x.fill_(heap.my_pe + 1)
-        heap.barrier_all()
-        peer = (heap.my_pe + 1) % heap.n_pes
-        got = torch.empty(8, dtype=torch.uint8, device=x.device)
-        heap.get(got, x[:8], peer)
-        assert got.tolist() == [peer + 1] * 8
-        del x
+        assert_a_fresh_segment_is_shared(heap)
     finally:
         heap.finalize()
     world.Barrier()
