@@ -22,19 +22,13 @@ heap's budget: SHMEMVM_ANCHOR sets it, 0 turns it off.
 
 from __future__ import annotations
 
-import logging
 import os
 
 from .allocator import Segment
 from .config import parse_size, setting
 
-log = logging.getLogger("shmemvm")
-
 #: SHMEMVM_ANCHOR=auto on the CUDA backend where the node has other PEs
 CUDA_ANCHOR = 512 << 20
-
-#: the one segment every PE sends: the same on every PE (the exchange checks it)
-_GENERATION = 0
 
 
 def anchor_setting(value=None) -> int | str:
@@ -72,7 +66,6 @@ class Anchor:
     def __init__(self, backend, size: int, peers: list[int]):
         self.backend = backend
         self.size = size
-        self.segment = Segment(0, size, _GENERATION)
         self.va = backend.reserve(size * (1 + len(peers)), backend.granularity)
         self._slots = {pe: self.va + size * (1 + i) for i, pe in enumerate(peers)}
         self._mapped: list[int] = []            # addresses mapped here, ours first

@@ -183,6 +183,7 @@ class SymmetricHeap:
                 anchor = Anchor(self.backend, size, sorted(self._peer_pids))
             except Exception as exc:  # noqa: BLE001 - told to the peers, agreed on below
                 failure = exc
+            # one segment, the same on every PE (the exchange compares them)
             failure = self._exchange(call, [Segment(0, size, 0)],
                                      anchor.export if anchor else None,
                                      anchor.map_peer if anchor else None, failed=failure)
