@@ -572,10 +572,17 @@ def _fetch_nbi(heap, fetch, dest, value, pe, op: MPI.Op, what: str,
     _defer(heap, fetch, _issue(heap, dest, value, pe, op, what, floats), tracker)
 
 
+def signed64(word: int) -> int:
+    """A 64-bit pattern (any int, taken modulo 2**64) as the int64 that holds
+    it: how a uint64 value travels through int64 storage."""
+    word &= (1 << 64) - 1
+    return word - (1 << 64) if word >> 63 else word
+
+
 def _fill(fetch: torch.Tensor, old) -> None:
     """fetch <- old (a Python number of fetch's dtype; uint64 through its bits)."""
     if fetch.dtype == torch.uint64:
-        fetch.copy_(torch.tensor([old - (1 << 64) if old >= 1 << 63 else old])
+        fetch.copy_(torch.tensor([signed64(old)])
                     .view(torch.uint64).reshape(fetch.shape))
     else:
         fetch.fill_(old)

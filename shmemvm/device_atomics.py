@@ -33,6 +33,7 @@ except ImportError as exc:  # atomics.py turns this into UnsupportedError
                       "(or pip install shmemvm[triton])") from exc
 
 from . import triton as sv
+from .atomics import signed64
 from .errors import UnsupportedError
 
 
@@ -80,7 +81,7 @@ def _atomic(dest, args, out, me, pe, heap_bases, OP: tl.constexpr):
 def _to_bits(value, dtype: torch.dtype) -> int:
     """`value` (already checked to fit `dtype`) as the integer of its bits."""
     if dtype == torch.uint64:
-        return value - (1 << 64) if value >= 1 << 63 else value
+        return signed64(value)
     codes = _BITS[dtype][1]
     if codes is None:
         return value

@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from .atomics import signed64
 from .errors import ShmemError
 
 #: the PE whose copy of the lock word is the lock
@@ -42,12 +43,6 @@ _MASK64 = (1 << 64) - 1
 # so the head of the queue notices its turn at once and the tail stays quiet.
 _SLEEP_PER_WAITER = 20e-6
 _MAX_SLEEP = 2e-3
-
-
-def _signed(word: int) -> int:
-    """A 64-bit pattern as the int64 that holds it."""
-    word &= _MASK64
-    return word - (1 << 64) if word >> 63 else word
 
 
 def _lock_offset(heap, lock, what: str) -> int:
@@ -135,7 +130,7 @@ def test_lock(heap, lock: torch.Tensor) -> bool:
     if taken != serving:
         return False
     # Free: take the ticket being served, unless another PE changed the word first.
-    if heap.atomic_compare_swap(word, old, _signed(bits + _TICKET), HOME_PE) != old:
+    if heap.atomic_compare_swap(word, old, signed64(bits + _TICKET), HOME_PE) != old:
         return False
     heap._held_locks[offset] = serving
     return True
