@@ -7,7 +7,9 @@ mapped where it should be, agreed on, optional, and leaves nothing behind.
 
 from __future__ import annotations
 
+import gc
 import logging
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +18,7 @@ from mpi4py import MPI
 
 import shmemvm.heap
 from conftest import TEST_BACKEND
-from shmemvm import SymmetricHeap, SymmetryError
+from shmemvm import PeerTimeoutError, SymmetricHeap, SymmetryError
 from shmemvm.anchor import CUDA_ANCHOR, Anchor, anchor_setting, anchor_size
 from shmemvm.backends import create_backend
 from util import open_fds, shmemvm_mappings
@@ -139,6 +141,28 @@ def test_a_pe_without_its_anchor_leaves_every_pe_without_one_and_the_heap_works(
     finally:
         heap.finalize()
     world.Barrier()
+    assert open_fds() == fds
+    assert shmemvm_mappings() == mappings
+
+
+class AnchorLateOnPe1(Anchor):
+    def __init__(self, backend, size, peers):
+        if world.rank == 1:
+            time.sleep(2.5)   # past the others' deadline
+        super().__init__(backend, size, peers)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_pe_late_with_its_anchor_is_a_timeout_everywhere_that_leaves_nothing_behind(
+        monkeypatch):
+    SymmetricHeap(world, anchor=SIZE, **OPTIONS).finalize()
+    world.Barrier()
+    fds, mappings = open_fds(), shmemvm_mappings()
+    monkeypatch.setattr(shmemvm.heap, "Anchor", AnchorLateOnPe1)
+    with pytest.raises(PeerTimeoutError):
+        SymmetricHeap(world, anchor=SIZE, **dict(OPTIONS, timeout=1))
+    world.Barrier()
+    gc.collect()
     assert open_fds() == fds
     assert shmemvm_mappings() == mappings
 
