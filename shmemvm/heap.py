@@ -178,17 +178,24 @@ class SymmetricHeap:
         node (anchor.py); None on every PE where some PE could not make or map
         one: it only speeds up sharing new memory, so the heap goes on without."""
         anchor = failure = None
-        if size:
-            try:
-                anchor = Anchor(self.backend, size, sorted(self._peer_pids))
-            except Exception as exc:  # noqa: BLE001 - told to the peers, agreed on below
-                failure = exc
-            # one segment, the same on every PE (the exchange compares them)
-            failure = self._exchange(call, [Segment(0, size, 0)],
-                                     anchor.export if anchor else None,
-                                     anchor.map_peer if anchor else None, failed=failure)
-        # Every PE takes this step, those without an anchor (alone on their node) too.
-        if self.agreement.all_ok(failure is None, call.step(Phase.INIT_ANCHOR, "the anchor")):
+        try:
+            if size:
+                try:
+                    anchor = Anchor(self.backend, size, sorted(self._peer_pids))
+                except Exception as exc:  # noqa: BLE001 - told to the peers, agreed on below
+                    failure = exc
+                # one segment, the same on every PE (the exchange compares them)
+                failure = self._exchange(call, [Segment(0, size, 0)],
+                                         anchor.export if anchor else None,
+                                         anchor.map_peer if anchor else None, failed=failure)
+            # Every PE takes this step, those without an anchor (alone on their node) too.
+            everywhere = self.agreement.all_ok(failure is None,
+                                               call.step(Phase.INIT_ANCHOR, "the anchor"))
+        except BaseException:  # a timeout: init fails, and the anchor is not the heap's yet
+            if anchor is not None:
+                anchor.close()
+            raise
+        if everywhere:
             return anchor
         if anchor is not None:
             anchor.close()
