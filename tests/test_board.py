@@ -15,7 +15,9 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from shmemvm import PeerTimeoutError, SymmetricHeap, SymmetryError
+import shmemvm.agreement
+import shmemvm.heap
+from shmemvm import PeerTimeoutError, ShmemError, SymmetricHeap, SymmetryError
 from shmemvm.agreement import _SEQ, persistent_collectives
 from shmemvm.board import Board
 from util import barrier_interrupted_on_pe_1, open_fds
@@ -180,6 +182,42 @@ def test_different_agreement_settings_are_an_init_error_on_every_pe():
 def test_a_bad_agreement_setting_is_refused():
     with pytest.raises(ValueError, match="SHMEMVM_AGREEMENT.*'auto', 'board' or 'mpi'"):
         SymmetricHeap(MPI.COMM_SELF, "16M", **dict(OPTIONS, agreement="shm"))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("setting", ["auto", "board"])
+@pytest.mark.parametrize("where", ["every PE", "PE 1"])
+def test_a_board_that_cannot_be_made_means_mpi_for_auto_and_an_init_error_for_board(
+        setting, where, monkeypatch):
+    """Open MPI 4.1 with `-mca osc pt2pt` (which docs/multinode.md advises for
+    its off-node window) cannot allocate shared windows, on every PE: `auto`,
+    which picks the board there, must then agree through MPI; only an explicit
+    `board` fails init, on every PE. The same where one PE alone fails after
+    the window's collective allocation."""
+    monkeypatch.setattr(shmemvm.heap, "persistent_collectives", lambda: False)
+    make_board = shmemvm.agreement.Agreement.make_board
+
+    def refuse(self):
+        board = make_board(self)   # the collective part, on every PE
+        if where == "every PE" or world.rank == 1:
+            board.close()          # not freed: left to MPI_Finalize, as init leaves it
+            raise MPI.Exception(MPI.ERR_INTERN)
+        return board
+    monkeypatch.setattr(shmemvm.agreement.Agreement, "make_board", refuse)
+    options = dict(OPTIONS, agreement=setting)
+    if setting == "board":
+        with pytest.raises(ShmemError, match="agreement's board"):
+            SymmetricHeap(world, "16M", **options)
+        world.Barrier()
+        return
+    heap = SymmetricHeap(world, "16M", **options)
+    try:
+        assert heap.agreement.board is None
+        x = heap.malloc(64)
+        heap.barrier_all()
+        heap.free(x)
+    finally:
+        heap.finalize()
 
 
 @pytest.mark.mpi(min_size=2)
