@@ -142,13 +142,16 @@ class SymmetricHeap:
         # memory instead of MPI (board.py). Every PE decides alike (the same
         # PEs, the same setting: compared at init, the same MPI), so all or
         # none make one.
-        board = None
-        if 1 < self.n_pes == len(self.node_pes) and (
-                transport == "board" or (transport == "auto" and not persistent_collectives())):
+        board = board_failure = None
+        tried_board = 1 < self.n_pes == len(self.node_pes) and (
+            transport == "board" or (transport == "auto" and not persistent_collectives()))
+        if tried_board:
             try:
                 board = self.agreement.make_board()
             except Exception as exc:  # noqa: BLE001 - agreed on below
-                failure = failure or exc
+                board_failure = exc
+                if transport == "board":   # asked for: no board, no heap
+                    failure = failure or exc
         if not self.agreement.all_ok(failure is None, call.step(
                 Phase.INIT_PEERS, "reserving the peers' windows and the agreement's board")):
             if board is not None:
@@ -157,6 +160,16 @@ class SymmetricHeap:
                              f"peers' heaps or make the agreement's board in shared memory "
                              f"({failure or 'see the other PEs'}; SHMEMVM_AGREEMENT=mpi "
                              f"does without the board)") from failure
+        # auto: where some PE has no board (Open MPI 4.1 with osc pt2pt cannot make
+        # shared windows), every PE agrees through MPI instead
+        if tried_board and transport == "auto" and not self.agreement.all_ok(
+                board is not None, call.step(Phase.INIT_BOARD, "the agreement's board")):
+            if board is not None:
+                board.close()   # not freed, as above
+            board = None
+            if self.my_pe == 0:
+                log.info("shmemvm: no shared-memory board for the agreement (%s); it goes "
+                         "through MPI", board_failure or "another PE could not make one")
         if board is not None:
             self.agreement.use_board(board)
         self.exchange = Exchange(self.channel, self.my_pe, self._peer_paths, self._peer_pids,
