@@ -503,10 +503,9 @@ class SymmetricHeap:
                     call, flag=retirement is not None and retirement.alone).flag_everywhere
                 # imported memory is unmapped at once: where that fails on one PE, every PE says so
                 imported = alone_everywhere and self.local.imported(offset) is not None
-                self.local.finish_free(retirement, release_now=alone_everywhere)
+                failure = self.local.finish_free(retirement, release_now=alone_everywhere)
                 if imported:
-                    self._agree_on_unmapping(call, self.local.take_unmap_failure(),
-                                             "the imported memory")
+                    self._agree_on_unmapping(call, failure, "the imported memory")
         except BaseException:
             if retirement is not None and retirement.storage is not None:
                 retirement.restore()  # nothing was done: the tensor stays usable
@@ -563,6 +562,8 @@ class SymmetricHeap:
                 if keep:
                     result.view(torch.uint8)[:keep].copy_(retirement.old_bytes()[:keep])
                 self.backend.synchronize()
+                # (imported memory: a failed unmap is logged and not raised, as when
+                # released later; free() agrees on it)
                 self.local.finish_free(retirement, release_now=alone_everywhere)
                 return result
         except BaseException:
@@ -788,12 +789,12 @@ class SymmetricHeap:
     def _release(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more."""
         for offset in sorted(offsets):
+            # An unmap failure of imported memory (logged, returned) is not raised:
+            # this runs inside whichever collective call came next, and raising on
+            # one PE alone would put the PEs out of step. The mapping left behind
+            # is replaced when the offset is mapped again.
             self.local.release(offset)
         self._pending -= offsets
-        # Inside whichever collective call came next, on one PE alone: raising
-        # here would put the PEs out of step. The failure was logged; the
-        # mapping left behind is replaced when the offset is mapped again.
-        self.local.take_unmap_failure()
 
     # -- one-sided access ------------------------------------------------------------
     def _check_pe(self, pe) -> int:

@@ -266,8 +266,6 @@ class VMemPow2Allocator:
         self._handles: dict[int, object] = {}        # segment offset -> physical handle
         self._unmapped: set[int] = set()             # offsets created, not mapped yet
         self._imported: dict[int, _Imported] = {}    # block offset -> imported memory
-        #: why unmapping a released import failed here (logged), until the heap takes it
-        self._unmap_failure: Exception | None = None
         self._storage_at: dict[int, int] = {}        # imported storage's offset -> block offset
         self._records: dict[int, _Record] = {}       # block offset -> allocated block
         self._dead: set[int] = set()                 # offsets nothing here views any more
@@ -578,18 +576,20 @@ class VMemPow2Allocator:
             record, storage = self._record_of(tensor)
             return Retirement(record, tensor, storage)
 
-    def finish_free(self, retirement: Retirement, release_now: bool) -> None:
+    def finish_free(self, retirement: Retirement, release_now: bool) -> Exception | None:
         """Second half of a free: release the block now (nothing views it, here
-        or, for the symmetric heap, on any PE), or defer it to its views' death."""
+        or, for the symmetric heap, on any PE), or defer it to its views' death.
+        Returns what release() returns."""
         offset = retirement.block.offset
         with self._lock:
             if release_now:
-                self._release(offset)          # its watch goes first: no report
+                failure = self._release(offset)    # its watch goes first: no report
                 retirement.storage = None
-            else:
-                self._records[offset].freed = True
-                retirement.storage = None      # our reference: the storage may die here
-                self._absorb_events()
+                return failure
+            self._records[offset].freed = True
+            retirement.storage = None          # our reference: the storage may die here
+            self._absorb_events()
+            return None
 
     def resize(self, retirement: Retirement, nbytes: int, dims, dtype) -> torch.Tensor:
         """A new tensor over the retired block, which now holds `nbytes` (same
@@ -610,29 +610,25 @@ class VMemPow2Allocator:
             dead, self._dead = sorted(self._dead), set()
             return dead
 
-    def release(self, offset: int) -> Block:
-        """Give the block back to the allocator (its segment is cached)."""
+    def release(self, offset: int) -> Exception | None:
+        """Give the block back to the allocator (its segment is cached).
+        Imported memory is unmapped at once instead: where that fails, the
+        release is done all the same (the allocator moved on) and the failure,
+        logged, is returned, for the caller to decide whom to tell; else None."""
         with self._lock:
             return self._release(offset)
 
-    def _release(self, offset: int) -> Block:
+    def _release(self, offset: int) -> Exception | None:
         """release(), under the lock."""
         del self._records[offset]              # with its watches: they report nothing
         self._dead.discard(offset)
-        block = self._core.free(offset)
+        self._core.free(offset)
         if offset in self._imported:           # never cached: unmapped and given back now
             try:
                 self._unback_released()
-            except Exception as exc:  # noqa: BLE001 - logged; on this PE alone, so not raised
-                self._unmap_failure = self._unmap_failure or exc   # take_unmap_failure()
-        return block
-
-    def take_unmap_failure(self) -> Exception | None:
-        """Why unmapping a released import failed here since the last call, if
-        it did: the release itself is done (the allocator moved on), and the
-        failure is on this PE alone, so the caller decides whom to tell."""
-        failure, self._unmap_failure = self._unmap_failure, None
-        return failure
+            except Exception as exc:  # noqa: BLE001 - logged there; on this PE alone
+                return exc
+        return None
 
     def place_external(self, block: Block, owner: torch.Tensor, pieces: list, shift: int) -> None:
         """Map another allocator's `pieces` (backend.import_external) one after
