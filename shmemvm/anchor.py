@@ -26,6 +26,7 @@ import os
 
 from .allocator import Segment
 from .config import parse_size, setting
+from .errors import Attempts
 
 #: SHMEMVM_ANCHOR=auto on the CUDA backend where the node has other PEs
 CUDA_ANCHOR = 512 << 20
@@ -99,27 +100,16 @@ class Anchor:
     def close(self) -> None:
         """Unmap and release everything; every part is tried. Raises the first
         failure after that."""
-        failures = []
+        attempts = Attempts()
         for va in reversed(self._mapped):
-            try:
-                self.backend.unmap(va, self.size)
-            except Exception as exc:  # noqa: BLE001 - the rest is still released
-                failures.append(exc)
-        self._mapped = []
+            attempts.attempt(self.backend.unmap, va, self.size)
         for handle in self._handles:
-            try:
-                self.backend.release(handle)
-            except Exception as exc:  # noqa: BLE001
-                failures.append(exc)
-        self._handles = []
+            attempts.attempt(self.backend.release, handle)
+        self._mapped, self._handles = [], []
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        if self.va is not None and not failures:  # a range still mapped cannot be freed
-            try:
-                self.backend.unreserve(self.va, self.size * (1 + len(self._slots)))
-            except Exception as exc:  # noqa: BLE001
-                failures.append(exc)
+        if self.va is not None and attempts.failure is None:  # a range still mapped stays
+            attempts.attempt(self.backend.unreserve, self.va, self.size * (1 + len(self._slots)))
             self.va = None
-        if failures:
-            raise failures[0]
+        attempts.raise_first()

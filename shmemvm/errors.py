@@ -1,5 +1,5 @@
 """Exceptions raised by shmemvm. Every message says what was asked, what was
-found and what to change."""
+found and what to change. And Attempts, for releasing what must all be tried."""
 
 
 class ShmemError(RuntimeError):
@@ -31,3 +31,27 @@ class ResourceLimitError(ShmemError):
     descriptors (RLIMIT_NOFILE, fs.file-max) or memory mappings
     (vm.max_map_count). The message names the limit and the settings that
     lower the heap's use of it; the call was undone on every PE."""
+
+
+class Attempts:
+    """Steps that must all run whatever fails (unmapping and releasing what the
+    allocator already forgot): attempt() runs one and keeps the first failure,
+    raise_first() raises it once every step was tried."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self):
+        self.failure: Exception | None = None
+
+    def attempt(self, step, *args) -> Exception | None:
+        """step(*args); its failure (also kept, if the first), or None."""
+        try:
+            step(*args)
+        except Exception as exc:  # noqa: BLE001 - raised by raise_first, after the rest
+            self.failure = self.failure or exc
+            return exc
+        return None
+
+    def raise_first(self) -> None:
+        if self.failure is not None:
+            raise self.failure

@@ -15,7 +15,7 @@ import torch
 
 from .allocator import Segment
 from .backends import VMMBackend
-from .errors import ShmemError
+from .errors import Attempts, ShmemError
 from .limits import naming_limits
 
 _COPY_VIEWS = 1024  # cached put/get views; all dropped when full
@@ -91,14 +91,10 @@ class PeerTable:
     def drop(self, segment: Segment) -> None:
         """The segment at this offset was released on every PE: unmap it everywhere.
         Every peer's copy is tried (and forgotten); the first failure is raised after."""
-        failure = None
+        attempts = Attempts()
         for pe in self._imports:
-            try:
-                self.unmap(pe, segment.offset)
-            except Exception as exc:  # noqa: BLE001 - the other peers' copies still go
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+            attempts.attempt(self.unmap, pe, segment.offset)
+        attempts.raise_first()
 
     def check(self, pe: int, segment: Segment) -> None:
         """Raise unless `segment` (offset and generation) is what is mapped for `pe`."""

@@ -43,7 +43,7 @@ from .limits import naming_limits
 from .allocator import Block, Pow2Allocator, Segment, format_bytes, is_pow2, next_pow2
 from .backends import VMMBackend, create_backend
 from .config import parse_size, setting
-from .errors import FreedTensorError, ShmemError
+from .errors import Attempts, FreedTensorError, ShmemError
 
 log = logging.getLogger("shmemvm")
 
@@ -765,14 +765,8 @@ class VMemPow2Allocator:
         tried, and the segment is forgotten here whatever fails (the allocator
         has moved on); the first failure is raised after. A mapping that could
         not be removed is replaced when the offset is mapped again."""
-        failure = None
-
-        def attempt(step, *args):
-            nonlocal failure
-            try:
-                step(*args)
-            except Exception as exc:  # noqa: BLE001 - raised after the rest is done
-                failure = failure or exc
+        attempts = Attempts()
+        attempt = attempts.attempt
         for listener in self.release_listeners:
             attempt(listener, segment)
         imported = self._imported.pop(segment.offset, None)
@@ -791,8 +785,7 @@ class VMemPow2Allocator:
                 else:
                     attempt(self.backend.unmap, self.base + segment.offset, segment.size)
                 attempt(self.backend.release, handle)  # a mapping keeps its memory until unmapped
-        if failure is not None:
-            raise failure
+        attempts.raise_first()
 
     def _unback_released(self) -> list[Segment]:
         """Unmap what the allocator released; every segment is tried, the first
@@ -800,13 +793,10 @@ class VMemPow2Allocator:
         released = self._core.take_released()
         if not released:
             return []
-        failure = None
+        attempts = Attempts()
         for segment in released:
-            try:
-                self._unback(segment)
-            except Exception as exc:  # noqa: BLE001 - keep releasing the rest
-                log.warning("shmemvm: releasing segment %s failed: %s", segment, exc)
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+            failure = attempts.attempt(self._unback, segment)
+            if failure is not None:
+                log.warning("shmemvm: releasing segment %s failed: %s", segment, failure)
+        attempts.raise_first()
         return released
