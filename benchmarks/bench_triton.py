@@ -51,7 +51,7 @@ import triton.language as tl  # noqa: E402
 import shmemvm  # noqa: E402
 from bench_gpu import Run, TorchSymm, git_commit, log, per_call_events  # noqa: E402
 from shmemvm import triton as sv  # noqa: E402
-from shmemvm.device_allreduce import DeviceAllReduce  # noqa: E402
+from shmemvm.device.allreduce import DeviceAllReduce  # noqa: E402
 from triton_allreduce import OneShotAllReduce  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -22,7 +22,7 @@ import inspect
 
 from .errors import ShmemError
 from .heap import SymmetricHeap
-from .info import global_exit, info_get_name, info_get_version, pcontrol
+from .openshmem.info import global_exit, info_get_name, info_get_version, pcontrol
 
 _heap: SymmetricHeap | None = None
 

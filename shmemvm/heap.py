@@ -27,20 +27,21 @@ import weakref
 import torch
 from mpi4py import MPI
 
-from . import atomics, collectives, locks, profile, strided, sync, teams, thread_levels
-from .agreement import (DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate,
-                        parse_timeout, persistent_collectives)
-from .allocator import Block, Segment
-from .anchor import Anchor, anchor_setting, anchor_size
-from .completion import CompletionTracker
+from .openshmem import atomics, collectives, locks, strided, waits as sync, teams
+from . import profile, thread_levels
+from .agreement.protocol import (DEFAULT_TIMEOUT, Agreement, Call, Outcome, Phase, duplicate,
+    parse_timeout, persistent_collectives)
+from .memory.buddy import Block, Segment
+from .node.anchor import Anchor, anchor_setting, anchor_size
+from .transport.completion import CompletionTracker
 from .config import setting
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ResourceLimitError,
-                     ShmemError, SymmetryError, UnsupportedError)
-from .exchange import Exchange
-from .fdpass import FdChannel
-from .offnode import OffNodeWindow
-from .peers import PeerTable
-from .vmem import VMemPow2Allocator, tensor_nbytes
+    ShmemError, SymmetryError, UnsupportedError)
+from .node.exchange import Exchange
+from .node.fdpass import FdChannel
+from .transport.offnode import OffNodeWindow
+from .node.peers import PeerTable
+from .memory.vmm import VMemPow2Allocator, tensor_nbytes
 
 log = logging.getLogger("shmemvm")
 
@@ -1263,7 +1264,7 @@ class SymmetricHeap:
             ValueError: `options` has other bits.
             ShmemError: the heap is finalized.
         """
-        from .contexts import Ctx  # contexts.py builds on this module
+        from .openshmem.contexts import Ctx   # contexts.py builds on this module
         return Ctx(self, options)
 
     def ctx_destroy(self, ctx) -> None:

@@ -1,4 +1,4 @@
-"""Tests of the pure power-of-two allocator (shmemvm.allocator.Pow2Allocator).
+"""Tests of the pure power-of-two allocator (shmemvm.memory.buddy.Pow2Allocator).
 
 No memory is mapped here: the allocator is bookkeeping only, so every property
 is checked on offsets, sizes, segments and generations.
@@ -15,7 +15,7 @@ from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, initia
                                  invariant, multiple, rule)
 
 import shmemvm
-from shmemvm.allocator import Pow2Allocator, Segment
+from shmemvm.memory.buddy import Pow2Allocator, Segment
 
 G = 4096            # granularity used by most tests
 MIN_BLOCK = 64

@@ -19,7 +19,7 @@ from mpi4py import MPI
 import shmemvm.heap
 from conftest import TEST_BACKEND
 from shmemvm import PeerTimeoutError, SymmetricHeap, SymmetryError
-from shmemvm.anchor import CUDA_ANCHOR, Anchor, anchor_setting, anchor_size
+from shmemvm.node.anchor import CUDA_ANCHOR, Anchor, anchor_setting, anchor_size
 from shmemvm.backends import create_backend
 from util import open_fds, shmemvm_mappings
 

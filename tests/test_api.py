@@ -12,7 +12,14 @@ import pytest
 import torch
 
 import shmemvm
-from shmemvm import SymmetricHeap, api, atomics, collectives, info, locks, strided, sync, teams
+from shmemvm import SymmetricHeap, api
+from shmemvm.openshmem import atomics
+from shmemvm.openshmem import collectives
+from shmemvm.openshmem import info
+from shmemvm.openshmem import locks
+from shmemvm.openshmem import strided
+from shmemvm.openshmem import waits as sync
+from shmemvm.openshmem import teams
 
 def test_api_module_defines_only_init_finalize_default_heap_and_forwarders():
     own = {name for name, value in vars(api).items()

@@ -15,11 +15,11 @@ import pytest
 import torch
 from mpi4py import MPI
 
-import shmemvm.agreement
+import shmemvm.agreement.protocol
 import shmemvm.heap
 from shmemvm import PeerTimeoutError, ShmemError, SymmetricHeap, SymmetryError
-from shmemvm.agreement import _SEQ, persistent_collectives
-from shmemvm.board import Board
+from shmemvm.agreement.protocol import _SEQ, persistent_collectives
+from shmemvm.agreement.board import Board
 from util import barrier_interrupted_on_pe_1, open_fds
 
 pytestmark = pytest.mark.mpi
@@ -195,7 +195,7 @@ def test_a_board_that_cannot_be_made_means_mpi_for_auto_and_an_init_error_for_bo
     `board` fails init, on every PE. The same where one PE alone fails after
     the window's collective allocation."""
     monkeypatch.setattr(shmemvm.heap, "persistent_collectives", lambda: False)
-    make_board = shmemvm.agreement.Agreement.make_board
+    make_board = shmemvm.agreement.protocol.Agreement.make_board
 
     def refuse(self):
         board = make_board(self)   # the collective part, on every PE
@@ -203,7 +203,7 @@ def test_a_board_that_cannot_be_made_means_mpi_for_auto_and_an_init_error_for_bo
             board.close()          # not freed: left to MPI_Finalize, as init leaves it
             raise MPI.Exception(MPI.ERR_INTERN)
         return board
-    monkeypatch.setattr(shmemvm.agreement.Agreement, "make_board", refuse)
+    monkeypatch.setattr(shmemvm.agreement.protocol.Agreement, "make_board", refuse)
     options = dict(OPTIONS, agreement=setting)
     if setting == "board":
         with pytest.raises(ShmemError, match="agreement's board"):

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import CTX_NOSTORE, CTX_PRIVATE, CTX_SERIALIZED, Ctx, ShmemError, SymmetricHeap
-from shmemvm.completion import CompletionTracker
+from shmemvm.transport.completion import CompletionTracker
 
 WORLD = MPI.COMM_WORLD
 SENTINEL = -7

@@ -21,7 +21,7 @@ from mpi4py import MPI  # noqa: E402
 import shmemvm  # noqa: E402
 from shmemvm import (FreedTensorError, PeerTimeoutError, SymmetricHeap,  # noqa: E402
                      SymmetryError, UnsupportedError)
-from shmemvm.device_allreduce import DeviceAllReduce  # noqa: E402
+from shmemvm.device.allreduce import DeviceAllReduce  # noqa: E402
 
 comm = MPI.COMM_WORLD
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

@@ -16,8 +16,9 @@ import time
 import pytest
 from mpi4py import MPI
 
-from shmemvm import ShmemError, exchange
-from shmemvm.allocator import Segment
+from shmemvm import ShmemError
+from shmemvm.node import exchange
+from shmemvm.memory.buddy import Segment
 from util import open_fds
 
 pytestmark = pytest.mark.mpi

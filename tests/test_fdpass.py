@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shmemvm import fdpass
-from shmemvm.fdpass import FdChannel, sweep_stale_directories
+from shmemvm.node import fdpass
+from shmemvm.node.fdpass import FdChannel, sweep_stale_directories
 
 FDPASS = Path(fdpass.__file__)
 

@@ -256,7 +256,7 @@ def _pe_order_reduce(src: torch.Tensor, op: str = "sum") -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_device_all_reduce_replays_graphs_with_new_data(gpu_heap, dtype):
-    from shmemvm.device_allreduce import DeviceAllReduce
+    from shmemvm.device.allreduce import DeviceAllReduce
     h = gpu_heap
     reduce = DeviceAllReduce(h, two_shot_from=1 << 20)
     for count in (1, 1000, (1 << 20) + 5):
@@ -279,7 +279,7 @@ def test_device_all_reduce_replays_graphs_with_new_data(gpu_heap, dtype):
 
 
 def test_device_all_reduce_ops_and_a_captured_call(gpu_heap):
-    from shmemvm.device_allreduce import DeviceAllReduce
+    from shmemvm.device.allreduce import DeviceAllReduce
     h = gpu_heap
     reduce = DeviceAllReduce(h)
     src, dst = h.empty(4099, torch.int64), h.empty(4099, torch.int64)
@@ -313,7 +313,7 @@ def test_device_all_reduce_ops_and_a_captured_call(gpu_heap):
 
 def test_device_all_reduce_mismatch_raises_instead_of_hanging(gpu_heap):
     from shmemvm import SymmetryError
-    from shmemvm.device_allreduce import DeviceAllReduce
+    from shmemvm.device.allreduce import DeviceAllReduce
     h = gpu_heap
     reduce = DeviceAllReduce(h, timeout=2)
     a, b = h.zeros(1 << 16, torch.float32), h.zeros(1 << 18, torch.float32)

@@ -30,13 +30,13 @@ import pytest
 import torch
 
 import shmemvm.backends
-from shmemvm import _dlpack
+from shmemvm.backends import _dlpack
 from shmemvm.backends import hip as hipmod
 from shmemvm.backends.hip import HipBackend, HipError
-from shmemvm.allocator import Segment
+from shmemvm.memory.buddy import Segment
 from shmemvm.errors import HeapExhaustedError, ShmemError, UnsupportedError
-from shmemvm.peers import PeerTable
-from shmemvm.vmem import VMemPow2Allocator
+from shmemvm.node.peers import PeerTable
+from shmemvm.memory.vmm import VMemPow2Allocator
 
 KiB, MiB = 1 << 10, 1 << 20
 G = 2 * MiB  # the fake's default granularity

@@ -283,7 +283,7 @@ def _kernels_run_on_host_memory() -> bool:
     """Whether device_atomics' kernels can run on host memory in this process
     (triton installed and its interpreter on: tests/conftest.py)."""
     try:
-        from shmemvm import device_atomics
+        from shmemvm.device import atomics as device_atomics
     except ImportError:
         return False
     return device_atomics._interpreted()
@@ -405,7 +405,7 @@ def test_fcollect_and_alltoall(mheap, dtype):
 def _fold(op, parts):
     acc = parts[0].clone()
     for part in parts[1:]:
-        shmemvm.collectives.REDUCE_OPS[op](acc, part, out=acc)
+        shmemvm.openshmem.collectives.REDUCE_OPS[op](acc, part, out=acc)
     return acc
 
 

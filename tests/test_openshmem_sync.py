@@ -301,9 +301,9 @@ def test_info_and_pcontrol():
     assert shmemvm.info_get_version() == (1, 5)
     assert shmemvm.info_get_name() == f"shmemvm {shmemvm.__version__}"
     shmemvm.pcontrol(0)
-    assert shmemvm.info.pcontrol_level() == 0
+    assert shmemvm.openshmem.info.pcontrol_level() == 0
     shmemvm.pcontrol(1)
-    assert shmemvm.info.pcontrol_level() == 1
+    assert shmemvm.openshmem.info.pcontrol_level() == 1
     with pytest.raises(TypeError, match="level must be an int"):
         shmemvm.pcontrol("on")
     with pytest.raises(TypeError, match="status must be an int"):

@@ -28,7 +28,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from shmemvm import exchange
+from shmemvm.node import exchange
 from shmemvm import SymmetricHeap
 from util import open_fds, shmemvm_mappings
 

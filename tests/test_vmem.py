@@ -678,13 +678,13 @@ def test_close_leaks_no_fd_or_mapping():
     ("1G", 3 * G, 2 * G),               # capped at the heap's largest power of two
 ])
 def test_chunk_size(value, budget, expected):
-    from shmemvm.vmem import chunk_size
+    from shmemvm.memory.vmm import chunk_size
     assert chunk_size(value, budget, G) == expected
 
 
 @pytest.mark.parametrize("value", ["100K", "32K", "lots"])
 def test_bad_chunk_size_names_the_setting(value):
-    from shmemvm.vmem import chunk_size
+    from shmemvm.memory.vmm import chunk_size
     with pytest.raises(ValueError, match="SHMEMVM_CHUNK_SIZE"):
         chunk_size(value, 1 << 30, G)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .. import _dlpack
+from . import _dlpack
 from ..errors import UnsupportedError
 
 Handle = Any  # backend-specific physical-memory handle

@@ -60,7 +60,7 @@ Checked without an AMD GPU (hip-python 10.0.0.0.1.2 installed, no ROCm):
     (so fd 0 is refused as a NULL pointer: it is dup()ed first);
   - torch built for ROCm takes DLPack capsules with kDLROCM (10) and rejects
     kDLCUDA (2), and names the device "cuda"; `tensor()` here asks
-    shmemvm._dlpack for kDLROCM capsules.
+    shmemvm.backends._dlpack for kDLROCM capsules.
 
 Not verified (no AMD GPU anywhere we could run):
   - that the calls succeed on real hardware at all, the granularity value,
@@ -101,7 +101,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import _dlpack
+from . import _dlpack
 from ..config import parse_size, setting
 from ..errors import ShmemError, UnsupportedError
 from .base import VMMBackend

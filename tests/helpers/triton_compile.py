@@ -13,8 +13,9 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
-from shmemvm import device_allreduce, device_atomics  # noqa: E402
-from shmemvm import triton as sv  # noqa: E402
+from shmemvm.device import allreduce as device_allreduce  # noqa: E402
+from shmemvm.device import atomics as device_atomics
+from shmemvm.device import triton as sv  # noqa: E402  (its private _poll_unset too)
 import producer_consumer  # noqa: E402
 import triton_allreduce  # noqa: E402
 

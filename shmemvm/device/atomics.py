@@ -33,8 +33,8 @@ except ImportError as exc:  # atomics.py turns this into UnsupportedError
                       "(or pip install shmemvm[triton])") from exc
 
 from . import triton as sv
-from .atomics import signed64
-from .errors import UnsupportedError
+from ..openshmem.atomics import signed64
+from ..errors import UnsupportedError
 
 
 def _interpreted() -> bool:

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from mpi4py import MPI
 
 from . import collectives
-from .agreement import Agreement, Call, Outcome, Phase
-from .errors import ShmemError
+from ..agreement.protocol import Agreement, Call, Outcome, Phase
+from ..errors import ShmemError
 
 #: the team configuration keys OpenSHMEM 1.5 defines (shmem_team_config_t)
 CONFIG_KEYS = ("num_contexts",)
@@ -441,7 +441,7 @@ class Team:
         Raises:
             ShmemError: the team was destroyed, or the heap finalized.
         """
-        from . import contexts  # the contexts module builds on teams, not the other way
+        from . import contexts   # the contexts module builds on teams, not the other way
 
         self.check_usable()
         context = contexts.Ctx(self.heap, options, team=self)

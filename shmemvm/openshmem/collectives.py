@@ -37,7 +37,7 @@ import torch
 from mpi4py import MPI
 
 from . import teams
-from .agreement import Phase
+from ..agreement.protocol import Phase
 
 #: reduction operators of reduce(): name -> torch function with out=
 REDUCE_OPS = {

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _dlpack
+from ..backends import _dlpack
 from .limits import naming_limits
-from .allocator import Block, Pow2Allocator, Segment, format_bytes, is_pow2, next_pow2
-from .backends import VMMBackend, create_backend
-from .config import parse_size, setting
-from .errors import Attempts, FreedTensorError, ShmemError
+from .buddy import Block, Pow2Allocator, Segment, format_bytes, is_pow2, next_pow2
+from ..backends import VMMBackend, create_backend
+from ..config import parse_size, setting
+from ..errors import Attempts, FreedTensorError, ShmemError
 
 log = logging.getLogger("shmemvm")
 

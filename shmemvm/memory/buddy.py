@@ -37,7 +37,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .errors import HeapExhaustedError
+from ..errors import HeapExhaustedError
 
 
 def next_pow2(n: int) -> int:

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from mpi4py import MPI
 
 from .board import Board
-from .config import SETTINGS, setting
-from .errors import PeerTimeoutError, ShmemError, SymmetryError
+from ..config import SETTINGS, setting
+from ..errors import PeerTimeoutError, ShmemError, SymmetryError
 
 log = logging.getLogger("shmemvm")
 

@@ -33,9 +33,9 @@ import functools
 import inspect
 import operator
 
-from .completion import CompletionTracker
-from .errors import ShmemError
-from .heap import SymmetricHeap
+from ..transport.completion import CompletionTracker
+from ..errors import ShmemError
+from ..heap import SymmetricHeap
 
 #: shmem_ctx_create options (OpenSHMEM 1.5 values)
 CTX_SERIALIZED = 1

@@ -55,9 +55,9 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
                       "(or pip install shmemvm[triton])") from exc
 
 from . import triton as sv
-from .collectives import _symmetric_contiguous   # the collectives' own checks
-from .config import setting
-from .errors import PeerTimeoutError, SymmetryError, UnsupportedError
+from ..openshmem.collectives import _symmetric_contiguous   # the collectives' own checks
+from ..config import setting
+from ..errors import PeerTimeoutError, SymmetryError, UnsupportedError
 
 #: reductions (tl.constexpr codes of the kernel)
 OPS = {"sum": 0, "max": 1, "min": 2}

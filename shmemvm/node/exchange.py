@@ -40,10 +40,10 @@ import socket
 import struct
 import time
 
-from .allocator import Segment
-from .errors import PeerTimeoutError, ResourceLimitError, ShmemError
+from ..memory.buddy import Segment
+from ..errors import PeerTimeoutError, ResourceLimitError, ShmemError
 from .fdpass import FdChannel, Message
-from .limits import fds_exhausted
+from ..memory.limits import fds_exhausted
 
 log = logging.getLogger("shmemvm")
 

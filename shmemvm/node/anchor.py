@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import os
 
-from .allocator import Segment
-from .config import parse_size, setting
-from .errors import Attempts
+from ..memory.buddy import Segment
+from ..config import parse_size, setting
+from ..errors import Attempts
 
 #: SHMEMVM_ANCHOR=auto on the CUDA backend where the node has other PEs
 CUDA_ANCHOR = 512 << 20

@@ -54,8 +54,9 @@ from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from . import api, info, rc
-from .errors import FreedTensorError, ShmemError
+from .. import api, rc
+from ..openshmem import info
+from ..errors import FreedTensorError, ShmemError
 
 Number = Union[int, float, complex, np.number]
 
@@ -471,7 +472,7 @@ class Team:
 
     Args:
         team: None (an invalid team), another Team (a copy of its handle), or a
-            shmemvm.teams.Team.
+            shmemvm.openshmem.teams.Team.
     """
 
     def __init__(self, team: Any = None) -> None:
@@ -687,7 +688,7 @@ class Ctx:
 
     Args:
         ctx: None (an invalid context), another Ctx (a copy of its handle), or
-            a shmemvm.contexts.Ctx.
+            a shmemvm.openshmem.contexts.Ctx.
     """
 
     def __init__(self, ctx: Any = None) -> None:

@@ -57,8 +57,8 @@ import time
 import torch
 from mpi4py import MPI
 
-from .allocator import Block, Segment
-from .errors import PeerTimeoutError, UnsupportedError
+from ..memory.buddy import Block, Segment
+from ..errors import PeerTimeoutError, UnsupportedError
 
 log = logging.getLogger("shmemvm")
 

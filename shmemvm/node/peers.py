@@ -13,10 +13,10 @@ import os
 
 import torch
 
-from .allocator import Segment
-from .backends import VMMBackend
-from .errors import Attempts, ShmemError
-from .limits import naming_limits
+from ..memory.buddy import Segment
+from ..backends import VMMBackend
+from ..errors import Attempts, ShmemError
+from ..memory.limits import naming_limits
 
 _COPY_VIEWS = 1024  # cached put/get views; all dropped when full
 

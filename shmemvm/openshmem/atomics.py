@@ -55,7 +55,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from .errors import PeerTimeoutError, UnsupportedError
+from ..errors import PeerTimeoutError, UnsupportedError
 
 #: dtypes atomics work on: torch dtype -> (MPI datatype, array typecode)
 ATOMIC_DTYPES = {
@@ -183,7 +183,7 @@ def _device(heap, dest, pe: int, op: str, what: str, value=0, cond=0):
     if pe != heap.my_pe:
         heap.peers.check(pe, block.segment)
     try:
-        from . import device_atomics
+        from ..device import atomics as device_atomics
     except ImportError as exc:
         raise UnsupportedError(f"{what}: on a {heap.backend.name} heap atomics run as Triton "
                                f"kernels, and Triton is not installed: pip install triton") from exc

@@ -37,7 +37,7 @@ def info_get_name() -> str:
     Raises:
         Nothing.
     """
-    from . import __version__  # the package's version, set after its imports
+    from .. import __version__   # the package's version, set after its imports
     return f"shmemvm {__version__}"
 
 

@@ -18,7 +18,7 @@ import errno
 import os
 import resource
 
-from .errors import ResourceLimitError
+from ..errors import ResourceLimitError
 
 #: an mmap ENOMEM with at most this many mappings left before vm.max_map_count
 #: is taken for that limit (the kernel refuses splits at the limit itself)

@@ -31,7 +31,7 @@ import time
 import torch
 
 from .atomics import signed64
-from .errors import ShmemError
+from ..errors import ShmemError
 
 #: the PE whose copy of the lock word is the lock
 HOME_PE = 0

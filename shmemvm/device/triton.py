@@ -1,0 +1,545 @@
+"""Device-side access to the symmetric heap from Triton kernels.
+
+A kernel reaches "the same object on PE k" through the table of heap bases
+(SymmetricHeap.heap_bases(): where each PE's heap lies in this process): a
+pointer into this PE's heap is moved to PE k's copy by
+
+    remote = heap_bases[k] + (ptr - heap_bases[my_pe])
+
+(translate). The functions here take Iris's signatures
+(https://github.com/ROCm/iris), so a kernel written for Iris ports by changing
+its import: ``from shmemvm import triton as iris``.
+
+    import shmemvm
+    from shmemvm import triton as sv
+
+    @triton.jit
+    def ring(x, n, me, n_pes, heap_bases, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n
+        right = (me + 1) % n_pes
+        sv.store(x + offs, offs.to(tl.float32), me, right, heap_bases, mask=mask)
+
+    ring[(1,)](x, x.numel(), me, n_pes, heap.heap_bases(), BLOCK=1024)
+
+Rank arguments follow Iris: `from_rank` is the PE whose address space the
+pointer is in (this PE, always, for a pointer a kernel was given), `to_rank`
+the PE it is translated to. load() is the exception Iris makes, and so do we:
+``load(pointer, to_rank, from_rank, ...)`` reads PE `from_rank`'s copy of a
+pointer of PE `to_rank` (this PE).
+
+Memory model. Plain load/store/get/put are weak: order them with the signal
+functions (release on the writer's side, acquire on the reader's) or with an
+atomic of sem "release"/"acquire". Atomics default to Triton's defaults
+(sem="acq_rel", scope="gpu"), as in Iris; between PEs pass ``scope="sys"``
+(another GPU, or the host API's atomics on device heaps, which are of system
+scope). The signal functions use scope "sys" themselves.
+
+Signals (the OpenSHMEM signal model): signal_set/signal_add update a signal
+on a PE with release semantics (every store this program made before is
+visible to whoever sees the new signal value); signal_wait_until waits, with
+acquire semantics, until this PE's signal compares true with CMP_EQ, CMP_NE,
+CMP_GT, CMP_GE, CMP_LT or CMP_LE (tl.constexpr).
+
+Backends. Nothing here is NVIDIA-specific: no inline assembly or externs, only
+tl.load/tl.store/tl.atomic_* and pointer arithmetic, which Triton's ROCm
+backend compiles as well. The tests run it in Triton's interpreter
+(TRITON_INTERPRET=1) over the host heap, compile it for sm_90 (H100/H200) and
+gfx942 (MI300), and run it on NVIDIA GPUs (tests/test_gpu_triton.py); on AMD
+GPUs it is written for, and compiles with, Triton's ROCm backend, but has not
+been run there.
+
+TRITON_INTERPRET=1 must be set before this module is imported (Triton reads
+it when these functions are decorated); the interpreter addresses raw
+pointers, so the host heap's peer windows, mapped in this process, work.
+
+Triton is an optional dependency: ``pip install triton`` (or the extra,
+``pip install shmemvm[triton]``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as exc:  # pragma: no cover - exercised where triton is absent
+    raise ImportError(
+        "shmemvm.triton needs Triton, which is not installed: pip install triton "
+        "(or pip install shmemvm[triton])") from exc
+
+__all__ = [
+    "translate", "load", "store", "get", "put",
+    "atomic_add", "atomic_sub", "atomic_cas", "atomic_xchg", "atomic_and", "atomic_or",
+    "atomic_xor", "atomic_min", "atomic_max",
+    "signal_set", "signal_add", "signal_wait_until", "signal_test",
+    "CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "max_polls_for",
+]
+
+#: comparisons of signal_wait_until / signal_test (the OpenSHMEM SHMEM_CMP_* set)
+CMP_EQ = tl.constexpr(0)
+CMP_NE = tl.constexpr(1)
+CMP_GT = tl.constexpr(2)
+CMP_GE = tl.constexpr(3)
+CMP_LT = tl.constexpr(4)
+CMP_LE = tl.constexpr(5)
+
+
+# -- addressing -----------------------------------------------------------------------
+@triton.jit
+def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None):
+    """`ptr` (a pointer or block of pointers into PE `from_rank`'s heap, as
+    mapped in this process) as the same place in PE `to_rank`'s heap.
+
+    Args:
+        ptr: pointer(s) into the heap of `from_rank` (this PE for pointers the
+            kernel was given).
+        from_rank: the PE `ptr` belongs to.
+        to_rank: the PE to translate to.
+        heap_bases: SymmetricHeap.heap_bases() (int64, one entry per PE).
+        hint: None, or a constexpr n: the translated block is n contiguous
+            elements starting at a multiple of n (tl.multiple_of and
+            tl.max_contiguous), which the compiler cannot see through the
+            integer arithmetic and needs for vector loads and stores.
+
+    Returns:
+        Pointer(s) of ptr's type into PE `to_rank`'s heap.
+
+    Raises:
+        Nothing at run time: an entry of 0 (a PE on another node) gives a wild
+        pointer; only PEs on this node can be addressed.
+    """
+    from_base = tl.load(heap_bases + from_rank)
+    to_base = tl.load(heap_bases + to_rank)
+    offset = tl.cast(ptr, tl.uint64) - from_base      # bytes into the heap
+    moved = tl.cast(to_base, tl.pointer_type(tl.int8)) + offset
+    moved = tl.cast(moved, ptr.dtype)
+    if hint is not None:
+        moved = tl.max_contiguous(tl.multiple_of(moved, hint), hint)
+    return moved
+
+
+# -- loads and stores -----------------------------------------------------------------
+@triton.jit
+def load(pointer, to_rank, from_rank, heap_bases, mask=None, hint: tl.constexpr = None):
+    """Load PE `from_rank`'s copy of `pointer` (Iris's argument order).
+
+    Args:
+        pointer: pointer(s) into this PE's heap.
+        to_rank: this PE (the PE `pointer` belongs to).
+        from_rank: the PE to read from.
+        heap_bases: SymmetricHeap.heap_bases().
+        mask: where False, nothing is read (the result is undefined there).
+        hint: as translate's (an extension of Iris's signature).
+
+    Returns:
+        The loaded block.
+
+    Raises:
+        Nothing at run time.
+    """
+    return tl.load(translate(pointer, to_rank, from_rank, heap_bases, hint), mask=mask)
+
+
+@triton.jit
+def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
+    """Store `value` into PE `to_rank`'s copy of `pointer`.
+
+    Args:
+        pointer: pointer(s) into this PE's heap.
+        value: the block to store.
+        from_rank: this PE (the PE `pointer` belongs to).
+        to_rank: the PE to write to.
+        heap_bases: SymmetricHeap.heap_bases().
+        mask: where False, nothing is written.
+        hint: as translate's (an extension of Iris's signature).
+
+    Returns:
+        None.
+
+    Raises:
+        Nothing at run time.
+    """
+    tl.store(translate(pointer, from_rank, to_rank, heap_bases, hint), value, mask=mask)
+
+
+@triton.jit
+def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
+    """Copy PE `from_rank`'s copy of `from_ptr` into local `to_ptr`.
+
+    Args:
+        from_ptr: pointer(s) into this PE's heap, read on PE `from_rank`.
+        to_ptr: local pointer(s) (any memory this kernel can write).
+        from_rank: the PE to read from.
+        to_rank: this PE.
+        heap_bases: SymmetricHeap.heap_bases().
+        mask: where False, nothing is read or written.
+        hint: as translate's (an extension of Iris's signature).
+
+    Returns:
+        None.
+
+    Raises:
+        Nothing at run time.
+    """
+    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases, hint), mask=mask)
+    tl.store(to_ptr, data, mask=mask)
+
+
+@triton.jit
+def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
+    """Copy local `from_ptr` into PE `to_rank`'s copy of `to_ptr`.
+
+    Args:
+        from_ptr: local pointer(s) to read.
+        to_ptr: pointer(s) into this PE's heap, written on PE `to_rank`.
+        from_rank: this PE.
+        to_rank: the PE to write to.
+        heap_bases: SymmetricHeap.heap_bases().
+        mask: where False, nothing is read or written.
+        hint: as translate's (an extension of Iris's signature).
+
+    Returns:
+        None.
+
+    Raises:
+        Nothing at run time.
+    """
+    data = tl.load(from_ptr, mask=mask)
+    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask)
+
+
+# -- atomics (each returns the values before the operation) ------------------------------
+@triton.jit
+def atomic_add(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """Atomically add `val` to PE `to_rank`'s copy of `pointer`.
+
+    Args:
+        pointer: pointer(s) into this PE's heap.
+        val: the value(s) to add.
+        from_rank: this PE.
+        to_rank: the PE whose memory is updated.
+        heap_bases: SymmetricHeap.heap_bases().
+        mask: where False, nothing is done.
+        sem: "relaxed", "acquire", "release" or "acq_rel" (default).
+        scope: "cta", "gpu" (default) or "sys" (use "sys" between PEs).
+
+    Returns:
+        The values before the addition.
+
+    Raises:
+        Nothing at run time.
+    """
+    return tl.atomic_add(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
+                         sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_sub(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """Atomically subtract `val` from PE `to_rank`'s copy of `pointer`.
+
+    Args:
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        val: the value(s) to subtract.
+
+    Returns:
+        The values before the subtraction.
+
+    Raises:
+        Nothing at run time.
+    """
+    return tl.atomic_add(translate(pointer, from_rank, to_rank, heap_bases), -val, mask=mask,
+                         sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_cas(pointer, cmp, val, from_rank, to_rank, heap_bases, sem=None, scope=None):
+    """Atomically set PE `to_rank`'s copy of `pointer` to `val` where it equals
+    `cmp` (no mask, as tl.atomic_cas and Iris).
+
+    Args:
+        pointer: pointer(s) into this PE's heap.
+        cmp: the value(s) expected.
+        val: the new value(s).
+        from_rank, to_rank, heap_bases, sem, scope: as atomic_add.
+
+    Returns:
+        The values before the operation (equal to `cmp` where it swapped).
+
+    Raises:
+        Nothing at run time.
+    """
+    element = pointer.dtype.element_ty   # tl.atomic_cas wants cmp and val of that type
+    return tl.atomic_cas(translate(pointer, from_rank, to_rank, heap_bases),
+                         tl.cast(cmp, element), tl.cast(val, element), sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_xchg(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """Atomically replace PE `to_rank`'s copy of `pointer` with `val`.
+
+    Args:
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        val: the new value(s).
+
+    Returns:
+        The values before the exchange.
+
+    Raises:
+        Nothing at run time.
+    """
+    return tl.atomic_xchg(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
+                          sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_and(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """Atomically ``&=`` `val` into PE `to_rank`'s copy of `pointer`.
+
+    Args:
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        val: the mask(s).
+
+    Returns:
+        The values before the operation.
+
+    Raises:
+        Nothing at run time.
+    """
+    return tl.atomic_and(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
+                         sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_or(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """Atomically ``|=`` `val` into PE `to_rank`'s copy of `pointer`.
+
+    Args:
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        val: the bits to set.
+
+    Returns:
+        The values before the operation.
+
+    Raises:
+        Nothing at run time.
+    """
+    return tl.atomic_or(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
+                        sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_xor(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """Atomically ``^=`` `val` into PE `to_rank`'s copy of `pointer`.
+
+    Args:
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        val: the bits to flip.
+
+    Returns:
+        The values before the operation.
+
+    Raises:
+        Nothing at run time.
+    """
+    return tl.atomic_xor(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
+                         sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_min(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """Atomically lower PE `to_rank`'s copy of `pointer` to `val` where smaller.
+
+    Args:
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        val: the candidate value(s).
+
+    Returns:
+        The values before the operation.
+
+    Raises:
+        Nothing at run time.
+    """
+    return tl.atomic_min(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
+                         sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_max(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """Atomically raise PE `to_rank`'s copy of `pointer` to `val` where larger.
+
+    Args:
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        val: the candidate value(s).
+
+    Returns:
+        The values before the operation.
+
+    Raises:
+        Nothing at run time.
+    """
+    return tl.atomic_max(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
+                         sem=sem, scope=scope)
+
+
+# -- signals ---------------------------------------------------------------------------
+@triton.jit
+def signal_set(sig_ptr, value, from_rank, to_rank, heap_bases):
+    """Set the signal `sig_ptr` on PE `to_rank` to `value`, with release
+    semantics at system scope: this program's earlier stores (to any PE) are
+    visible to whoever observes the new value with acquire semantics.
+
+    Args:
+        sig_ptr: a pointer to an int32/int64/uint64 signal in this PE's heap.
+        value: the new signal value.
+        from_rank: this PE.
+        to_rank: the PE whose signal is set.
+        heap_bases: SymmetricHeap.heap_bases().
+
+    Returns:
+        The signal's value before.
+
+    Raises:
+        Nothing at run time.
+    """
+    target = translate(sig_ptr, from_rank, to_rank, heap_bases)
+    return tl.atomic_xchg(target, value, sem="release", scope="sys")
+
+
+@triton.jit
+def signal_add(sig_ptr, value, from_rank, to_rank, heap_bases):
+    """Add `value` to the signal `sig_ptr` on PE `to_rank`, with release
+    semantics at system scope (as signal_set).
+
+    Args:
+        sig_ptr: a pointer to an int32/int64/uint64 signal in this PE's heap.
+        value: the amount to add.
+        from_rank: this PE.
+        to_rank: the PE whose signal is updated.
+        heap_bases: SymmetricHeap.heap_bases().
+
+    Returns:
+        The signal's value before.
+
+    Raises:
+        Nothing at run time.
+    """
+    target = translate(sig_ptr, from_rank, to_rank, heap_bases)
+    return tl.atomic_add(target, value, sem="release", scope="sys")
+
+
+@triton.jit
+def _compare(current, value, cmp: tl.constexpr):
+    if cmp == CMP_EQ:
+        result = current == value
+    elif cmp == CMP_NE:
+        result = current != value
+    elif cmp == CMP_GT:
+        result = current > value
+    elif cmp == CMP_GE:
+        result = current >= value
+    elif cmp == CMP_LT:
+        result = current < value
+    else:
+        tl.static_assert(cmp == CMP_LE, "cmp must be one of CMP_EQ, CMP_NE, CMP_GT, CMP_GE, "
+                                        "CMP_LT, CMP_LE")
+        result = current <= value
+    return result
+
+
+@triton.jit
+def signal_test(sig_ptr, cmp: tl.constexpr, value):
+    """Whether this PE's signal compares `cmp` to `value` now, read with
+    acquire semantics at system scope.
+
+    Args:
+        sig_ptr: a pointer to an int32/int64/uint64 signal in this PE's heap.
+        cmp: CMP_EQ, CMP_NE, CMP_GT, CMP_GE, CMP_LT or CMP_LE (a tl.constexpr).
+        value: the value to compare with.
+
+    Returns:
+        A boolean scalar.
+
+    Raises:
+        A compile-time error where `cmp` is not one of the CMP_* constants.
+    """
+    current = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
+    return _compare(current, value, cmp)
+
+
+@triton.jit
+def signal_wait_until(sig_ptr, cmp: tl.constexpr, value, max_polls=0):
+    """Wait until this PE's signal compares `cmp` to `value`, reading it with
+    acquire semantics at system scope: the stores the signalling PE made before
+    its release are visible once this returns.
+
+    Args:
+        sig_ptr: a pointer to an int32/int64/uint64 signal in this PE's heap.
+        cmp: CMP_EQ, CMP_NE, CMP_GT, CMP_GE, CMP_LT or CMP_LE (a tl.constexpr).
+        value: the value to compare with.
+        max_polls: 0 (the default) waits for ever; otherwise at most this many
+            reads, after which it returns although the comparison fails (check
+            the value returned; a kernel cannot raise).
+
+    Returns:
+        The last value read (satisfying the comparison unless `max_polls` ran out).
+
+    Raises:
+        A compile-time error where `cmp` is not one of the CMP_* constants.
+    """
+    current = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
+    polls = 1
+    while (_compare(current, value, cmp) == 0) & ((max_polls == 0) | (polls < max_polls)):
+        current = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
+        polls += 1
+    return current
+
+
+# -- bounding a wait by time (host side) ------------------------------------------------
+@triton.jit
+def _poll_unset(sig_ptr, max_polls):
+    signal_wait_until(sig_ptr, CMP_GE, 1, max_polls)
+
+
+_polls_per_second: dict = {}   # device -> measured rate
+
+
+def max_polls_for(seconds: float, device) -> int:
+    """The `max_polls` that makes signal_wait_until give up after about
+    `seconds` on `device` (a kernel has no clock that is the same on NVIDIA,
+    AMD and the interpreter, so time is counted in polls). The polling rate
+    is measured once per device: a wait on a signal that never comes, timed.
+
+    Args:
+        seconds: how long a wait may last, > 0.
+        device: a torch device (or its name); "cpu" for the interpreter.
+
+    Returns:
+        An int >= 1 for signal_wait_until's max_polls.
+
+    Raises:
+        ValueError: seconds is not > 0.
+    """
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    rate = _polls_per_second.get(device)
+    if rate is None:
+        scratch = torch.zeros(1, dtype=torch.int64, device=device)
+        polls = 200 if device.type == "cpu" else 20000
+
+        def timed(count):
+            start = time.perf_counter()
+            _poll_unset[(1,)](scratch, count)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - start
+
+        timed(1)   # compiles outside the timing
+        rate = _polls_per_second[device] = polls / max(timed(polls), 1e-6)
+    return max(1, int(seconds * rate))
