@@ -73,7 +73,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import shmemvm  # noqa: E402
 from bench_gpu import Run, _round, fmt_size, git_commit, log, rest, rested  # noqa: E402
-from shmemvm import SymmetricHeap, profile  # noqa: E402
+from shmemvm import SymmetricHeap  # noqa: E402
+from shmemvm.core import profile  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 comm = MPI.COMM_WORLD

@@ -1,37 +1,35 @@
 """shmemvm: OpenSHMEM-style symmetric memory for Python.
 
-Layers (imports point down): api -> heap -> peers/fdpass/offnode -> vmem ->
-allocator (pure) and backends (host, cuda, hip).
+The module functions (api.py) act on a default heap made by init(); a
+SymmetricHeap (heap.py) has the same routines as methods. The layers, from
+the top (each imports only from below it; tests/unit/test_house.py keeps it so):
+
+    api, shmem (the NumPy face), triton (device API)   the faces
+    device/        kernels over symmetric memory (DeviceAllReduce)
+    heap           SymmetricHeap: the core with every routine bound by name
+    openshmem/     the routines, one module a family, each with its own state
+    core/          the heap core: state, agree(), routes; setup; sharing
+    transport/     route (self | node mapping | MPI), offnode, completion, kernels
+    node/          fd passing, the exchange, peers, anchor
+    agreement/     protocol, deadlines, board, the agreement
+    memory/        buddy allocator, VMM heap, ownership, limits
+    backends/      host, cuda, hip
+    errors, config, _args, thread_levels, _version
 """
 
-from .memory.buddy import Pow2Allocator
+from . import api
+from ._version import __version__
+from .api import *  # noqa: F401,F403 - the module functions, listed in api.__all__
 from .errors import (FreedTensorError, HeapExhaustedError, PeerTimeoutError, ResourceLimitError,
-    ShmemError, SymmetryError, UnsupportedError)
-from .memory.vmm import VMemPow2Allocator
+                     ShmemError, SymmetryError, UnsupportedError)
 from .heap import SymmetricHeap
-from .api import (barrier_all, calloc, default_heap, empty, fence, finalize, free, get, get_nbi,
-    heap_bases, heap_info, import_external_tensor, init, malloc, my_pe, n_pes, ptr, put, put_nbi,
-    query_thread, quiet, realloc, sync_all, zeros)
-from .api import (all_reduce, alltoall, atomic_add, atomic_and, atomic_compare_swap, atomic_fetch,
-    atomic_fetch_add, atomic_fetch_and, atomic_fetch_inc, atomic_fetch_or, atomic_fetch_xor,
-    atomic_inc, atomic_or, atomic_set, atomic_swap, atomic_xor, broadcast, fcollect, put_signal,
-    reduce, signal_fetch, signal_wait_until, test, wait_until)
-from .api import (atomic_compare_swap_nbi, atomic_fetch_add_nbi, atomic_fetch_and_nbi,
-    atomic_fetch_inc_nbi, atomic_fetch_nbi, atomic_fetch_or_nbi, atomic_fetch_xor_nbi,
-    atomic_swap_nbi, global_exit, iget, info_get_name, info_get_version, iput, pcontrol,
-    put_signal_nbi, test_all, test_all_vector, test_any, test_any_vector, test_some,
-    test_some_vector, wait_until_all, wait_until_all_vector, wait_until_any, wait_until_any_vector,
-    wait_until_some, wait_until_some_vector)
-from .api import (alltoalls, collect, team_destroy, team_my_pe, team_n_pes, team_shared,
-    team_split_2d, team_split_strided, team_sync, team_translate_pe, team_world)
-from .openshmem.atomics import SIGNAL_ADD, SIGNAL_SET
-from .openshmem.teams import Team
-from .api import align, clear_lock, ctx_create, ctx_destroy, malloc_with_hints, set_lock, test_lock
+from .memory.buddy import Pow2Allocator
+from .memory.vmm import VMemPow2Allocator
+from .openshmem.alloc import MALLOC_ATOMICS_REMOTE, MALLOC_SIGNAL_REMOTE
 from .openshmem.contexts import CTX_NOSTORE, CTX_PRIVATE, CTX_SERIALIZED, Ctx
-from .heap import MALLOC_ATOMICS_REMOTE, MALLOC_SIGNAL_REMOTE
+from .openshmem.signals import SIGNAL_ADD, SIGNAL_SET
+from .openshmem.teams import Team
 from .thread_levels import THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED, THREAD_SINGLE
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name):
@@ -43,30 +41,11 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Pow2Allocator", "VMemPow2Allocator", "SymmetricHeap",
-    "init", "finalize", "default_heap", "my_pe", "n_pes", "malloc", "empty", "zeros", "calloc",
-    "realloc", "free", "import_external_tensor", "put", "get", "put_nbi", "get_nbi", "quiet", "fence", "ptr",
-    "barrier_all", "sync_all", "heap_info", "heap_bases", "query_thread",
+    "__version__", "SymmetricHeap", "Pow2Allocator", "VMemPow2Allocator", "Team", "Ctx",
     "THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED", "THREAD_MULTIPLE",
+    "SIGNAL_SET", "SIGNAL_ADD", "CTX_SERIALIZED", "CTX_PRIVATE", "CTX_NOSTORE",
+    "MALLOC_ATOMICS_REMOTE", "MALLOC_SIGNAL_REMOTE",
     "ShmemError", "HeapExhaustedError", "SymmetryError", "PeerTimeoutError",
     "UnsupportedError", "FreedTensorError", "ResourceLimitError",
-    "atomic_fetch", "atomic_set", "atomic_add", "atomic_inc", "atomic_fetch_add",
-    "atomic_fetch_inc", "atomic_swap", "atomic_compare_swap", "atomic_fetch_and",
-    "atomic_fetch_or", "atomic_fetch_xor", "atomic_and", "atomic_or", "atomic_xor",
-    "wait_until", "test", "put_signal", "signal_fetch", "signal_wait_until",
-    "SIGNAL_SET", "SIGNAL_ADD", "broadcast", "fcollect", "reduce", "alltoall", "all_reduce",
-    # OpenSHMEM 1.5 additions
-    "atomic_fetch_nbi", "atomic_fetch_add_nbi", "atomic_fetch_inc_nbi", "atomic_swap_nbi",
-    "atomic_compare_swap_nbi", "atomic_fetch_and_nbi", "atomic_fetch_or_nbi",
-    "atomic_fetch_xor_nbi", "put_signal_nbi",
-    "wait_until_all", "wait_until_any", "wait_until_some", "wait_until_all_vector",
-    "wait_until_any_vector", "wait_until_some_vector", "test_all", "test_any", "test_some",
-    "test_all_vector", "test_any_vector", "test_some_vector", "iput", "iget",
-    "info_get_version", "info_get_name", "pcontrol", "global_exit",
-    # teams and the collectives OpenSHMEM 1.5 adds
-    "Team", "team_world", "team_shared", "team_split_strided", "team_split_2d", "team_my_pe",
-    "team_n_pes", "team_translate_pe", "team_sync", "team_destroy", "collect", "alltoalls",
-    "align", "malloc_with_hints", "MALLOC_ATOMICS_REMOTE", "MALLOC_SIGNAL_REMOTE",
-    "set_lock", "clear_lock", "test_lock",
-    "ctx_create", "ctx_destroy", "Ctx", "CTX_SERIALIZED", "CTX_PRIVATE", "CTX_NOSTORE",
 ]
+__all__ += api.__all__

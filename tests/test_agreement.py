@@ -18,7 +18,8 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import SymmetricHeap, SymmetryError
-from shmemvm.agreement.protocol import N_ARGS, Agreement, Call, Phase, _encode
+from shmemvm.agreement.agreement import Agreement
+from shmemvm.agreement.protocol import N_ARGS, Call, Phase, _encode
 from util import barrier_interrupted_on_pe_1
 
 world = MPI.COMM_WORLD

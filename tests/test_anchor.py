@@ -16,7 +16,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-import shmemvm.heap
+import shmemvm.core.setup
 from conftest import TEST_BACKEND
 from shmemvm import PeerTimeoutError, SymmetricHeap, SymmetryError
 from shmemvm.node.anchor import CUDA_ANCHOR, Anchor, anchor_setting, anchor_size
@@ -131,7 +131,7 @@ def test_a_pe_without_its_anchor_leaves_every_pe_without_one_and_the_heap_works(
     SymmetricHeap(world, anchor=SIZE, **OPTIONS).finalize()   # one-off state (MPI, torch)
     world.Barrier()
     fds, mappings = open_fds(), shmemvm_mappings()
-    monkeypatch.setattr(shmemvm.heap, "Anchor", AnchorRefusedOnPe1)
+    monkeypatch.setattr(shmemvm.core.setup, "Anchor", AnchorRefusedOnPe1)
     with caplog.at_level(logging.WARNING, logger="shmemvm"):
         heap = SymmetricHeap(world, anchor=SIZE, **OPTIONS)
     try:
@@ -158,7 +158,7 @@ def test_a_pe_late_with_its_anchor_is_a_timeout_everywhere_that_leaves_nothing_b
     SymmetricHeap(world, anchor=SIZE, **OPTIONS).finalize()
     world.Barrier()
     fds, mappings = open_fds(), shmemvm_mappings()
-    monkeypatch.setattr(shmemvm.heap, "Anchor", AnchorLateOnPe1)
+    monkeypatch.setattr(shmemvm.core.setup, "Anchor", AnchorLateOnPe1)
     with pytest.raises(PeerTimeoutError):
         SymmetricHeap(world, anchor=SIZE, **dict(OPTIONS, timeout=1))
     world.Barrier()

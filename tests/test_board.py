@@ -15,10 +15,11 @@ import pytest
 import torch
 from mpi4py import MPI
 
-import shmemvm.agreement.protocol
-import shmemvm.heap
+import shmemvm.agreement.agreement
+import shmemvm.core.setup
 from shmemvm import PeerTimeoutError, ShmemError, SymmetricHeap, SymmetryError
-from shmemvm.agreement.protocol import _SEQ, persistent_collectives
+from shmemvm.agreement.deadline import persistent_collectives
+from shmemvm.agreement.protocol import SEQ_SLOT
 from shmemvm.agreement.board import Board
 from util import barrier_interrupted_on_pe_1, open_fds
 
@@ -36,7 +37,7 @@ def no_wait(ready):
 
 @pytest.fixture
 def board():
-    b = Board(world, WORDS, _SEQ)
+    b = Board(world, WORDS, SEQ_SLOT)
     b.freeable = True
     yield b
     world.Barrier()
@@ -45,7 +46,7 @@ def board():
 
 def vector(seq: int, fill: int = 7) -> array.array:
     v = array.array("q", [fill] * WORDS)
-    v[_SEQ] = seq
+    v[SEQ_SLOT] = seq
     return v
 
 
@@ -71,13 +72,13 @@ def test_board_reduces_as_mpi_allreduce_max_does(board):
     for seq in range(1, 400):
         base = [rng.randrange(-2**62, 2**62) for _ in range(WORDS)]
         send = array.array("q", base)
-        send[_SEQ] = seq
+        send[SEQ_SLOT] = seq
         kind = rng.random()
         if kind < 0.3:                       # flags differ
             send[-1] = -1 if rng.random() < 0.5 else 0
             send[-2] = -1 if rng.random() < 0.5 else 0
         elif kind < 0.4:                     # the PEs differ in a word
-            send[rng.randrange(_SEQ)] += world.rank
+            send[rng.randrange(SEQ_SLOT)] += world.rank
         expected = array.array("q", bytes(8 * WORDS))
         world.Allreduce(send, expected, MPI.MAX)
         assert board.allreduce_max(send, seq, no_wait) == expected, seq
@@ -194,8 +195,8 @@ def test_a_board_that_cannot_be_made_means_mpi_for_auto_and_an_init_error_for_bo
     which picks the board there, must then agree through MPI; only an explicit
     `board` fails init, on every PE. The same where one PE alone fails after
     the window's collective allocation."""
-    monkeypatch.setattr(shmemvm.heap, "persistent_collectives", lambda: False)
-    make_board = shmemvm.agreement.protocol.Agreement.make_board
+    monkeypatch.setattr(shmemvm.core.setup, "persistent_collectives", lambda: False)
+    make_board = shmemvm.agreement.agreement.Agreement.make_board
 
     def refuse(self):
         board = make_board(self)   # the collective part, on every PE
@@ -203,7 +204,7 @@ def test_a_board_that_cannot_be_made_means_mpi_for_auto_and_an_init_error_for_bo
             board.close()          # not freed: left to MPI_Finalize, as init leaves it
             raise MPI.Exception(MPI.ERR_INTERN)
         return board
-    monkeypatch.setattr(shmemvm.agreement.protocol.Agreement, "make_board", refuse)
+    monkeypatch.setattr(shmemvm.agreement.agreement.Agreement, "make_board", refuse)
     options = dict(OPTIONS, agreement=setting)
     if setting == "board":
         with pytest.raises(ShmemError, match="agreement's board"):

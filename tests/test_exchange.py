@@ -177,7 +177,7 @@ def test_stale_datagram_of_an_earlier_step_is_discarded_with_a_log_line(heap, ca
         fd = os.memfd_create("shmemvm-stale", 0)
         os.ftruncate(fd, 64 << 10)
         stale = exchange.encode(1, heap.agreement.seq - 1, [Segment(0, 64 << 10, 1)])
-        assert heap.channel.try_send(heap._peer_paths[0], stale, [fd])
+        assert heap.channel.try_send(heap.peer_paths[0], stale, [fd])
         os.close(fd)
     heap.barrier_all()                                   # queued in PE 0's mailbox now
     new_segment_round_trip(heap)                         # its exchange meets it first

@@ -17,6 +17,7 @@ import torch
 from mpi4py import MPI
 
 import shmemvm
+from shmemvm.transport.route import Routes
 from shmemvm import (FreedTensorError, PeerTimeoutError, SymmetricHeap, SymmetryError,
                      UnsupportedError)
 
@@ -258,12 +259,15 @@ def test_mpi_reachability_is_a_backend_attribute():
 @pytest.mark.mpi(min_size=1)
 def test_atomics_on_memory_mpi_is_not_given_take_the_kernel_path(mheap, monkeypatch):
     """Device heaps: atomics on PEs of this node run as Triton kernels
-    (device_atomics.py, tested in test_triton.py / test_gpu_triton.py); PEs on
+    (transport/kernels.py, tested in test_triton.py / test_gpu_triton.py); PEs on
     another node cannot be reached, and say why."""
     heap = mheap
     c = heap.zeros((1,), torch.int64)
-    # Whether MPI reaches the memory is the backend's mpi_accessible, not its device type
+    # Whether MPI reaches the memory is the backend's mpi_accessible, not its device
+    # type; the atomics' path follows from it once, at init (transport/route.py)
     monkeypatch.setattr(heap.backend, "mpi_accessible", False)
+    monkeypatch.setattr(heap, "routes", Routes(heap.my_pe, heap.n_pes, heap.peers.windows,
+                                               mpi_memory=False))
     off_node = [pe for pe in range(heap.n_pes) if pe not in heap.node_pes]
     if off_node:
         with pytest.raises(UnsupportedError, match="another node"):
@@ -283,7 +287,7 @@ def _kernels_run_on_host_memory() -> bool:
     """Whether device_atomics' kernels can run on host memory in this process
     (triton installed and its interpreter on: tests/conftest.py)."""
     try:
-        from shmemvm.device import atomics as device_atomics
+        from shmemvm.transport import kernels as device_atomics
     except ImportError:
         return False
     return device_atomics._interpreted()

@@ -10,7 +10,8 @@ import time
 import pytest
 from mpi4py import MPI
 
-from shmemvm import SymmetricHeap, profile
+from shmemvm import SymmetricHeap
+from shmemvm.core import profile
 from util import REPO, clean_env
 
 WORLD = MPI.COMM_WORLD
@@ -79,7 +80,7 @@ def test_uninstrumented_heap_runs_its_own_methods(heap):
 
 @pytest.mark.skipif(WORLD.Get_size() > 1, reason="starts its own process")
 def test_shmemvm_profile_env_times_every_call():
-    code = ("from mpi4py import MPI; from shmemvm import SymmetricHeap, profile\n"
+    code = ("from mpi4py import MPI; from shmemvm import SymmetricHeap; from shmemvm.core import profile\n"
             "h = SymmetricHeap(MPI.COMM_WORLD, heap_size='4M', backend='host', timeout=30)\n"
             "h.free(h.malloc(1024)); t = profile.totals(); h.finalize()\n"
             "print(sorted(k for k in t if '/' not in k))\n")

@@ -87,7 +87,7 @@ STEPS = {
     "map": lambda heap: fail_once(heap.backend, "map"),
     "set_access (our memory, after sending it)": lambda heap: fail_once(heap.backend,
                                                                         "set_access"),
-    "attach to the MPI window (after sending)": lambda heap: fail_once(heap.offnode, "attach"),
+    "attach to the MPI window (after sending)": lambda heap: fail_once(heap.window, "attach"),
     "unmap (evicting cached memory)": lambda heap: fail_once(heap.backend, "unmap"),
     "export": lambda heap: fail_once(heap.backend, "export_fd"),
     "import": lambda heap: fail_once(heap.backend, "import_fd", owned_fd=0),

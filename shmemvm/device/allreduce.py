@@ -54,10 +54,10 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
     raise ImportError("DeviceAllReduce runs Triton kernels: pip install triton "
                       "(or pip install shmemvm[triton])") from exc
 
-from . import triton as sv
-from ..openshmem.collectives import _symmetric_contiguous   # the collectives' own checks
 from ..config import setting
 from ..errors import PeerTimeoutError, SymmetryError, UnsupportedError
+from ..heap import SymmetricHeap
+from . import triton as sv
 
 #: reductions (tl.constexpr codes of the kernel)
 OPS = {"sum": 0, "max": 1, "min": 2}
@@ -196,7 +196,7 @@ class DeviceAllReduce:
             interpreter.
     """
 
-    def __init__(self, heap, *, programs: int | None = None, block: int = 2048,
+    def __init__(self, heap: SymmetricHeap, *, programs: int | None = None, block: int = 2048,
                  num_warps: int = 8, two_shot_from: int | None = None,
                  timeout: float | None = None,
                  graphs: bool | None = None):
@@ -296,8 +296,8 @@ class DeviceAllReduce:
         """The call's launch as a function of no arguments (None: nothing to do),
         after checking its arguments."""
         what = "DeviceAllReduce"
-        src_offset = _symmetric_contiguous(self.heap, src, "source", what)
-        dst_offset = _symmetric_contiguous(self.heap, dst, "destination", what)
+        src_offset = self.heap.symmetric_contiguous(src, "source", what)
+        dst_offset = self.heap.symmetric_contiguous(dst, "destination", what)
         if src.dtype != dst.dtype or src.numel() != dst.numel():
             raise ValueError(f"{what}: dst ({dst.dtype}, {dst.numel()} elements) and src "
                              f"({src.dtype}, {src.numel()} elements) must have the same dtype "

@@ -4,50 +4,35 @@ It owns one VA reservation, creates/maps physical pieces for the segments the
 allocator creates, unmaps/releases the ones it evicts, and hands out tensors
 that view the blocks without copying.
 
-Ownership. A block's memory is reused only when nothing views it any more:
-every tensor handed out (and every view torch makes of it, which shares its
-storage) and every registered extra view (the symmetric heap's ptr() views)
-keeps the block allocated. The death of each such storage is observed by a
-weak reference with a callback (a "watch") on the storage's Python object,
-which torch keeps alive for exactly as long as the storage itself lives. The
-callback only appends to a deque (no lock, no I/O, safe from any thread and
-from the garbage collector); the bookkeeping runs at the next call. During
-interpreter teardown it does nothing at all, so nothing calls back into a
-half-torn-down interpreter; this is why no DLPack deleter (which would need a
-compiled callback) is used. Dropping a watch disarms it.
+A block's memory is reused only when nothing views it any more
+(ownership.py says how that is known). free(t) detaches `t` itself (it becomes
+an empty tensor) and releases the block at once when no other view exists;
+otherwise the block is *deferred*: the other views keep reading and writing
+its old memory, and it is released when the last of them dies. close()
+releases everything nothing views and keeps the rest mapped (and the VA
+reserved) until its last view dies.
 
-free(t) detaches `t` itself (it becomes an empty tensor) and releases the
-block at once when no other view exists; otherwise the block is *deferred*:
-the other views keep reading and writing its old memory, and it is released
-when the last of them dies. close() releases everything nothing views and
-keeps the rest mapped (and the VA reserved) until its last view dies.
-
-The symmetric heap (heap.py) builds on the same object but releases a block
-only when every PE agrees that nothing views it (release_dead=False).
+The symmetric heap builds on the same object but releases a block only when
+every PE agrees that nothing views it (release_dead=False).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import sys
 import threading
-import weakref
-from collections import deque
 from dataclasses import dataclass
 
 import torch
 
-from ..backends import _dlpack
-from .limits import naming_limits
-from .buddy import Block, Pow2Allocator, Segment, format_bytes, is_pow2, next_pow2
+from .. import _args
 from ..backends import VMMBackend, create_backend
 from ..config import parse_size, setting
 from ..errors import Attempts, FreedTensorError, ShmemError
+from . import ownership
+from .buddy import Block, Pow2Allocator, Segment, format_bytes, is_pow2, next_pow2
+from .limits import naming_limits
 
 log = logging.getLogger("shmemvm")
-
-_OWN, _VIEW = 0, 1   # what died: the block's own storage, or a registered view
 
 #: closed allocators whose memory tensors still view: held here until the last
 #: view dies, since otherwise nothing outside holds them, their watches included
@@ -77,118 +62,6 @@ def chunk_size(value, budget: int, granularity: int) -> int:
     return min(chunk, 1 << (budget.bit_length() - 1))
 
 
-def _shape_of(shape) -> tuple[int, ...]:
-    if isinstance(shape, torch.Size):
-        return tuple(shape)
-    if isinstance(shape, (tuple, list)):
-        dims = tuple(shape)
-    else:
-        dims = (shape,)
-    out = []
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
-            raise TypeError(f"shape entries must be integers, got {type(d).__name__} {d!r}")
-        d = int(d.__index__())
-        if d < 0:
-            raise ValueError(f"shape entries must be >= 0, got {d} in {shape!r}")
-        out.append(d)
-    return tuple(out)
-
-
-def tensor_nbytes(shape, dtype: torch.dtype) -> tuple[tuple[int, ...], int]:
-    if type(dtype) is not torch.dtype or dtype not in _SUPPORTED_DTYPES:
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-        _dlpack.check_dtype(dtype)
-    # The common shapes, a plain int or a 1-tuple of one (malloc's), need no more checks
-    kind = type(shape)
-    if kind is int:
-        if shape >= 0:
-            return (shape,), shape * dtype.itemsize
-    elif kind is tuple and len(shape) == 1:
-        count = shape[0]
-        if type(count) is int and count >= 0:
-            return shape, count * dtype.itemsize
-    dims = _shape_of(shape)
-    if len(dims) > _dlpack.MAX_NDIM:
-        raise ValueError(f"at most {_dlpack.MAX_NDIM} dimensions are supported, got {len(dims)}")
-    return dims, math.prod(dims) * dtype.itemsize
-
-
-_SUPPORTED_DTYPES = _dlpack.SUPPORTED_DTYPES
-
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _use_count(storage: torch.UntypedStorage) -> int | None:
-    return None if _storage_use_count is None else _storage_use_count(storage._cdata)
-
-
-def _calibrate() -> int | None:
-    # Use counts include torch's own reference from the storage's Python
-    # object; measure what "held by one Python reference only" reads as here.
-    tensor = torch.empty(1, dtype=torch.uint8)
-    storage = tensor.untyped_storage()
-    tensor.set_()
-    return _use_count(storage)
-
-
-_HELD_ALONE = _calibrate()
-
-
-class _Mailbox:
-    """Where watches report dead storages. Kept apart from the allocator so
-    that a watch never keeps the allocator alive; after close() it also drives
-    the release of memory that was still viewed then."""
-
-    def __init__(self):
-        self.events: deque[_Watch] = deque()
-        self.after_close = None   # called after each death once the allocator is closed
-
-    def died(self, watch: "_Watch") -> None:
-        if sys.is_finalizing():
-            return  # interpreter teardown: the process gives everything back
-        self.events.append(watch)
-        if self.after_close is not None:
-            self.after_close()
-
-
-class _Watch(weakref.ref):
-    """A weak reference to a storage that views a block (a ptr() view), which
-    reports the storage's death to the mailbox. Cheaper than weakref.finalize,
-    and dropping the watch disarms it. Made by _watch(): weakref.ref's own
-    constructor, then the slots (no Python-level __new__/__init__ to run)."""
-
-    __slots__ = ("offset", "serial", "kind")
-
-
-def _watch(storage, died, offset: int, serial: int, kind: int) -> _Watch:
-    watch = _Watch(storage, died)
-    watch.offset, watch.serial, watch.kind = offset, serial, kind
-    return watch
-
-
-class _Record(_Watch):
-    """An allocated block and what views it on this process. The record is
-    itself the watch of the block's own storage (kind _OWN): one object per
-    allocation, and dropping the record disarms it."""
-
-    __slots__ = ("block", "own_alive", "views", "freed")
-    # views: watches of registered views (ptr views) alive, a set made at the first
-    # (None until then); freed: free()d, no longer a symmetric tensor, maybe still viewed
-
-    @property
-    def viewed(self) -> bool:
-        return self.own_alive or bool(self.views)
-
-
-def _record(storage, died, block: Block) -> _Record:
-    """The record of `block`, watching its own `storage`."""
-    record = _Record(storage, died)
-    record.offset, record.serial, record.kind = block.offset, block.serial, _OWN
-    record.block, record.own_alive, record.views, record.freed = block, True, None, False
-    return record
-
 
 @dataclass(eq=False)
 class _Imported:
@@ -200,41 +73,6 @@ class _Imported:
     placed: list                  # (va, size) of each mapping here
     owner: torch.Tensor | None
     start: int                    # heap offset of the imported storage's first byte
-
-
-class Retirement:
-    """First half of freeing a tensor: the tensor is detached from its block
-    (it becomes empty) and `alone` says whether anything else here still views
-    the block. restore() undoes the detaching (a collective free that failed)."""
-
-    __slots__ = ("block", "tensor", "storage", "_geometry", "detached", "alone")
-
-    def __init__(self, record: _Record, tensor: torch.Tensor, storage: torch.UntypedStorage):
-        self.block = block = record.block
-        self.tensor = tensor
-        self.storage = storage                 # tensor's, the block's own
-        self._geometry = (tensor.storage_offset(), tensor.shape, tensor.stride())
-        try:
-            tensor.set_()
-            tensor._shmemvm_freed = block.offset   # for the error if it is used again
-            self.detached = True
-        except RuntimeError:  # e.g. a tensor that requires grad: leave it as it is
-            self.detached = False
-        # alone: nothing else views the block here: no registered view, and our
-        # reference is all that keeps the storage alive (no tensor views it).
-        # Unknown use counts say no: the block is then deferred, which is always safe.
-        self.alone = (self.detached and not record.views and _storage_use_count is not None
-                      and _storage_use_count(storage._cdata) == _HELD_ALONE)
-
-    def restore(self) -> None:
-        if self.detached and self.storage is not None:
-            self.tensor.set_(self.storage, *self._geometry)
-            del self.tensor._shmemvm_freed
-            self.detached = False
-
-    def old_bytes(self) -> torch.Tensor:
-        """The block's bytes as they were (for realloc's copy)."""
-        return torch.empty(0, dtype=torch.uint8, device=self.tensor.device).set_(self.storage)
 
 
 class VMemPow2Allocator:
@@ -267,9 +105,9 @@ class VMemPow2Allocator:
         self._unmapped: set[int] = set()             # offsets created, not mapped yet
         self._imported: dict[int, _Imported] = {}    # block offset -> imported memory
         self._storage_at: dict[int, int] = {}        # imported storage's offset -> block offset
-        self._records: dict[int, _Record] = {}       # block offset -> allocated block
+        self._records: dict[int, ownership.Record] = {}       # block offset -> allocated block
         self._dead: set[int] = set()                 # offsets nothing here views any more
-        self._mailbox = _Mailbox()
+        self._mailbox = ownership.Mailbox()
         self._died = self._mailbox.died              # every watch's callback, bound once
         self._lock = threading.RLock()               # allocator, records, handles
         self._drain_lock = threading.Lock()          # after close: one drainer at a time
@@ -298,7 +136,7 @@ class VMemPow2Allocator:
 
     def allocate(self, shape, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """A tensor of `shape` (or a number of elements) in a block of its own."""
-        dims, nbytes = tensor_nbytes(shape, dtype)
+        dims, nbytes = _args.tensor_nbytes(shape, dtype)
         with self._lock:
             self._check_open()
             self._release_dead()
@@ -432,7 +270,7 @@ class VMemPow2Allocator:
         """
         return self._record_of(tensor)[0].block
 
-    def _record_of(self, tensor: torch.Tensor) -> tuple[_Record, torch.UntypedStorage]:
+    def _record_of(self, tensor: torch.Tensor) -> tuple[ownership.Record, torch.UntypedStorage]:
         """block_of()'s record of the live block and tensor's storage."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
@@ -551,7 +389,7 @@ class VMemPow2Allocator:
     def tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The block's own tensor; its storage's life decides the block's."""
         tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
-        record = _record(tensor.untyped_storage(), self._died, block)
+        record = ownership.record(tensor.untyped_storage(), self._died, block)
         with self._lock:
             self._records[block.offset] = record
         return tensor
@@ -566,17 +404,17 @@ class VMemPow2Allocator:
                                        f"while a view of it was being made")
             if record.views is None:
                 record.views = set()
-            record.views.add(_watch(view.untyped_storage(), self._died, block.offset,
-                                    block.serial, _VIEW))
+            record.views.add(ownership.watch(view.untyped_storage(), self._died, block.offset,
+                                    block.serial, ownership.VIEW))
         return view
 
-    def retire(self, tensor: torch.Tensor) -> Retirement:
+    def retire(self, tensor: torch.Tensor) -> ownership.Retirement:
         """Detach `tensor` from its live block (first half of a free)."""
         with self._lock:
             record, storage = self._record_of(tensor)
-            return Retirement(record, tensor, storage)
+            return ownership.Retirement(record, tensor, storage)
 
-    def finish_free(self, retirement: Retirement, release_now: bool) -> Exception | None:
+    def finish_free(self, retirement: ownership.Retirement, release_now: bool) -> Exception | None:
         """Second half of a free: release the block now (nothing views it, here
         or, for the symmetric heap, on any PE), or defer it to its views' death.
         Returns what release() returns."""
@@ -591,7 +429,7 @@ class VMemPow2Allocator:
             self._absorb_events()
             return None
 
-    def resize(self, retirement: Retirement, nbytes: int, dims, dtype) -> torch.Tensor:
+    def resize(self, retirement: ownership.Retirement, nbytes: int, dims, dtype) -> torch.Tensor:
         """A new tensor over the retired block, which now holds `nbytes` (same
         size class, same place); only when nothing viewed the old tensor anywhere."""
         offset = retirement.block.offset
@@ -661,7 +499,7 @@ class VMemPow2Allocator:
                                       torch.uint8).untyped_storage()
         tensor = torch.empty(0, dtype=like.dtype, device=self.device).set_(
             storage, like.storage_offset(), like.shape, like.stride())
-        record = _record(storage, self._died, block)
+        record = ownership.record(storage, self._died, block)
         with self._lock:
             self._records[block.offset] = record
             if lead:
@@ -698,7 +536,7 @@ class VMemPow2Allocator:
             record = self._records.get(watch.offset)
             if record is None or record.block.serial != watch.serial:
                 continue  # a block released since (explicit free with no other view)
-            if watch.kind == _OWN:
+            if watch.kind == ownership.OWN:
                 record.own_alive = False
             else:
                 record.views.discard(watch)

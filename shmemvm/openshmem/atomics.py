@@ -1,10 +1,18 @@
-"""Atomics, point-to-point synchronization and signals on symmetric memory.
+"""Atomics on symmetric memory: fetch, set, add, inc, swap, compare-and-swap
+and the bitwise ones, blocking and non-blocking (_nbi).
 
-Every atomic goes through the heap's MPI dynamic window (offnode.py), to PEs
-on this node as well as to PEs on other nodes: MPI_Fetch_and_op,
-MPI_Compare_and_swap and MPI_Accumulate are atomic only with respect to each
-other, so one path for all of them is what makes them atomic together, from
-every PE. Each call is blocking and complete at the target when it returns.
+One path per heap (transport/route.py, AtomicPath), so that every atomic on a
+word is atomic with respect to every other, from every PE:
+
+- host heaps: every atomic goes through the heap's MPI dynamic window
+  (transport/offnode.py), to PEs on this node as well as to PEs on other
+  nodes: MPI_Fetch_and_op, MPI_Compare_and_swap and MPI_Accumulate are atomic
+  only with respect to each other. Each call is blocking and complete at the
+  target when it returns.
+- device heaps (memory MPI is not given): atomics on PEs of this node run as
+  one-program Triton kernels with system-scope atomics on the current stream
+  (device/atomics.py), so they are atomic with respect to kernels' atomics of
+  system scope; PEs on other nodes cannot be reached. Requires Triton.
 
 No wait without a deadline: a target PE that died, is stopped or stays out of
 MPI would make MPI_Win_flush wait for ever, so every atomic is issued in a
@@ -25,37 +33,26 @@ and PeerTimeoutError names the PE and the operation:
 - compare-and-swap has no request-based form in MPI; see
   atomic_compare_swap.
 
-These functions take the heap first and are the heap's methods as they are
-(`SymmetricHeap.atomic_add is atomics.atomic_add`), and the module functions
-of shmemvm forward to those methods: each is written here once.
-
-The target of an atomic is a one-element view of a symmetric tensor of dtype
-int32, int64 or uint64 (`counter[3]` or `counter[3:4]`).
-
-Device heaps (memory MPI is not given): atomics on PEs of this node run as
-one-program Triton kernels with system-scope atomics on the current stream
-(device_atomics.py), so they are atomic with respect to kernels' atomics of
-system scope; PEs on other nodes cannot be reached. wait_until, test and the
-signal calls poll device memory with such atomic reads, with the same
-deadlines. Requires Triton (pip install triton).
-
-`wait_until`/`test`/`signal_wait_until` read the local variable with an MPI
-atomic fetch (MPI_NO_OP) on this PE: that read is atomic with respect to the
-atomics of other PEs and also sees their plain puts. Polling calls into MPI,
-which is also what lets MPI apply other PEs' operations to this PE's memory
-(passive-target progress; see docs/multinode.md).
+Each function takes a context first (the heap itself, its default context,
+or a Ctx: contexts.py), which maps `pe` (team-relative on a team's context)
+and whose quiet() completes the non-blocking forms. The target of an atomic
+is a one-element view of a symmetric tensor of dtype int32, int64 or uint64
+(`counter[3]` or `counter[3:4]`); atomic_fetch/set/swap take float32 and
+float64 too.
 """
 
 from __future__ import annotations
 
 import array
 import operator
-import time
 
 import torch
 from mpi4py import MPI
 
-from ..errors import PeerTimeoutError, UnsupportedError
+from .. import _args, _docs
+from ..core.state import Context, HeapCore
+from ..errors import UnsupportedError
+from ..transport.completion import CompletionTracker
 
 #: dtypes atomics work on: torch dtype -> (MPI datatype, array typecode)
 ATOMIC_DTYPES = {
@@ -76,20 +73,6 @@ for _dtype, (_, _code) in {**ATOMIC_DTYPES, **FLOAT_ATOMIC_DTYPES}.items():
 #: the operations that take float32/float64 targets, for error messages
 FLOAT_OPERATIONS = ("atomic_fetch", "atomic_set", "atomic_swap", "atomic_fetch_nbi",
                     "atomic_swap_nbi")
-
-#: comparisons of wait_until / test / signal_wait_until
-COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt,
-               "ge": operator.ge, "lt": operator.lt, "le": operator.le}
-
-#: signal update operations of put_signal
-SIGNAL_SET = "set"
-SIGNAL_ADD = "add"
-_SIGNAL_OPS = {SIGNAL_SET: MPI.REPLACE, SIGNAL_ADD: MPI.SUM}
-
-# Polling: this many reads back to back, then sleeps doubling up to the cap.
-_SPIN_POLLS = 32
-_FIRST_SLEEP = 20e-6
-_MAX_SLEEP = 0.2e-3     # as the heap's own waits: a waiting PE still serves MPI often
 
 
 # -- checks -------------------------------------------------------------------
@@ -112,11 +95,11 @@ def _check_dtype(tensor, what: str, role: str, floats: bool = False) -> None:
                     f"those dtypes (e.g. heap.zeros(n, torch.int64))")
 
 
-def _check_target(heap, dest, pe, what: str, floats: bool = False) -> int:
+def check_target(heap: HeapCore, dest, pe, what: str, floats: bool = False) -> int:
     """`pe` as an int after checking `pe` and `dest` (type, dtype, one element),
     or a clear error. `floats`: the operation also takes float32/float64
     (FLOAT_OPERATIONS)."""
-    pe = heap._check_pe(pe)
+    pe = heap.check_pe(pe)
     if not isinstance(dest, torch.Tensor):
         raise TypeError(f"{what}: the target must be a one-element view of a symmetric "
                         f"tensor, got {type(dest).__name__}")
@@ -128,33 +111,33 @@ def _check_target(heap, dest, pe, what: str, floats: bool = False) -> int:
     return pe
 
 
-def _target(heap, dest, pe, what: str, floats: bool = False):
+def _target(heap: HeapCore, dest, pe, what: str, floats: bool = False):
     """(pe, displacement in pe's window, MPI datatype, typecode, OffNodeWindow) for
     an atomic on `dest`, or a clear error. `floats`: the operation also takes
     float32/float64 (FLOAT_OPERATIONS)."""
-    pe = _check_target(heap, dest, pe, what, floats)
-    displacement, window = _located(heap, dest, pe, what, "target")
+    pe = check_target(heap, dest, pe, what, floats)
+    displacement, window = locate(heap, dest, pe, what, "target")
     mpi_type, code = _dtypes(True)[dest.dtype]
     return pe, displacement, mpi_type, code, window
 
 
-def _located(heap, tensor, pe: int, what: str, role: str):
+def locate(heap: HeapCore, tensor, pe: int, what: str, role: str):
     """(displacement of `tensor` in PE `pe`'s window, OffNodeWindow), after checking
     that `tensor` is symmetric, aligned and in memory MPI reaches."""
-    heap._symmetric(tensor, f"{role} of {what} (a view of a tensor from this heap's "
+    heap.symmetric(tensor, f"{role} of {what} (a view of a tensor from this heap's "
                             f"malloc/empty/zeros)")
-    _check_aligned(tensor, what, role)
+    check_aligned(tensor, what, role)
     if not heap.backend.mpi_accessible:
         raise UnsupportedError(
             f"{what}: this heap holds {heap.backend.name} backend memory on {heap.device}, "
             f"which shmemvm does not hand to MPI (no GPU-aware MPI is assumed), so PE {pe} "
             f"on another node cannot be reached by atomics; PEs on this node can (Triton "
             f"kernels), and a host-backend heap (backend='host') reaches every PE")
-    window = heap.window(what)
+    window = heap.window_for(what)
     return window.displacement(tensor, pe), window
 
 
-def _check_aligned(tensor, what: str, role: str) -> None:
+def check_aligned(tensor, what: str, role: str) -> None:
     if tensor.data_ptr() % tensor.element_size():
         raise ValueError(f"{what}: the {role} at {tensor.data_ptr():#x} is not aligned to "
                          f"its {tensor.element_size()}-byte element size; use an element of "
@@ -168,29 +151,29 @@ _DEVICE_OPS = {op.py2f(): name for op, name in (
     (MPI.BOR, "or"), (MPI.BXOR, "xor"))}   # keyed by handle: MPI.Op is not hashable
 
 
-def _on_device(heap, pe: int) -> bool:
-    """Whether an atomic on PE `pe` runs as a kernel: the heap holds memory MPI is
-    not given (a device heap) and `pe` is this PE or a peer mapped here."""
-    return not heap.backend.mpi_accessible and (pe == heap.my_pe or pe in heap.peers)
+def by_kernel(heap: HeapCore, pe: int) -> bool:
+    """Whether an atomic on PE `pe` runs as a kernel (transport/route.py): a
+    device heap, and `pe` is this PE or a peer mapped here."""
+    return heap.routes.atomic_by_kernel(pe)
 
 
-def _device(heap, dest, pe: int, op: str, what: str, value=0, cond=0):
-    """Run `op` on dest on PE `pe` as a kernel (device_atomics.apply), after the
+def _device(heap: HeapCore, dest, pe: int, op: str, what: str, value=0, cond=0):
+    """Run `op` on dest on PE `pe` as a kernel (transport/kernels.py), after the
     checks the MPI path makes; dest's old value."""
-    block = heap._symmetric(dest, f"target of {what} (a view of a tensor from this heap's "
+    block = heap.symmetric(dest, f"target of {what} (a view of a tensor from this heap's "
                                   f"malloc/empty/zeros)")
-    _check_aligned(dest, what, "target")
+    check_aligned(dest, what, "target")
     if pe != heap.my_pe:
         heap.peers.check(pe, block.segment)
-    try:
-        from ..device import atomics as device_atomics
+    try:   # Triton is optional: imported where a device heap's atomic needs it
+        from ..transport import kernels
     except ImportError as exc:
         raise UnsupportedError(f"{what}: on a {heap.backend.name} heap atomics run as Triton "
                                f"kernels, and Triton is not installed: pip install triton") from exc
-    return device_atomics.apply(heap, dest, pe, op, value, cond)
+    return kernels.apply(heap.heap_bases(), heap.my_pe, dest, pe, op, value, cond)
 
 
-def _value(value, dtype: torch.dtype, what: str, name: str = "value") -> int | float:
+def value_for(value, dtype: torch.dtype, what: str, name: str = "value") -> int | float:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if dtype.is_floating_point:
@@ -211,34 +194,34 @@ def _value(value, dtype: torch.dtype, what: str, name: str = "value") -> int | f
 
 
 # -- the MPI operations ------------------------------------------------------
-def _issue(heap, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
+def _issue(heap: HeapCore, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
     """Start `op` with `value` on dest on PE `pe` (MPI_Rget_accumulate, module doc):
     (request, pe, window, result array that holds the old value once complete)."""
     pe, displacement, mpi_type, code, window = _target(heap, dest, pe, what, floats)
-    origin = array.array(code, [_value(value, dest.dtype, what)])
+    origin = array.array(code, [value_for(value, dest.dtype, what)])
     result = array.array(code, [0])
     request = window.win.Rget_accumulate([origin, 1, mpi_type], [result, 1, mpi_type], pe,
                                          [displacement, 1, mpi_type], op)
     return request, pe, window, (origin, result)
 
 
-def _fetch_op(heap, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
+def fetch_op(heap: HeapCore, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
     """Apply `op` with `value` to dest on PE `pe`; the value it replaced. Complete at
     the target on return (module doc), or PeerTimeoutError at the deadline.
-    Device heaps: a kernel for PEs of this node (_on_device)."""
+    Device heaps: a kernel for PEs of this node (by_kernel)."""
     if not heap.backend.mpi_accessible:
-        pe = _check_target(heap, dest, pe, what, floats)
-        if _on_device(heap, pe):
-            value = _value(value, dest.dtype, what)
+        pe = check_target(heap, dest, pe, what, floats)
+        if by_kernel(heap, pe):
+            value = value_for(value, dest.dtype, what)
             return _device(heap, dest, pe, _DEVICE_OPS[op.py2f()], what, value)
     request, pe, window, (_, result) = _issue(heap, dest, value, pe, op, what, floats)
     window.finish(request, pe, what)
     return result[0]
 
 
-def _read_local(heap, ivar, what: str) -> int:
+def read_local(heap: HeapCore, ivar, what: str) -> int:
     """ivar's value on this PE, read atomically through MPI."""
-    return _fetch_op(heap, ivar, 0, heap.my_pe, MPI.NO_OP, what)
+    return fetch_op(heap, ivar, 0, heap.my_pe, MPI.NO_OP, what)
 
 
 # The errors every atomic can raise, for their docstrings.
@@ -258,17 +241,8 @@ _RAISES = """
 """
 
 
-def _raises(section: str):
-    """Decorator: append a shared Raises section to a function's docstring."""
-    def add(function):
-        if function.__doc__:  # None under python -OO
-            function.__doc__ = function.__doc__.rstrip() + "\n" + section
-        return function
-    return add
-
-
-_documented = _raises(_RAISES)
-_documented_float = _raises("""
+_documented = _docs.appended(_RAISES)
+_documented_float = _docs.appended("""
     Raises:
         TypeError: `dest` is not a tensor of dtype int32, int64, uint64, float32
             or float64, `pe` is not an integer, or a value is not an integer
@@ -287,7 +261,7 @@ _documented_float = _raises("""
 
 # -- atomics ----------------------------------------------------------------------
 @_documented_float
-def atomic_fetch(heap, dest: torch.Tensor, pe: int) -> int | float:
+def atomic_fetch(ctx: Context, dest: torch.Tensor, pe: int) -> int | float:
     """Read `dest` on PE `pe` atomically.
 
     Args:
@@ -299,11 +273,12 @@ def atomic_fetch(heap, dest: torch.Tensor, pe: int) -> int | float:
         The value of `dest` on PE `pe`, as a Python int (float for a float
         tensor).
     """
-    return _fetch_op(heap, dest, 0, pe, MPI.NO_OP, "atomic_fetch", floats=True)
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    return fetch_op(heap, dest, 0, pe, MPI.NO_OP, "atomic_fetch", floats=True)
 
 
 @_documented_float
-def atomic_set(heap, dest: torch.Tensor, value: int | float, pe: int) -> None:
+def atomic_set(ctx: Context, dest: torch.Tensor, value: int | float, pe: int) -> None:
     """Set `dest` on PE `pe` to `value` atomically; complete there on return.
 
     Args:
@@ -316,11 +291,12 @@ def atomic_set(heap, dest: torch.Tensor, value: int | float, pe: int) -> None:
     Returns:
         None.
     """
-    _fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_set", floats=True)
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_set", floats=True)
 
 
 @_documented
-def atomic_add(heap, dest: torch.Tensor, value: int, pe: int) -> None:
+def atomic_add(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> None:
     """Add `value` to `dest` on PE `pe` atomically; complete there on return.
 
     Args:
@@ -331,11 +307,12 @@ def atomic_add(heap, dest: torch.Tensor, value: int, pe: int) -> None:
     Returns:
         None.
     """
-    _fetch_op(heap, dest, value, pe, MPI.SUM, "atomic_add")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    fetch_op(heap, dest, value, pe, MPI.SUM, "atomic_add")
 
 
 @_documented
-def atomic_inc(heap, dest: torch.Tensor, pe: int) -> None:
+def atomic_inc(ctx: Context, dest: torch.Tensor, pe: int) -> None:
     """Add 1 to `dest` on PE `pe` atomically; complete there on return.
 
     Args:
@@ -345,11 +322,12 @@ def atomic_inc(heap, dest: torch.Tensor, pe: int) -> None:
     Returns:
         None.
     """
-    _fetch_op(heap, dest, 1, pe, MPI.SUM, "atomic_inc")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    fetch_op(heap, dest, 1, pe, MPI.SUM, "atomic_inc")
 
 
 @_documented
-def atomic_fetch_add(heap, dest: torch.Tensor, value: int, pe: int) -> int:
+def atomic_fetch_add(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> int:
     """Add `value` to `dest` on PE `pe` atomically and return the value before.
 
     Args:
@@ -360,11 +338,12 @@ def atomic_fetch_add(heap, dest: torch.Tensor, value: int, pe: int) -> int:
     Returns:
         dest's value on PE `pe` just before the addition, as a Python int.
     """
-    return _fetch_op(heap, dest, value, pe, MPI.SUM, "atomic_fetch_add")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    return fetch_op(heap, dest, value, pe, MPI.SUM, "atomic_fetch_add")
 
 
 @_documented
-def atomic_fetch_inc(heap, dest: torch.Tensor, pe: int) -> int:
+def atomic_fetch_inc(ctx: Context, dest: torch.Tensor, pe: int) -> int:
     """Add 1 to `dest` on PE `pe` atomically and return the value before.
 
     Args:
@@ -374,11 +353,12 @@ def atomic_fetch_inc(heap, dest: torch.Tensor, pe: int) -> int:
     Returns:
         dest's value on PE `pe` just before the increment, as a Python int.
     """
-    return _fetch_op(heap, dest, 1, pe, MPI.SUM, "atomic_fetch_inc")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    return fetch_op(heap, dest, 1, pe, MPI.SUM, "atomic_fetch_inc")
 
 
 @_documented_float
-def atomic_swap(heap, dest: torch.Tensor, value: int | float, pe: int) -> int | float:
+def atomic_swap(ctx: Context, dest: torch.Tensor, value: int | float, pe: int) -> int | float:
     """Set `dest` on PE `pe` to `value` atomically and return the value before.
 
     Args:
@@ -392,11 +372,12 @@ def atomic_swap(heap, dest: torch.Tensor, value: int | float, pe: int) -> int | 
         dest's value on PE `pe` just before the swap, as a Python int (float
         for a float tensor).
     """
-    return _fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_swap", floats=True)
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    return fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_swap", floats=True)
 
 
 @_documented
-def atomic_compare_swap(heap, dest: torch.Tensor, cond: int, value: int, pe: int) -> int:
+def atomic_compare_swap(ctx: Context, dest: torch.Tensor, cond: int, value: int, pe: int) -> int:
     """Set `dest` on PE `pe` to `value` if it equals `cond`, atomically.
 
     Args:
@@ -409,24 +390,25 @@ def atomic_compare_swap(heap, dest: torch.Tensor, cond: int, value: int, pe: int
         dest's value on PE `pe` before the call, as a Python int: equal to
         `cond` exactly when the swap happened.
     """
+    heap, pe = ctx.core, ctx.world_pe(pe)
     what = "atomic_compare_swap"
     if not heap.backend.mpi_accessible:
-        pe = _check_target(heap, dest, pe, what)
-        if _on_device(heap, pe):
-            return _device(heap, dest, pe, "cas", what, _value(value, dest.dtype, what),
-                           _value(cond, dest.dtype, what, "cond"))
+        pe = check_target(heap, dest, pe, what)
+        if by_kernel(heap, pe):
+            return _device(heap, dest, pe, "cas", what, value_for(value, dest.dtype, what),
+                           value_for(cond, dest.dtype, what, "cond"))
     read, pe, window, buffers = _issue_compare_swap(heap, dest, cond, value, pe, what)
     window.finish(read, pe, "atomic_compare_swap")
     return buffers[-1][0]
 
 
-def _issue_compare_swap(heap, dest, cond, value, pe, what: str):
+def _issue_compare_swap(heap: HeapCore, dest, cond, value, pe, what: str):
     """Start a compare-and-swap on dest on PE `pe`: (request, pe, window, buffers),
     buffers[-1] holding the old value once the request is complete and the window
     flushed."""
     pe, displacement, mpi_type, code, window = _target(heap, dest, pe, what)
-    origin = array.array(code, [_value(value, dest.dtype, what)])
-    compare = array.array(code, [_value(cond, dest.dtype, what, "cond")])
+    origin = array.array(code, [value_for(value, dest.dtype, what)])
+    compare = array.array(code, [value_for(cond, dest.dtype, what, "cond")])
     result = array.array(code, [0])
     after = array.array(code, [0])
     # MPI_Compare_and_swap has no request-based form, and the MPI_Win_flush that
@@ -447,7 +429,7 @@ def _issue_compare_swap(heap, dest, cond, value, pe, what: str):
 
 
 @_documented
-def atomic_fetch_and(heap, dest: torch.Tensor, value: int, pe: int) -> int:
+def atomic_fetch_and(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> int:
     """``dest &= value`` on PE `pe` atomically, returning the value before.
 
     Args:
@@ -458,11 +440,12 @@ def atomic_fetch_and(heap, dest: torch.Tensor, value: int, pe: int) -> int:
     Returns:
         dest's value on PE `pe` just before the update, as a Python int.
     """
-    return _fetch_op(heap, dest, value, pe, MPI.BAND, "atomic_fetch_and")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    return fetch_op(heap, dest, value, pe, MPI.BAND, "atomic_fetch_and")
 
 
 @_documented
-def atomic_fetch_or(heap, dest: torch.Tensor, value: int, pe: int) -> int:
+def atomic_fetch_or(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> int:
     """``dest |= value`` on PE `pe` atomically, returning the value before.
 
     Args:
@@ -473,11 +456,12 @@ def atomic_fetch_or(heap, dest: torch.Tensor, value: int, pe: int) -> int:
     Returns:
         dest's value on PE `pe` just before the update, as a Python int.
     """
-    return _fetch_op(heap, dest, value, pe, MPI.BOR, "atomic_fetch_or")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    return fetch_op(heap, dest, value, pe, MPI.BOR, "atomic_fetch_or")
 
 
 @_documented
-def atomic_fetch_xor(heap, dest: torch.Tensor, value: int, pe: int) -> int:
+def atomic_fetch_xor(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> int:
     """``dest ^= value`` on PE `pe` atomically, returning the value before.
 
     Args:
@@ -488,11 +472,12 @@ def atomic_fetch_xor(heap, dest: torch.Tensor, value: int, pe: int) -> int:
     Returns:
         dest's value on PE `pe` just before the update, as a Python int.
     """
-    return _fetch_op(heap, dest, value, pe, MPI.BXOR, "atomic_fetch_xor")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    return fetch_op(heap, dest, value, pe, MPI.BXOR, "atomic_fetch_xor")
 
 
 @_documented
-def atomic_and(heap, dest: torch.Tensor, value: int, pe: int) -> None:
+def atomic_and(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> None:
     """``dest &= value`` on PE `pe` atomically; complete there on return.
 
     Args:
@@ -503,11 +488,12 @@ def atomic_and(heap, dest: torch.Tensor, value: int, pe: int) -> None:
     Returns:
         None.
     """
-    _fetch_op(heap, dest, value, pe, MPI.BAND, "atomic_and")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    fetch_op(heap, dest, value, pe, MPI.BAND, "atomic_and")
 
 
 @_documented
-def atomic_or(heap, dest: torch.Tensor, value: int, pe: int) -> None:
+def atomic_or(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> None:
     """``dest |= value`` on PE `pe` atomically; complete there on return.
 
     Args:
@@ -518,11 +504,12 @@ def atomic_or(heap, dest: torch.Tensor, value: int, pe: int) -> None:
     Returns:
         None.
     """
-    _fetch_op(heap, dest, value, pe, MPI.BOR, "atomic_or")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    fetch_op(heap, dest, value, pe, MPI.BOR, "atomic_or")
 
 
 @_documented
-def atomic_xor(heap, dest: torch.Tensor, value: int, pe: int) -> None:
+def atomic_xor(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> None:
     """``dest ^= value`` on PE `pe` atomically; complete there on return.
 
     Args:
@@ -533,7 +520,8 @@ def atomic_xor(heap, dest: torch.Tensor, value: int, pe: int) -> None:
     Returns:
         None.
     """
-    _fetch_op(heap, dest, value, pe, MPI.BXOR, "atomic_xor")
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    fetch_op(heap, dest, value, pe, MPI.BXOR, "atomic_xor")
 
 
 # -- non-blocking fetching atomics ---------------------------------------------------
@@ -549,40 +537,32 @@ def _check_fetch(fetch, dest, what: str) -> None:
                          f"got shape {tuple(fetch.shape)}")
 
 
-def _defer(heap, fetch, issued, tracker) -> None:
+def _defer(fetch, issued, tracker: CompletionTracker) -> None:
     """Hand an issued operation to the completion tracker of the context that
-    issued it (`tracker`; None: the heap's default one): its quiet() completes it
-    and then stores the old value into `fetch`."""
+    issued it: its quiet() completes it and then stores the old value into
+    `fetch`."""
     request, pe, window, buffers = issued
     result = buffers[-1]
 
     def done():
         fetch.copy_(torch.frombuffer(result, dtype=fetch.dtype).reshape(fetch.shape))
 
-    (heap.completion if tracker is None else tracker).defer(request, pe, window,
-                                                            (fetch, buffers), done)
+    tracker.defer(request, pe, window, (fetch, buffers), done)
 
 
-def _fetch_nbi(heap, fetch, dest, value, pe, op: MPI.Op, what: str,
-               floats: bool = False, tracker=None) -> None:
+def _fetch_nbi(heap: HeapCore, fetch, dest, value, pe: int, op: MPI.Op, what: str,
+               floats: bool = False, *, tracker: CompletionTracker) -> None:
     _check_fetch(fetch, dest, what)
     if not heap.backend.mpi_accessible:  # device heaps: complete at once (allowed for nbi)
-        _fill(fetch, _fetch_op(heap, dest, value, pe, op, what, floats))
+        _fill(fetch, fetch_op(heap, dest, value, pe, op, what, floats))
         return
-    _defer(heap, fetch, _issue(heap, dest, value, pe, op, what, floats), tracker)
-
-
-def signed64(word: int) -> int:
-    """A 64-bit pattern (any int, taken modulo 2**64) as the int64 that holds
-    it: how a uint64 value travels through int64 storage."""
-    word &= (1 << 64) - 1
-    return word - (1 << 64) if word >> 63 else word
+    _defer(fetch, _issue(heap, dest, value, pe, op, what, floats), tracker)
 
 
 def _fill(fetch: torch.Tensor, old) -> None:
     """fetch <- old (a Python number of fetch's dtype; uint64 through its bits)."""
     if fetch.dtype == torch.uint64:
-        fetch.copy_(torch.tensor([signed64(old)])
+        fetch.copy_(torch.tensor([_args.signed64(old)])
                     .view(torch.uint64).reshape(fetch.shape))
     else:
         fetch.fill_(old)
@@ -603,7 +583,7 @@ _NBI_RAISES = """
             complete the operation within the heap's timeout (SHMEMVM_TIMEOUT).
             The heap is unusable afterwards; every later call says so.
 """
-_documented_nbi = _raises(_NBI_RAISES)
+_documented_nbi = _docs.appended(_NBI_RAISES)
 
 #: what every nbi atomic's docstring says about completion
 _NBI_NOTE = """
@@ -615,8 +595,7 @@ _NBI_NOTE = """
 
 
 @_documented_nbi
-def atomic_fetch_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int, *,
-                     _tracker=None) -> None:
+def atomic_fetch_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, pe: int) -> None:
     """Non-blocking atomic_fetch: read `dest` on PE `pe` into `fetch`.
 
     Args:
@@ -629,13 +608,14 @@ def atomic_fetch_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int, *,
     Returns:
         None.
     """
+    heap, pe = ctx.core, ctx.world_pe(pe)
     _fetch_nbi(heap, fetch, dest, 0, pe, MPI.NO_OP, "atomic_fetch_nbi", floats=True,
-               tracker=_tracker)
+               tracker=ctx.tracker)
 
 
 @_documented_nbi
-def atomic_fetch_add_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
-                         pe: int, *, _tracker=None) -> None:
+def atomic_fetch_add_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, value: int,
+                         pe: int) -> None:
     """Non-blocking atomic_fetch_add: add `value` to `dest` on PE `pe`, the value
     before into `fetch`.
 
@@ -649,12 +629,12 @@ def atomic_fetch_add_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: i
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.SUM, "atomic_fetch_add_nbi", tracker=_tracker)
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.SUM, "atomic_fetch_add_nbi", tracker=ctx.tracker)
 
 
 @_documented_nbi
-def atomic_fetch_inc_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int, *,
-                         _tracker=None) -> None:
+def atomic_fetch_inc_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, pe: int) -> None:
     """Non-blocking atomic_fetch_inc: add 1 to `dest` on PE `pe`, the value before
     into `fetch`.
 
@@ -667,12 +647,13 @@ def atomic_fetch_inc_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, pe: int,
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, 1, pe, MPI.SUM, "atomic_fetch_inc_nbi", tracker=_tracker)
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    _fetch_nbi(heap, fetch, dest, 1, pe, MPI.SUM, "atomic_fetch_inc_nbi", tracker=ctx.tracker)
 
 
 @_documented_nbi
-def atomic_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int | float,
-                    pe: int, *, _tracker=None) -> None:
+def atomic_swap_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, value: int | float,
+                    pe: int) -> None:
     """Non-blocking atomic_swap: set `dest` on PE `pe` to `value`, the value before
     into `fetch`.
 
@@ -687,13 +668,14 @@ def atomic_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int | 
     Returns:
         None.
     """
+    heap, pe = ctx.core, ctx.world_pe(pe)
     _fetch_nbi(heap, fetch, dest, value, pe, MPI.REPLACE, "atomic_swap_nbi", floats=True,
-               tracker=_tracker)
+               tracker=ctx.tracker)
 
 
 @_documented_nbi
-def atomic_compare_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, cond: int,
-                            value: int, pe: int, *, _tracker=None) -> None:
+def atomic_compare_swap_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, cond: int,
+                            value: int, pe: int) -> None:
     """Non-blocking atomic_compare_swap: set `dest` on PE `pe` to `value` if it
     equals `cond`, the value before into `fetch`.
 
@@ -709,17 +691,18 @@ def atomic_compare_swap_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, cond:
     Returns:
         None.
     """
+    heap, pe = ctx.core, ctx.world_pe(pe)
     what = "atomic_compare_swap_nbi"
     _check_fetch(fetch, dest, what)
     if not heap.backend.mpi_accessible:  # device heaps: complete at once (allowed for nbi)
         _fill(fetch, atomic_compare_swap(heap, dest, cond, value, pe))
         return
-    _defer(heap, fetch, _issue_compare_swap(heap, dest, cond, value, pe, what), _tracker)
+    _defer(fetch, _issue_compare_swap(heap, dest, cond, value, pe, what), ctx.tracker)
 
 
 @_documented_nbi
-def atomic_fetch_and_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
-                         pe: int, *, _tracker=None) -> None:
+def atomic_fetch_and_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, value: int,
+                         pe: int) -> None:
     """Non-blocking atomic_fetch_and: ``dest &= value`` on PE `pe`, the value before
     into `fetch`.
 
@@ -733,12 +716,13 @@ def atomic_fetch_and_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: i
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BAND, "atomic_fetch_and_nbi", tracker=_tracker)
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BAND, "atomic_fetch_and_nbi", tracker=ctx.tracker)
 
 
 @_documented_nbi
-def atomic_fetch_or_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
-                        pe: int, *, _tracker=None) -> None:
+def atomic_fetch_or_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, value: int,
+                        pe: int) -> None:
     """Non-blocking atomic_fetch_or: ``dest |= value`` on PE `pe`, the value before
     into `fetch`.
 
@@ -752,12 +736,13 @@ def atomic_fetch_or_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: in
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BOR, "atomic_fetch_or_nbi", tracker=_tracker)
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BOR, "atomic_fetch_or_nbi", tracker=ctx.tracker)
 
 
 @_documented_nbi
-def atomic_fetch_xor_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: int,
-                         pe: int, *, _tracker=None) -> None:
+def atomic_fetch_xor_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, value: int,
+                         pe: int) -> None:
     """Non-blocking atomic_fetch_xor: ``dest ^= value`` on PE `pe`, the value before
     into `fetch`.
 
@@ -771,7 +756,8 @@ def atomic_fetch_xor_nbi(heap, fetch: torch.Tensor, dest: torch.Tensor, value: i
     Returns:
         None.
     """
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BXOR, "atomic_fetch_xor_nbi", tracker=_tracker)
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BXOR, "atomic_fetch_xor_nbi", tracker=ctx.tracker)
 
 
 for _function in (atomic_fetch_nbi, atomic_fetch_add_nbi, atomic_fetch_inc_nbi,
@@ -782,196 +768,3 @@ for _function in (atomic_fetch_nbi, atomic_fetch_add_nbi, atomic_fetch_inc_nbi,
         _function.__doc__ = _summary + "\n" + _NBI_NOTE + "\n" + _rest
 
 
-# -- point-to-point synchronization ------------------------------------------------
-def _comparison(cmp, ivar, value, what: str):
-    if cmp not in COMPARISONS:
-        raise ValueError(f"{what}: cmp must be one of {', '.join(COMPARISONS)}, got {cmp!r}")
-    if isinstance(ivar, torch.Tensor) and ivar.dtype in ATOMIC_DTYPES:
-        value = _value(value, ivar.dtype, what)
-    return COMPARISONS[cmp], value
-
-
-_LOCAL_RAISES = """
-    Raises:
-        ValueError: `cmp` is not one of "eq", "ne", "gt", "ge", "lt", "le", the
-            variable is not one element, or `value` does not fit its dtype.
-        TypeError: the variable is not an int32, int64 or uint64 tensor, or
-            `value` is not an integer.
-        FreedTensorError: the variable is not a view of a live tensor of this heap.
-        UnsupportedError: a device heap where Triton is not installed.
-"""
-
-
-_WAIT_RAISES = _LOCAL_RAISES + """        PeerTimeoutError: `timeout` passed and the comparison still does not hold
-            (the heap stays usable).
-"""
-
-
-@_raises(_LOCAL_RAISES)
-def test(heap, ivar: torch.Tensor, cmp: str, value: int) -> bool:
-    """Whether this PE's `ivar` compares `cmp` to `value` now (no waiting).
-
-    Args:
-        ivar: a one-element view of an int32, int64 or uint64 symmetric tensor;
-            this PE's copy is read atomically.
-        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivar `cmp` value).
-        value: the integer to compare with.
-
-    Returns:
-        True when the comparison holds.
-    """
-    compare, value = _comparison(cmp, ivar, value, "test")
-    return compare(_read_local(heap, ivar, "test"), value)
-
-
-def _check_timeout(timeout, what: str) -> None:
-    if timeout is not None and not timeout >= 0:
-        raise ValueError(f"{what}: timeout must be a number of seconds >= 0 or None, "
-                         f"got {timeout!r}")
-
-
-def _poll(heap, poll, timeout: float | None, unmet) -> object:
-    """Call poll() until it returns (True, result), then return result: reads back
-    to back at first, then sleeps doubling up to a cap, so that a waiting PE still
-    enters MPI often (passive-target progress). With `timeout` (seconds, checked
-    by the caller with _check_timeout), PeerTimeoutError once it has passed; its
-    message starts with unmet(last result), which says what was still unmet."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    polls, pause = 0, _FIRST_SLEEP
-    while True:
-        ok, result = poll()
-        if ok:
-            return result
-        if deadline is not None and time.monotonic() > deadline:
-            raise PeerTimeoutError(
-                f"PE {heap.my_pe}: {unmet(result)} after {timeout:g} s; no PE updated the "
-                f"variable to satisfy it. Check that the PE meant to update it does (with "
-                f"a put to this PE, an atomic or put_signal), or raise the timeout")
-        polls += 1
-        if polls > _SPIN_POLLS:
-            time.sleep(pause)
-            pause = min(pause * 2, _MAX_SLEEP)
-
-
-def _wait_until(heap, ivar, cmp: str, value, timeout: float | None, what: str) -> int:
-    compare, value = _comparison(cmp, ivar, value, what)
-    _check_timeout(timeout, what)
-
-    def poll():
-        current = _read_local(heap, ivar, what)
-        return compare(current, value), current
-
-    return _poll(heap, poll, timeout,
-                 lambda current: f"{what}(ivar, {cmp!r}, {value}) still sees {current}")
-
-
-@_raises(_WAIT_RAISES)
-def wait_until(heap, ivar: torch.Tensor, cmp: str, value: int,
-               timeout: float | None = None) -> int:
-    """Wait until this PE's `ivar` compares `cmp` to `value`.
-
-    The variable is polled with atomic reads through MPI, which also lets MPI
-    apply other PEs' operations aimed at this PE while it waits.
-
-    Args:
-        ivar: a one-element view of an int32, int64 or uint64 symmetric tensor;
-            other PEs update this PE's copy (put, atomics, put_signal).
-        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivar `cmp` value).
-        value: the integer to compare with.
-        timeout: seconds to wait at most; None (the default) waits for ever,
-            as OpenSHMEM's wait_until does.
-
-    Returns:
-        The value seen that satisfied the comparison.
-    """
-    return _wait_until(heap, ivar, cmp, value, timeout, "wait_until")
-
-
-# -- signals ----------------------------------------------------------------------
-def put_signal(heap, dest: torch.Tensor, source: torch.Tensor, sig: torch.Tensor, value: int,
-               op: str, pe: int) -> None:
-    """Put `source` into `dest` on PE `pe`, then update `sig` there: whoever sees
-    the signal change sees the data.
-
-    Args:
-        dest: symmetric destination tensor (as for put).
-        source: any tensor with dest's dtype and number of elements.
-        sig: a one-element view of an int32, int64 or uint64 symmetric tensor.
-        value: the signal value (an integer that fits sig's dtype).
-        op: "set" (SIGNAL_SET: sig = value) or "add" (SIGNAL_ADD: sig += value).
-        pe: the PE that receives the data and the signal.
-
-    Returns:
-        None; data and signal are complete at PE `pe`.
-
-    Raises:
-        ValueError: `op` is not "set" or "add", or as for put and the atomics.
-        TypeError, FreedTensorError, UnsupportedError: as for put and the atomics.
-        PeerTimeoutError: PE `pe` did not take the data or the signal within the
-            heap's timeout (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
-    """
-    what = "put_signal"
-    if op not in _SIGNAL_OPS:
-        raise ValueError(f"{what}: op must be {SIGNAL_SET!r} or {SIGNAL_ADD!r} (the signal "
-                         f"update), got {op!r}")
-    pe = _check_target(heap, sig, pe, f"{what} (signal)")  # check before any data moves
-    if not _on_device(heap, pe):
-        _located(heap, sig, pe, f"{what} (signal)", "target")
-    _value(value, sig.dtype, what)
-    heap.put(dest, source, pe)   # on the node: copied; off the node: put, complete there
-    heap.backend.synchronize()
-    _fetch_op(heap, sig, value, pe, _SIGNAL_OPS[op], f"{what} (signal)")
-
-
-def put_signal_nbi(heap, dest: torch.Tensor, source: torch.Tensor, sig: torch.Tensor,
-                   value: int, op: str, pe: int) -> None:
-    """put_signal that OpenSHMEM lets complete as late as quiet(); this one is
-    blocking (OpenSHMEM allows an nbi call to complete before it returns): data
-    and signal are complete at PE `pe` when it returns, and `source` may be
-    reused at once.
-
-    Args:
-        dest: symmetric destination tensor (as for put).
-        source: any tensor with dest's dtype and number of elements.
-        sig: a one-element view of an int32, int64 or uint64 symmetric tensor.
-        value: the signal value (an integer that fits sig's dtype).
-        op: "set" (SIGNAL_SET: sig = value) or "add" (SIGNAL_ADD: sig += value).
-        pe: the PE that receives the data and the signal.
-
-    Returns:
-        None; data and signal are complete at PE `pe`.
-
-    Raises:
-        As put_signal.
-    """
-    put_signal(heap, dest, source, sig, value, op, pe)
-
-
-@_raises(_LOCAL_RAISES)
-def signal_fetch(heap, sig: torch.Tensor) -> int:
-    """This PE's signal value, read atomically.
-
-    Args:
-        sig: a one-element view of an int32, int64 or uint64 symmetric tensor.
-
-    Returns:
-        The value of this PE's `sig`, as a Python int.
-    """
-    return _read_local(heap, sig, "signal_fetch")
-
-
-@_raises(_WAIT_RAISES)
-def signal_wait_until(heap, sig: torch.Tensor, cmp: str, value: int,
-                      timeout: float | None = None) -> int:
-    """Wait until this PE's `sig` compares `cmp` to `value` (see put_signal).
-
-    Args:
-        sig: a one-element view of an int32, int64 or uint64 symmetric tensor.
-        cmp: "eq", "ne", "gt", "ge", "lt" or "le" (sig `cmp` value).
-        value: the integer to compare with.
-        timeout: seconds to wait at most; None (the default) waits for ever.
-
-    Returns:
-        The signal value seen that satisfied the comparison.
-    """
-    return _wait_until(heap, sig, cmp, value, timeout, "signal_wait_until")

@@ -36,8 +36,10 @@ import functools
 import torch
 from mpi4py import MPI
 
-from . import teams
+from .. import _args, _docs
 from ..agreement.protocol import Phase
+from ..core.state import HeapCore
+from . import group
 
 #: reduction operators of reduce(): name -> torch function with out=
 REDUCE_OPS = {
@@ -47,20 +49,6 @@ REDUCE_OPS = {
 
 
 # -- checks (local; the agreement turns a local error into the same error everywhere)
-def _symmetric_contiguous(heap, tensor, role: str, what: str) -> int:
-    """`tensor`'s heap offset, after checking it is a contiguous symmetric tensor."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what}: {role} must be a symmetric torch.Tensor, got "
-                        f"{type(tensor).__name__}")
-    heap._symmetric(tensor, f"{role} of {what}")
-    if not tensor.is_contiguous():
-        raise ValueError(f"{what}: {role} has shape {tuple(tensor.shape)} and strides "
-                         f"{tuple(tensor.stride())}, which is not contiguous; collectives "
-                         f"work on contiguous symmetric tensors (a whole tensor or a slice "
-                         f"of its first dimension)")
-    return heap.local.offset_of(tensor)
-
-
 def _same_dtype(what: str, dest, source) -> None:
     if dest.dtype != source.dtype:
         raise TypeError(f"{what}: dest has dtype {dest.dtype} and source {source.dtype}; "
@@ -75,10 +63,10 @@ def _disjoint(what: str, d: int, nd: int, s: int, ns: int, identical_ok: bool = 
                          f"({s:#x}..{s + ns:#x}) overlap; they must {allowed}not overlap")
 
 
-def _pair(heap, team, what: str, dest, source, factor: int, *, identical_ok: bool):
+def _pair(heap: HeapCore, team: group.Group, what: str, dest, source, factor: int, *, identical_ok: bool):
     """Check dest (factor * source.numel() elements) and source; their heap offsets."""
-    d = _symmetric_contiguous(heap, dest, "dest", what)
-    s = _symmetric_contiguous(heap, source, "source", what)
+    d = heap.symmetric_contiguous(dest, "dest", what)
+    s = heap.symmetric_contiguous(source, "source", what)
     _same_dtype(what, dest, source)
     dest_numel = factor * source.numel()
     if dest.numel() != dest_numel:
@@ -89,11 +77,6 @@ def _pair(heap, team, what: str, dest, source, factor: int, *, identical_ok: boo
     return d, s
 
 
-def _count(value, role: str, minimum: int) -> int:
-    number = teams._integer(value, role)
-    if number < minimum:
-        raise ValueError(f"{role} must be an integer >= {minimum}, got {number}")
-    return number
 
 
 # -- MPI path helpers -------------------------------------------------------------------
@@ -139,15 +122,13 @@ _RAISES = """SymmetryError: the members made different calls or passed different
             leaves out: they are not members and must not call)."""
 
 
-def _documented(function):
-    """Fill the Args/Raises parts every collective shares into its docstring."""
-    function.__doc__ = function.__doc__.replace("{team}", _TEAM_ARG).replace("{raises}", _RAISES)
-    return function
+#: fills the Args/Raises parts every collective shares into its docstring
+_documented = _docs.filled(team=_TEAM_ARG, raises=_RAISES)
 
 
 # -- broadcast ------------------------------------------------------------------------------
 @_documented
-def broadcast(heap, dest, source, root, *, team=None) -> None:
+def broadcast(heap: HeapCore, dest, source, root, *, team=None) -> None:
     """Copy `source` of PE `root` into `dest` on every PE of the team, root's
     own dest included (collective; OpenSHMEM's shmem_broadcast).
 
@@ -169,7 +150,7 @@ def broadcast(heap, dest, source, root, *, team=None) -> None:
         {raises}
     """
     what = "broadcast"
-    t = teams.resolve(heap, team, what)
+    t = group.resolve(heap, team, what)
 
     def check():
         r = t.check_pe(root, "root")
@@ -178,14 +159,14 @@ def broadcast(heap, dest, source, root, *, team=None) -> None:
             f"{t.label}broadcast(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.numel()} x {source.dtype}, root={r})")
 
-    with heap._lock:
+    with heap.lock:
         heap.backend.synchronize()
         r = t.agree_checked(Phase.BROADCAST, f"{t.label}broadcast(dest, source, root={root!r})",
                             check)[-1]
         if source.numel() == 0:
             return
-        me, text = t._me, f"{t.label}broadcast(root={r})"
-        same = heap.local.offset_of(dest) == heap.local.offset_of(source)
+        me, text = t.me, f"{t.label}broadcast(root={r})"
+        same = heap.offset_of(dest) == heap.offset_of(source)
         if t.on_node:
             if me != r:
                 dest.view(-1).copy_(heap.ptr(source, t.pes[r]).view(-1))
@@ -207,7 +188,7 @@ def broadcast(heap, dest, source, root, *, team=None) -> None:
 
 # -- fcollect ---------------------------------------------------------------------------------
 @_documented
-def fcollect(heap, dest, source, *, team=None) -> None:
+def fcollect(heap: HeapCore, dest, source, *, team=None) -> None:
     """Concatenate every PE's `source` into `dest` on every PE of the team, in
     team PE order: dest[i*m:(i+1)*m] <- source of team PE i, m =
     source.numel() (collective; OpenSHMEM's shmem_fcollect, an allgather).
@@ -228,7 +209,7 @@ def fcollect(heap, dest, source, *, team=None) -> None:
         {raises}
     """
     what = "fcollect"
-    t = teams.resolve(heap, team, what)
+    t = group.resolve(heap, team, what)
 
     def check():
         d, s = _pair(heap, t, what, dest, source, len(t.pes), identical_ok=False)
@@ -236,7 +217,7 @@ def fcollect(heap, dest, source, *, team=None) -> None:
             f"{t.label}fcollect(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.numel()} x {source.dtype} per PE)")
 
-    with heap._lock:
+    with heap.lock:
         heap.backend.synchronize()
         t.agree_checked(Phase.FCOLLECT, f"{t.label}fcollect(dest, source)", check)
         m = source.numel()
@@ -256,7 +237,7 @@ def fcollect(heap, dest, source, *, team=None) -> None:
 
 # -- collect ----------------------------------------------------------------------------------
 @_documented
-def collect(heap, dest, source, *, team=None) -> None:
+def collect(heap: HeapCore, dest, source, *, team=None) -> None:
     """Concatenate every PE's `source`, which may have a different number of
     elements on each PE, into `dest` on every PE of the team, in team PE order
     (collective; OpenSHMEM's shmem_collect). Team PE i's elements land at
@@ -282,17 +263,17 @@ def collect(heap, dest, source, *, team=None) -> None:
         {raises}
     """
     what = "collect"
-    t = teams.resolve(heap, team, what)
+    t = group.resolve(heap, team, what)
 
     def check():
-        d = _symmetric_contiguous(heap, dest, "dest", what)
-        s = _symmetric_contiguous(heap, source, "source", what)
+        d = heap.symmetric_contiguous(dest, "dest", what)
+        s = heap.symmetric_contiguous(source, "source", what)
         _same_dtype(what, dest, source)
         return (d, s, source.dtype, dest.numel()), (
             f"{t.label}collect(dest at heap offset {d:#x} of {dest.numel()} x {dest.dtype}, "
             f"source at {s:#x})")
 
-    with heap._lock:
+    with heap.lock:
         heap.backend.synchronize()
         d, s, _, dest_numel = t.agree_checked(Phase.COLLECT, f"{t.label}collect(dest, source)",
                                               check)
@@ -329,7 +310,7 @@ def collect(heap, dest, source, *, team=None) -> None:
 
 # -- alltoall ---------------------------------------------------------------------------------
 @_documented
-def alltoall(heap, dest, source, *, team=None) -> None:
+def alltoall(heap: HeapCore, dest, source, *, team=None) -> None:
     """Exchange blocks between every pair of PEs of the team: block j of dest
     on team PE i <- block i of source on team PE j; a block is source.numel()
     // n elements, n the team's PEs (collective; OpenSHMEM's shmem_alltoall).
@@ -351,7 +332,7 @@ def alltoall(heap, dest, source, *, team=None) -> None:
         {raises}
     """
     what = "alltoall"
-    t = teams.resolve(heap, team, what)
+    t = group.resolve(heap, team, what)
     n = len(t.pes)
 
     def check():
@@ -363,10 +344,10 @@ def alltoall(heap, dest, source, *, team=None) -> None:
             f"{t.label}alltoall(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.numel()} x {source.dtype})")
 
-    with heap._lock:
+    with heap.lock:
         heap.backend.synchronize()
         t.agree_checked(Phase.ALLTOALL, f"{t.label}alltoall(dest, source)", check)
-        b, me = source.numel() // n, t._me
+        b, me = source.numel() // n, t.me
         if b == 0:
             return
         flat = dest.view(-1)
@@ -382,7 +363,7 @@ def alltoall(heap, dest, source, *, team=None) -> None:
 
 
 @_documented
-def alltoalls(heap, dest, source, dst: int, sst: int, nelems: int, *, team=None) -> None:
+def alltoalls(heap: HeapCore, dest, source, dst: int, sst: int, nelems: int, *, team=None) -> None:
     """alltoall with strides (collective; OpenSHMEM's shmem_alltoalls): for
     every pair of team PEs i, k and j in 0..nelems-1,
     dest[dst * (i*nelems + j)] on PE k <- source[sst * (k*nelems + j)] on PE i.
@@ -409,14 +390,14 @@ def alltoalls(heap, dest, source, dst: int, sst: int, nelems: int, *, team=None)
         {raises}
     """
     what = "alltoalls"
-    t = teams.resolve(heap, team, what)
+    t = group.resolve(heap, team, what)
     n = len(t.pes)
 
     def check():
-        ds, ss = _count(dst, "alltoalls: dst", 1), _count(sst, "alltoalls: sst", 1)
-        count = _count(nelems, "alltoalls: nelems", 0)
-        d = _symmetric_contiguous(heap, dest, "dest", what)
-        s = _symmetric_contiguous(heap, source, "source", what)
+        ds, ss = _args.count(dst, "alltoalls: dst", 1), _args.count(sst, "alltoalls: sst", 1)
+        count = _args.count(nelems, "alltoalls: nelems", 0)
+        d = heap.symmetric_contiguous(dest, "dest", what)
+        s = heap.symmetric_contiguous(source, "source", what)
         _same_dtype(what, dest, source)
         spans = [(ds * (n * count - 1) + 1) if count else 0,
                  (ss * (n * count - 1) + 1) if count else 0]
@@ -432,14 +413,14 @@ def alltoalls(heap, dest, source, dst: int, sst: int, nelems: int, *, team=None)
             f"{t.label}alltoalls(dest at heap offset {d:#x}, source at {s:#x}, dst={ds}, "
             f"sst={ss}, nelems={count} x {source.dtype})")
 
-    with heap._lock:
+    with heap.lock:
         heap.backend.synchronize()
         _, _, _, count, (ds, ss) = t.agree_checked(
             Phase.ALLTOALLS, f"{t.label}alltoalls(dest, source, dst={dst!r}, sst={sst!r}, "
             f"nelems={nelems!r})", check)
         if count == 0:
             return
-        me, m = t._me, n * count
+        me, m = t.me, n * count
         into = dest.view(-1)[::ds][:m]      # the elements dest receives, in order
         if t.on_node:
             for i, pe in enumerate(t.pes):
@@ -466,7 +447,7 @@ def _reducible(op: str, dtype: torch.dtype, device: str) -> str | None:
 
 
 @_documented
-def reduce(heap, dest, source, op: str = "sum", *, team=None) -> None:
+def reduce(heap: HeapCore, dest, source, op: str = "sum", *, team=None) -> None:
     """Combine every PE's `source` elementwise with `op` into `dest` on every
     PE of the team (collective; OpenSHMEM's reductions, as an allreduce):
     dest = source of team PE 0 (op) source of team PE 1 (op) ..., combined
@@ -491,7 +472,7 @@ def reduce(heap, dest, source, op: str = "sum", *, team=None) -> None:
         {raises}
     """
     what = "reduce"
-    t = teams.resolve(heap, team, what)
+    t = group.resolve(heap, team, what)
 
     def check():
         if op not in REDUCE_OPS:
@@ -505,10 +486,10 @@ def reduce(heap, dest, source, op: str = "sum", *, team=None) -> None:
             f"{t.label}reduce(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.numel()} x {source.dtype}, op={op!r})")
 
-    with heap._lock:
+    with heap.lock:
         heap.backend.synchronize()
         t.agree_checked(Phase.REDUCE, f"{t.label}reduce(dest, source, op={op!r})", check)
-        numel, n, me = source.numel(), len(t.pes), t._me
+        numel, n, me = source.numel(), len(t.pes), t.me
         if numel == 0:
             return
         combine = REDUCE_OPS[op]
@@ -551,7 +532,7 @@ def reduce(heap, dest, source, op: str = "sum", *, team=None) -> None:
             dest.copy_(receive)
 
 
-def all_reduce(heap, dest, source, op: str = "sum", *, team=None) -> None:
+def all_reduce(heap: HeapCore, dest, source, op: str = "sum", *, team=None) -> None:
     """dest on every PE <- source combined over every PE, elementwise (the
     torch.distributed name for reduce(), which already leaves the result on
     every PE; the same call, so all_reduce on some PEs matches reduce on the
@@ -583,11 +564,3 @@ def all_reduce(heap, dest, source, op: str = "sum", *, team=None) -> None:
         PeerTimeoutError: a PE did not join within the heap's timeout.
     """
     reduce(heap, dest, source, op, team=team)
-
-
-for _name in ("broadcast", "collect", "fcollect", "alltoall", "alltoalls", "reduce"):
-    # help(team.broadcast) shows the one implementation's documentation (set here:
-    # teams.py is loaded while this module is, before these functions exist)
-    getattr(teams.Team, _name).__doc__ = (
-        f"heap.{_name}(..., team=self): the collective over this team's members, with "
-        f"team-relative PE numbers.\n\n    " + globals()[_name].__doc__)

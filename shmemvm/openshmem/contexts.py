@@ -1,15 +1,15 @@
 """Communication contexts (OpenSHMEM 1.5 shmem_ctx_*): independent streams of
 one-sided operations on one heap, each completed by its own quiet().
 
-A Ctx issues the heap's own put/get/nbi/atomic calls (its methods are made
-from the heap's, below, so each operation is written once, in heap.py,
-atomics.py or strided.py), with two differences:
+A Ctx issues the same one-sided operations as the heap (rma, strided,
+atomics, signals: each written once, taking a context first; the heap is its
+own default context), with two differences:
 
 - its non-blocking operations are recorded in its own completion tracker
-  (completion.py), so ctx.quiet() completes them and nothing else: not the
-  heap's default context, not another Ctx. On a device heap its nbi copies run
-  on a stream of its own (which first waits for the current stream), so its
-  quiet() waits for that stream alone;
+  (transport/completion.py), so ctx.quiet() completes them and nothing else:
+  not the heap's default context, not another Ctx. On a device heap its nbi
+  copies run on a stream of its own (which first waits for the current
+  stream), so its quiet() waits for that stream alone;
 - with a team, `pe` arguments are team-relative (team.world_pe(pe)).
 
 Blocking calls (put, get, the blocking atomics, put_signal) are complete when
@@ -18,8 +18,8 @@ they return, whichever context issues them.
 What the heap's quiet() does: it completes the default context only, as
 shmem_quiet does (OpenSHMEM: "shmem_quiet ... on the default context"); so do
 barrier_all() and clear_lock(). free(), realloc() and finalize() complete every
-live context's operations first, since nothing may still be in flight into
-memory that is being released.
+live context's operations first (HeapCore.quiet_all), since nothing may still
+be in flight into memory that is being released.
 
 The options are OpenSHMEM's and are recorded on the context (`options`);
 none of them changes what a context does here: every context may be used from
@@ -29,32 +29,18 @@ context will issue no stores) has nothing to skip at quiet().
 
 from __future__ import annotations
 
-import functools
-import inspect
-import operator
-
-from ..transport.completion import CompletionTracker
+from .. import _args
+from ..core.state import HeapCore
 from ..errors import ShmemError
-from ..heap import SymmetricHeap
+from ..transport.completion import CompletionTracker
+from . import atomics, rma, signals, strided
 
 #: shmem_ctx_create options (OpenSHMEM 1.5 values)
 CTX_SERIALIZED = 1
 CTX_PRIVATE = 2
 CTX_NOSTORE = 4
-_ALL_OPTIONS = CTX_SERIALIZED | CTX_PRIVATE | CTX_NOSTORE
-
-#: the heap's methods a context issues, each with a `pe` argument
-OPERATIONS = (
-    "put", "get", "put_nbi", "get_nbi", "iput", "iget",
-    "atomic_fetch", "atomic_set", "atomic_add", "atomic_inc", "atomic_fetch_add",
-    "atomic_fetch_inc", "atomic_swap", "atomic_compare_swap", "atomic_fetch_and",
-    "atomic_fetch_or", "atomic_fetch_xor", "atomic_and", "atomic_or", "atomic_xor",
-    "atomic_fetch_nbi", "atomic_fetch_add_nbi", "atomic_fetch_inc_nbi", "atomic_swap_nbi",
-    "atomic_compare_swap_nbi", "atomic_fetch_and_nbi", "atomic_fetch_or_nbi",
-    "atomic_fetch_xor_nbi",
-    "put_signal", "put_signal_nbi",
-)
-
+_OPTIONS = {"CTX_SERIALIZED": CTX_SERIALIZED, "CTX_PRIVATE": CTX_PRIVATE,
+            "CTX_NOSTORE": CTX_NOSTORE}
 
 class Ctx:
     """A communication context of `heap` (shmem_ctx_create); see the module doc.
@@ -66,7 +52,7 @@ class Ctx:
         completion: its CompletionTracker (what its quiet() still has to complete).
     """
 
-    def __init__(self, heap: SymmetricHeap, options: int = 0, team=None):
+    def __init__(self, heap: HeapCore, options: int = 0, team=None):
         """Make a context (not collective).
 
         Args:
@@ -80,35 +66,42 @@ class Ctx:
             ValueError: `options` has other bits, or `team` is of another heap.
             ShmemError: the heap is finalized.
         """
-        if not isinstance(heap, SymmetricHeap):
+        if not isinstance(heap, HeapCore):
             raise TypeError(f"Ctx: heap must be a SymmetricHeap, got {type(heap).__name__}")
-        if isinstance(options, bool) or not hasattr(type(options), "__index__"):
-            raise TypeError(f"ctx_create: options must be an int (an OR of CTX_SERIALIZED, "
-                            f"CTX_PRIVATE, CTX_NOSTORE), got {type(options).__name__} "
-                            f"{options!r}")
-        options = operator.index(options)
-        if options < 0 or options & ~_ALL_OPTIONS:
-            raise ValueError(f"ctx_create: options must be 0 or an OR of CTX_SERIALIZED (1), "
-                             f"CTX_PRIVATE (2) and CTX_NOSTORE (4), got {options}")
+        options = _args.flags(options, _OPTIONS, "ctx_create: options")
         if team is not None and getattr(team, "heap", heap) is not heap:
             raise ValueError("ctx_create: the team belongs to another heap")
-        heap._check_usable()
+        heap.check_usable()
         self.heap = heap
         self.options = options
         self.team = team
         self.completion = CompletionTracker(heap.backend, current_stream=False)
         self._destroyed = False
-        heap._contexts.add(self)
+        heap.add_tracker(self.completion)
 
-    def _usable(self, what: str) -> SymmetricHeap:
+    def _usable(self, what: str) -> HeapCore:
         if self._destroyed:
             raise ShmemError(f"ctx.{what}: this context was destroyed; create another with "
                              f"ctx_create()")
         return self.heap
 
-    def _world_pe(self, pe):
-        """`pe` as the heap's PE number (team-relative with a team)."""
-        return pe if self.team is None else self.team.world_pe(pe)
+    # -- what makes it a context (core/state.py's Context) ------------------------------
+    @property
+    def core(self) -> HeapCore:
+        """The heap this context issues operations on."""
+        return self._usable("operation")
+
+    @property
+    def tracker(self) -> CompletionTracker:
+        """Where this context's non-blocking operations are recorded."""
+        return self.completion
+
+    def world_pe(self, pe) -> int:
+        """`pe` as the heap's PE number (team-relative with a team), checked."""
+        self._usable("operation")
+        if self.team is None:
+            return self.heap.check_pe(pe)
+        return self.team.world_pe(pe)
 
     def quiet(self) -> None:
         """Complete this context's operations, and no other context's (shmem_ctx_quiet).
@@ -122,7 +115,7 @@ class Ctx:
             PeerTimeoutError: a PE did not answer within the heap's timeout; the
                 heap is unusable afterwards.
         """
-        self._usable("quiet")._check_usable()
+        self._usable("quiet").check_usable()
         self.completion.quiet()
 
     def fence(self) -> None:
@@ -136,7 +129,7 @@ class Ctx:
             ShmemError: the context was destroyed, or the heap is finalized.
             PeerTimeoutError: a PE did not answer within the heap's timeout.
         """
-        self._usable("fence")._check_usable()
+        self._usable("fence").check_usable()
         self.completion.fence()
 
     def destroy(self) -> None:
@@ -157,7 +150,7 @@ class Ctx:
                 self.completion.quiet()
         finally:
             self._destroyed = True
-            self.heap._contexts.discard(self)
+            self.heap.drop_tracker(self.completion)
 
     def __enter__(self) -> Ctx:
         return self
@@ -169,37 +162,72 @@ class Ctx:
         state = "destroyed" if self._destroyed else f"{self.completion.outstanding} outstanding"
         return f"<Ctx options={self.options} team={self.team!r} on PE {self.heap.my_pe}: {state}>"
 
+    # -- the one-sided operations, each the heap's own, issued on this context ----------
+    put = rma.put
+    get = rma.get
+    put_nbi = rma.put_nbi
+    get_nbi = rma.get_nbi
+    iput = strided.iput
+    iget = strided.iget
+    atomic_fetch = atomics.atomic_fetch
+    atomic_set = atomics.atomic_set
+    atomic_add = atomics.atomic_add
+    atomic_inc = atomics.atomic_inc
+    atomic_fetch_add = atomics.atomic_fetch_add
+    atomic_fetch_inc = atomics.atomic_fetch_inc
+    atomic_swap = atomics.atomic_swap
+    atomic_compare_swap = atomics.atomic_compare_swap
+    atomic_fetch_and = atomics.atomic_fetch_and
+    atomic_fetch_or = atomics.atomic_fetch_or
+    atomic_fetch_xor = atomics.atomic_fetch_xor
+    atomic_and = atomics.atomic_and
+    atomic_or = atomics.atomic_or
+    atomic_xor = atomics.atomic_xor
+    atomic_fetch_nbi = atomics.atomic_fetch_nbi
+    atomic_fetch_add_nbi = atomics.atomic_fetch_add_nbi
+    atomic_fetch_inc_nbi = atomics.atomic_fetch_inc_nbi
+    atomic_swap_nbi = atomics.atomic_swap_nbi
+    atomic_compare_swap_nbi = atomics.atomic_compare_swap_nbi
+    atomic_fetch_and_nbi = atomics.atomic_fetch_and_nbi
+    atomic_fetch_or_nbi = atomics.atomic_fetch_or_nbi
+    atomic_fetch_xor_nbi = atomics.atomic_fetch_xor_nbi
+    put_signal = signals.put_signal
+    put_signal_nbi = signals.put_signal_nbi
 
-def _on_context(name: str):
-    """Ctx.<name>: the heap's method `name`, with `pe` mapped through the team and
-    its non-blocking operations recorded in the context's tracker."""
-    method = getattr(SymmetricHeap, name)
-    signature = inspect.signature(method)
-    names = list(signature.parameters)[1:]      # less self
-    pe_at = names.index("pe")
-    tracked = "_tracker" in signature.parameters
 
-    @functools.wraps(method)
-    def on_context(self, *args, **kwargs):
-        heap = self._usable(name)
-        if len(args) > pe_at:
-            args = (*args[:pe_at], self._world_pe(args[pe_at]), *args[pe_at + 1:])
-        elif "pe" in kwargs:
-            kwargs["pe"] = self._world_pe(kwargs["pe"])
-        if tracked:
-            kwargs["_tracker"] = self.completion
-        return method(heap, *args, **kwargs)
+def ctx_create(heap: HeapCore, options: int = 0) -> Ctx:
+    """A communication context on this heap (shmem_ctx_create; not collective).
 
-    on_context.__qualname__ = f"Ctx.{name}"
-    on_context.__signature__ = signature.replace(parameters=[
-        p for p in signature.parameters.values() if not p.name.startswith("_")])
-    if method.__doc__:
-        summary, _, rest = method.__doc__.partition("\n")
-        on_context.__doc__ = (f"{summary}\n\n        On this context: `pe` is team-relative "
-                              f"when it has a team, and its quiet()\n        completes what "
-                              f"this call leaves outstanding.\n{rest}")
-    return on_context
+    Args:
+        options: 0 or an OR of shmemvm.CTX_SERIALIZED (1), CTX_PRIVATE (2)
+            and CTX_NOSTORE (4), recorded on the context (see contexts.Ctx).
+
+    Returns:
+        A Ctx: put/get/nbi/atomics whose quiet() completes only its own
+        operations. Usable as a context manager (destroyed on exit).
+
+    Raises:
+        TypeError: `options` is not an integer.
+        ValueError: `options` has other bits.
+        ShmemError: the heap is finalized.
+    """
+    return Ctx(heap, options)
 
 
-for _name in OPERATIONS:
-    setattr(Ctx, _name, _on_context(_name))
+def ctx_destroy(heap: HeapCore, ctx: Ctx) -> None:
+    """Complete `ctx`'s operations and make it unusable (shmem_ctx_destroy).
+
+    Args:
+        ctx: a Ctx of this heap (destroying it twice is harmless).
+
+    Returns:
+        None.
+
+    Raises:
+        TypeError: `ctx` is not a context of this heap.
+        PeerTimeoutError: a PE did not answer ctx's nbi operations in time.
+    """
+    if not isinstance(ctx, Ctx) or ctx.heap is not heap:
+        raise TypeError(f"ctx_destroy: expected a context made by this heap's ctx_create, "
+                        f"got {type(ctx).__name__}")
+    ctx.destroy()

@@ -4,11 +4,13 @@ module functions, not heap methods, since none of them acts on a heap."""
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import sys
 
 from mpi4py import MPI
+
+from .. import _args
+from .._version import __version__
 
 #: the OpenSHMEM specification version whose routines these follow
 SPEC_VERSION = (1, 5)
@@ -37,7 +39,6 @@ def info_get_name() -> str:
     Raises:
         Nothing.
     """
-    from .. import __version__   # the package's version, set after its imports
     return f"shmemvm {__version__}"
 
 
@@ -56,9 +57,7 @@ def pcontrol(level: int) -> None:
         TypeError: `level` is not an int.
     """
     global _pcontrol_level
-    if isinstance(level, bool) or not hasattr(type(level), "__index__"):
-        raise TypeError(f"pcontrol: level must be an int, got {type(level).__name__} {level!r}")
-    _pcontrol_level = operator.index(level)
+    _pcontrol_level = _args.integer(level, "pcontrol: level")
 
 
 def pcontrol_level() -> int:
@@ -92,10 +91,7 @@ def global_exit(status: int) -> None:
     Raises:
         TypeError: `status` is not an int.
     """
-    if isinstance(status, bool) or not hasattr(type(status), "__index__"):
-        raise TypeError(f"global_exit: status must be an int, got {type(status).__name__} "
-                        f"{status!r}")
-    status = operator.index(status)
+    status = _args.integer(status, "global_exit: status")
     loggers = [logging.getLogger(), logging.getLogger("shmemvm")]
     for logger in loggers:
         for handler in logger.handlers:

@@ -20,8 +20,8 @@ as OpenSHMEM's ``long lock = 0``. The word wraps after 2**32 acquisitions of
 one lock without ill effect; the ticket count after 2**31 wraps through the
 int64 sign, which the arithmetic here takes modulo 2**64.
 
-These functions take the heap first and are the heap's methods as they are
-(`SymmetricHeap.set_lock is locks.set_lock`).
+Which locks this PE holds (and with which ticket) is this module's own state
+of each heap (a feature of it: HeapCore.feature).
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ import time
 
 import torch
 
-from .atomics import signed64
+from .. import _args
+from ..core.state import HeapCore
 from ..errors import ShmemError
+from . import atomics, rma
 
 #: the PE whose copy of the lock word is the lock
 HOME_PE = 0
@@ -45,7 +47,12 @@ _SLEEP_PER_WAITER = 20e-6
 _MAX_SLEEP = 2e-3
 
 
-def _lock_offset(heap, lock, what: str) -> int:
+def _held(heap: HeapCore) -> dict[int, int]:
+    """The locks this PE holds on `heap`: lock offset -> its ticket."""
+    return heap.feature("locks.held", dict)
+
+
+def _lock_offset(heap: HeapCore, lock, what: str) -> int:
     """The lock word's heap offset, after checking it is a one-element int64
     symmetric tensor (TypeError, ValueError, FreedTensorError otherwise)."""
     if not isinstance(lock, torch.Tensor):
@@ -57,11 +64,11 @@ def _lock_offset(heap, lock, what: str) -> int:
     if lock.numel() != 1:
         raise ValueError(f"{what}: lock must have exactly one element, got shape "
                          f"{tuple(lock.shape)}; pass a one-element tensor or view (locks[i:i+1])")
-    heap._symmetric(lock, f"lock of {what} (a tensor from this heap's zeros)")
-    return heap.local.offset_of(lock)
+    heap.symmetric(lock, f"lock of {what} (a tensor from this heap's zeros)")
+    return heap.offset_of(lock)
 
 
-def set_lock(heap, lock: torch.Tensor) -> None:
+def set_lock(heap: HeapCore, lock: torch.Tensor) -> None:
     """Acquire `lock`, waiting for it as long as other PEs hold it (shmem_set_lock).
 
     PEs are served in the order they asked (a ticket lock), so none starves.
@@ -88,21 +95,21 @@ def set_lock(heap, lock: torch.Tensor) -> None:
             Waiting for a live holder has no deadline.
     """
     offset = _lock_offset(heap, lock, "set_lock")
-    if offset in heap._held_locks:
+    if offset in _held(heap):
         raise ShmemError(f"set_lock: PE {heap.my_pe} already holds this lock (heap offset "
                          f"{offset:#x}); locks are not recursive: clear_lock it first")
     word = lock.view(-1)[0]
-    ticket = (heap.atomic_fetch_add(word, _TICKET, HOME_PE) & _MASK64) >> 32
+    ticket = (atomics.atomic_fetch_add(heap, word, _TICKET, HOME_PE) & _MASK64) >> 32
     while True:
-        serving = heap.atomic_fetch(word, HOME_PE) & _LOW
+        serving = atomics.atomic_fetch(heap, word, HOME_PE) & _LOW
         ahead = (ticket - serving) & _LOW
         if ahead == 0:
             break
         time.sleep(min(ahead * _SLEEP_PER_WAITER, _MAX_SLEEP))
-    heap._held_locks[offset] = ticket
+    _held(heap)[offset] = ticket
 
 
-def test_lock(heap, lock: torch.Tensor) -> bool:
+def test_lock(heap: HeapCore, lock: torch.Tensor) -> bool:
     """Acquire `lock` only if it is free now (shmem_test_lock); never waits for it.
 
     Args:
@@ -121,22 +128,22 @@ def test_lock(heap, lock: torch.Tensor) -> bool:
         PeerTimeoutError: PE 0 did not answer within the heap's timeout.
     """
     offset = _lock_offset(heap, lock, "test_lock")
-    if offset in heap._held_locks:
+    if offset in _held(heap):
         return False
     word = lock.view(-1)[0]
-    old = heap.atomic_fetch(word, HOME_PE)
+    old = atomics.atomic_fetch(heap, word, HOME_PE)
     bits = old & _MASK64
     taken, serving = bits >> 32, bits & _LOW
     if taken != serving:
         return False
     # Free: take the ticket being served, unless another PE changed the word first.
-    if heap.atomic_compare_swap(word, old, signed64(bits + _TICKET), HOME_PE) != old:
+    if atomics.atomic_compare_swap(heap, word, old, _args.signed64(bits + _TICKET), HOME_PE) != old:
         return False
-    heap._held_locks[offset] = serving
+    _held(heap)[offset] = serving
     return True
 
 
-def clear_lock(heap, lock: torch.Tensor) -> None:
+def clear_lock(heap: HeapCore, lock: torch.Tensor) -> None:
     """Release `lock`, which this PE holds (shmem_clear_lock). This PE's puts and
     nbi operations on the default context are completed first (quiet()), so
     the next holder sees them.
@@ -157,16 +164,16 @@ def clear_lock(heap, lock: torch.Tensor) -> None:
         PeerTimeoutError: PE 0 did not answer within the heap's timeout.
     """
     offset = _lock_offset(heap, lock, "clear_lock")
-    ticket = heap._held_locks.get(offset)
+    ticket = _held(heap).get(offset)
     if ticket is None:
         raise ShmemError(f"clear_lock: PE {heap.my_pe} does not hold this lock (heap offset "
                          f"{offset:#x}); only the PE that acquired it with set_lock or "
                          f"test_lock may release it")
-    heap.quiet()
+    rma.quiet(heap)
     # Serve the next ticket: +1 in the low half, without a carry into the high one.
     step = 1 if ticket != _LOW else 1 - _TICKET
-    old = heap.atomic_fetch_add(lock.view(-1)[0], step, HOME_PE)
-    del heap._held_locks[offset]
+    old = atomics.atomic_fetch_add(heap, lock.view(-1)[0], step, HOME_PE)
+    del _held(heap)[offset]
     if old & _LOW != ticket:
         raise ShmemError(f"clear_lock: the lock word (heap offset {offset:#x}) served ticket "
                          f"{old & _LOW}, not this PE's {ticket}: something other than "

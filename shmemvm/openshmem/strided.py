@@ -1,17 +1,18 @@
 """Strided put/get with OpenSHMEM's element strides (shmem_iput, shmem_iget).
 
-Both are torch views (``dest[::dst][:nelems]``) handed to the heap's put/get,
+Both are torch views (``dest[::dst][:nelems]``) handed to put/get (rma.py),
 which already write strided symmetric tensors in place, on the node (a copy
-into the peer mapping) and off it (an MPI derived datatype). They take the
-heap first and are the heap's methods as they are
-(`SymmetricHeap.iput is strided.iput`).
+into the peer mapping) and off it (an MPI derived datatype). They take a
+context first (the heap, or a Ctx), as put/get do.
 """
 
 from __future__ import annotations
 
-import operator
-
 import torch
+
+from .. import _args
+from ..core.state import Context
+from . import rma
 
 
 def _strided(tensor, stride, nelems: int, what: str, role: str, name: str) -> torch.Tensor:
@@ -21,10 +22,7 @@ def _strided(tensor, stride, nelems: int, what: str, role: str, name: str) -> to
     if tensor.dim() != 1:
         raise ValueError(f"{what}: {role} must be 1-D (strides count its elements), got shape "
                          f"{tuple(tensor.shape)}; pass a flattened view such as t.view(-1)")
-    if isinstance(stride, bool) or not hasattr(type(stride), "__index__"):
-        raise TypeError(f"{what}: {name} must be an int, got {type(stride).__name__} "
-                        f"{stride!r}")
-    stride = operator.index(stride)
+    stride = _args.integer(stride, f"{what}: {name}")
     if stride < 1:
         raise ValueError(f"{what}: {name} must be >= 1 (in elements; 1 is contiguous), got "
                          f"{stride}")
@@ -35,16 +33,10 @@ def _strided(tensor, stride, nelems: int, what: str, role: str, name: str) -> to
 
 
 def _count(nelems, what: str) -> int:
-    if isinstance(nelems, bool) or not hasattr(type(nelems), "__index__"):
-        raise TypeError(f"{what}: nelems must be an int, got {type(nelems).__name__} "
-                        f"{nelems!r}")
-    nelems = operator.index(nelems)
-    if nelems < 0:
-        raise ValueError(f"{what}: nelems must be >= 0, got {nelems}")
-    return nelems
+    return _args.count(nelems, f"{what}: nelems")
 
 
-def iput(heap, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nelems: int,
+def iput(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nelems: int,
          pe: int) -> None:
     """Copy `nelems` elements of `source`, every `sst`-th, into every `dst`-th
     element of symmetric `dest` on PE `pe` (shmem_iput):
@@ -73,10 +65,10 @@ def iput(heap, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nel
     target = _strided(dest, dst, nelems, "iput", "dest", "dst")
     data = _strided(source, sst, nelems, "iput", "source", "sst")
     if nelems:
-        heap.put(target, data, pe)
+        rma.put(ctx, target, data, pe)
 
 
-def iget(heap, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nelems: int,
+def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nelems: int,
          pe: int) -> None:
     """Copy `nelems` elements of symmetric `source` on PE `pe`, every `sst`-th,
     into every `dst`-th element of `dest` (shmem_iget):
@@ -105,4 +97,4 @@ def iget(heap, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nel
     target = _strided(dest, dst, nelems, "iget", "dest", "dst")
     data = _strided(source, sst, nelems, "iget", "source", "sst")
     if nelems:
-        heap.get(target, data, pe)
+        rma.get(ctx, target, data, pe)

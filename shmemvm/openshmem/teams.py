@@ -25,27 +25,20 @@ node split at init). finalize() destroys every team of the heap.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 
 from mpi4py import MPI
 
-from . import collectives
-from ..agreement.protocol import Agreement, Call, Outcome, Phase
+from .. import _args
+from ..agreement.agreement import Agreement
+from ..agreement.protocol import Call, Phase
+from ..core.state import HeapCore
 from ..errors import ShmemError
+from . import barrier, collectives, contexts
+from .group import Group, same_heap
 
 #: the team configuration keys OpenSHMEM 1.5 defines (shmem_team_config_t)
 CONFIG_KEYS = ("num_contexts",)
-
-
-def _integer(value, role: str) -> int:
-    """`value` as an int (NumPy and other integer types too), or TypeError."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{role} must be an int, got {type(value).__name__} {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:  # e.g. a float tensor: has __index__, refuses it
-        raise TypeError(f"{role} must be an int, got {type(value).__name__} {value!r}") from None
 
 
 def _config(config, role: str = "config") -> dict:
@@ -61,71 +54,28 @@ def _config(config, role: str = "config") -> dict:
         if name not in CONFIG_KEYS:
             raise ValueError(f"{role}: unknown team configuration key {key!r}; OpenSHMEM 1.5 "
                              f"defines {', '.join(CONFIG_KEYS)}")
-        number = _integer(value, f"{role}[{key!r}]")
+        number = _args.integer(value, f"{role}[{key!r}]")
         if number < 0:
             raise ValueError(f"{role}[{key!r}] must be >= 0, got {number}")
         result[name] = number
     return result
 
 
-def _pe_text(pes) -> str:
-    """PE numbers for messages: '0, 2, 4' or '0..30 step 2' for long progressions."""
-    pes = list(pes)
-    if len(pes) > 4:
-        step = pes[1] - pes[0]
-        if all(b - a == step for a, b in zip(pes, pes[1:])):
-            return f"{pes[0]}..{pes[-1]}" + (f" step {step}" if step != 1 else "")
-    return ", ".join(map(str, pes))
-
-
-class Team:
+class Team(Group):
     """A set of PEs of one symmetric heap, numbered 0..n_pes()-1 in the order of
     their heap PE numbers' selection (see split_strided), with collectives over
-    its members only. Made by heap.team_world(), heap.team_shared() and the
-    split methods; compare teams with `is`."""
+    its members only (a Group, group.py). Made by heap.team_world(),
+    heap.team_shared() and the split methods; compare teams with `is`."""
 
-    def __init__(self, heap, comm: MPI.Comm, pes, agreement: Agreement, *, kind: str,
-                 config: dict | None = None):
-        self.heap = heap
-        #: the members' communicator, rank i = team PE i
-        self.comm = comm
-        #: heap PE number of each team PE
-        self.pes = tuple(pes)
-        self.agreement = agreement
-        #: "world", "shared" or "split"
-        self.kind = kind
-        self.destroyed = False
+    def __init__(self, heap: HeapCore, comm: MPI.Comm, pes, agreement: Agreement, *,
+                 kind: str, config: dict | None = None):
+        super().__init__(heap, comm, pes, agreement, kind=kind)
         self._config = dict(config) if config is not None else _config(None)
-        self._index = {pe: i for i, pe in enumerate(self.pes)}
-        self._me = self._index[heap.my_pe]
-        #: every member on this node: the same answer on every member (see collectives.py)
-        self.on_node = set(self.pes) <= set(heap.node_pes)
-        self.name = {"world": "the world team", "shared": f"the shared team (PEs "
-                     f"{_pe_text(self.pes)})"}.get(kind, f"the team of PEs {_pe_text(self.pes)}")
-        #: prefix of call texts in messages ("" for the world team: its calls are the heap's)
-        self.label = "" if kind == "world" else f"{self.name}: "
         self._contexts: list = []
 
     def __repr__(self) -> str:
         state = ", destroyed" if self.destroyed else ""
         return f"<shmemvm.Team: {self.name}, n_pes={len(self.pes)}{state}>"
-
-    # -- state --------------------------------------------------------------------------
-    def check_usable(self) -> None:
-        """Raise ShmemError where the heap is finalized or broken, or this team destroyed."""
-        self.heap._check_usable()
-        if self.destroyed:
-            raise ShmemError(f"{self.name} was destroyed (destroy() or the heap's finalize()); "
-                             f"split a new team from a live one")
-
-    def check_pe(self, pe, role: str = "pe") -> int:
-        """A team PE number as an int in 0..n_pes()-1, or TypeError/ValueError."""
-        number = _integer(pe, role)
-        if not 0 <= number < len(self.pes):
-            raise ValueError(f"{role} {number} is out of range: {self.name} has {len(self.pes)} "
-                             f"PEs (0..{len(self.pes) - 1}); PE numbers in team calls are "
-                             f"team-relative")
-        return number
 
     # -- queries (local) -----------------------------------------------------------------
     def my_pe(self) -> int:
@@ -138,7 +88,7 @@ class Team:
             ShmemError: the team was destroyed, or the heap finalized.
         """
         self.check_usable()
-        return self._me
+        return self.me
 
     def n_pes(self) -> int:
         """The number of PEs in the team.
@@ -151,23 +101,6 @@ class Team:
         """
         self.check_usable()
         return len(self.pes)
-
-    def world_pe(self, team_pe: int) -> int:
-        """The heap PE number of team PE `team_pe`.
-
-        Args:
-            team_pe: a team PE number, 0..n_pes()-1.
-
-        Returns:
-            The PE's number in the heap (what put/get/atomics take).
-
-        Raises:
-            TypeError: `team_pe` is not an integer.
-            ValueError: `team_pe` is out of range.
-            ShmemError: the team was destroyed, or the heap finalized.
-        """
-        self.check_usable()
-        return self.pes[self.check_pe(team_pe, "team_pe")]
 
     def translate_pe(self, pe: int, dest_team: Team | None) -> int:
         """Team PE `pe` of this team as a PE number of `dest_team`.
@@ -189,8 +122,8 @@ class Team:
         number = self.check_pe(pe)
         if dest_team is None:
             return -1
-        _same_heap(self.heap, dest_team, "translate_pe: dest_team").check_usable()
-        return dest_team._index.get(self.pes[number], -1)
+        _team(self.heap, dest_team, "translate_pe: dest_team").check_usable()
+        return dest_team.index.get(self.pes[number], -1)
 
     def get_config(self) -> dict:
         """The configuration the team was made with.
@@ -204,50 +137,6 @@ class Team:
         """
         self.check_usable()
         return dict(self._config)
-
-    # -- agreed steps over the team's members ------------------------------------------------
-    def _guarded(self, step, *args, **kwargs):
-        """Run an agreement step; a step that breaks the team's agreement (a
-        timeout, PEs out of step) breaks the heap too."""
-        try:
-            return step(*args, **kwargs)
-        finally:
-            if self.agreement.broken and self.kind != "world":
-                self.heap.agreement.mark_broken(f"{self.name}: {self.agreement.broken}")
-
-    def agree(self, call: Call) -> Outcome:
-        """One agreed step among the members (the heap's own agreement for the
-        world team, which also releases blocks dropped on every PE)."""
-        self.check_usable()
-        if self.kind == "world":
-            return self.heap.agree(call)
-        return self._guarded(self.agreement.collective, call)
-
-    def agree_checked(self, phase: Phase, text: str, check):
-        """Agree on the call `phase`: `check()` returns (args, text) or raises a
-        local error, which then fails the call on every member (that error where
-        every member has it, else SymmetryError). Returns the agreed args."""
-        try:
-            args, text = check()
-            error = None
-        except (TypeError, ValueError, ShmemError) as exc:
-            args, error = (), exc
-        self.agree(Call(phase, args, text, error))
-        return args
-
-    def step(self, phase: Phase, text: str) -> None:
-        """An internal barrier step of a call, after this PE's device work."""
-        self.heap.backend.synchronize()
-        self.agree(Call(phase, text=text))
-
-    def wait(self, request: MPI.Request, what: str) -> None:
-        """Complete a data step of the team's communicator with the heap's deadline."""
-        self._guarded(self.agreement.wait, request,
-                      f"{what} (in your collective call #{self.agreement.calls})")
-
-    def allgather(self, phase: Phase, data: bytes, what: str) -> list[bytes]:
-        """Every member's `data`, in team order, with the heap's deadline."""
-        return self._guarded(self.agreement.allgather_bytes, phase, data, what, self.comm)
 
     # -- collective team management ----------------------------------------------------------
     def split_strided(self, start: int, stride: int, size: int, config=None) -> Team | None:
@@ -276,8 +165,8 @@ class Team:
         """
         def check():
             n = len(self.pes)
-            first, step, count = (_integer(start, "start"), _integer(stride, "stride"),
-                                  _integer(size, "size"))
+            first, step, count = (_args.integer(start, "start"), _args.integer(stride, "stride"),
+                                  _args.integer(size, "size"))
             text = f"{self.label}split_strided(start={first}, stride={step}, size={count})"
             if step < 1:
                 raise ValueError(f"{text}: stride must be >= 1 (OpenSHMEM 1.5)")
@@ -294,7 +183,7 @@ class Team:
             _config(config)
             return (first, step, count), text
 
-        with self.heap._lock:
+        with self.heap.lock:
             self.check_usable()
             first, step, count = self.agree_checked(
                 Phase.TEAM_SPLIT_STRIDED, f"{self.label}split_strided(start={start!r}, "
@@ -327,7 +216,7 @@ class Team:
             ShmemError: this team was destroyed, or the heap finalized.
         """
         def check():
-            columns = _integer(xrange, "xrange")
+            columns = _args.integer(xrange, "xrange")
             text = f"{self.label}split_2d(xrange={columns})"
             if columns < 1:
                 raise ValueError(f"{text}: xrange must be >= 1")
@@ -335,7 +224,7 @@ class Team:
             _config(yaxis_config, "yaxis_config")
             return (columns,), text
 
-        with self.heap._lock:
+        with self.heap.lock:
             self.check_usable()
             (columns,) = self.agree_checked(Phase.TEAM_SPLIT_2D,
                                             f"{self.label}split_2d(xrange={xrange!r})", check)
@@ -351,9 +240,9 @@ class Team:
         """MPI_Comm_split of this team into `groups` (lists of this team's PE
         numbers, disjoint): this PE's new team, or None where it is in none.
         Right after an agreed step: every member is here or on its way."""
-        mine = next((i for i, group in enumerate(groups) if self._me in group), None)
+        mine = next((i for i, group in enumerate(groups) if self.me in group), None)
         color = MPI.UNDEFINED if mine is None else mine
-        key = 0 if mine is None else groups[mine].index(self._me)
+        key = 0 if mine is None else groups[mine].index(self.me)
         comm = self.comm.Split(color, key)
         if mine is None:
             return None
@@ -362,7 +251,7 @@ class Team:
         team = Team(heap, comm, [self.pes[i] for i in groups[mine]],
                     Agreement(comm, heap.timeout, heap.my_pe), kind="split", config=config)
         team.agreement.initialized = True
-        heap._teams.append(team)
+        _registry(heap).append(team)
         return team
 
     def sync(self) -> None:
@@ -382,8 +271,8 @@ class Team:
         """
         if self.kind == "world":
             self.check_usable()
-            return self.heap.sync_all()
-        with self.heap._lock:
+            return barrier.sync_all(self.heap)
+        with self.heap.lock:
             self.step(Phase.TEAM_SYNC, f"{self.label}sync()")
 
     def destroy(self) -> None:
@@ -404,7 +293,7 @@ class Team:
         if self.kind != "split":
             raise ShmemError(f"{self.name} is predefined; it lives as long as the heap and "
                              f"cannot be destroyed")
-        with self.heap._lock:
+        with self.heap.lock:
             self.check_usable()
             for context in self._contexts:
                 try:
@@ -413,8 +302,9 @@ class Team:
                     pass
             self.agree(Call(Phase.TEAM_DESTROY, text=f"{self.label}destroy()"))
             self._release()
-            if self in self.heap._teams:
-                self.heap._teams.remove(self)
+            registry = _registry(self.heap)
+            if self in registry:
+                registry.remove(self)
 
     def _release(self) -> None:
         """Mark the team destroyed and free its communicator (not under a broken
@@ -423,9 +313,9 @@ class Team:
             return
         self.destroyed = True
         self._contexts.clear()
-        if self.kind != "world" and not self.heap._broken:
+        if self.kind != "world" and not self.heap.broken:
             self.agreement.close()  # its persistent request (not the heap's: world's is)
-        if self.kind == "split" and not self.agreement.broken and not self.heap._broken:
+        if self.kind == "split" and not self.agreement.broken and not self.heap.broken:
             self.comm.Free()
 
     def create_ctx(self, options: int = 0):
@@ -441,8 +331,6 @@ class Team:
         Raises:
             ShmemError: the team was destroyed, or the heap finalized.
         """
-        from . import contexts   # the contexts module builds on teams, not the other way
-
         self.check_usable()
         context = contexts.Ctx(self.heap, options, team=self)
         self._contexts.append(context)
@@ -474,30 +362,22 @@ class Team:
         collectives.reduce(self.heap, dest, source, op, team=self)
 
 
-def _same_heap(heap, team, role: str) -> Team:
-    if not isinstance(team, Team):
-        raise TypeError(f"{role} must be a shmemvm Team, got {type(team).__name__} {team!r}")
-    if team.heap is not heap:
-        raise ValueError(f"{role} is {team.name} of another symmetric heap; teams are views of "
-                         f"the heap they were made from")
-    return team
-
-
-def resolve(heap, team, what: str) -> Team:
-    """The team a call runs over: `team`, or the world team for None."""
-    if team is None:
-        return team_world(heap)
-    _same_heap(heap, team, f"{what}: team").check_usable()
-    return team
-
-
-def _member(heap, team, what: str) -> Team:
+def _member(heap: HeapCore, team, what: str) -> Team:
     """`team` for a call that needs one: None is OpenSHMEM's SHMEM_TEAM_INVALID,
     what a split returns on the PEs it leaves out."""
     if team is None:
         raise TypeError(f"{what}: team is None (SHMEM_TEAM_INVALID, what a split returns on "
                         f"the PEs that are not members): only a team's members can call this")
-    return _same_heap(heap, team, f"{what}: team")
+    return _team(heap, team, f"{what}: team")
+
+
+def _team(heap: HeapCore, team, role: str) -> Team:
+    """`team` checked to be a Team of `heap` (not only a Group: teams are the
+    users' objects)."""
+    same_heap(heap, team, role)
+    if not isinstance(team, Team):
+        raise TypeError(f"{role} must be a shmemvm Team, got {type(team).__name__} {team!r}")
+    return team
 
 
 class TeamRegistry(list):
@@ -515,8 +395,13 @@ class TeamRegistry(list):
         self.clear()
 
 
-# -- the heap's team functions (bound as SymmetricHeap methods in heap.py) -------------------
-def team_world(heap) -> Team:
+def _registry(heap: HeapCore) -> TeamRegistry:
+    """This heap's teams (a feature of the heap, closed at its finalize)."""
+    return heap.feature("teams", TeamRegistry)
+
+
+# -- the heap's team functions -----------------------------------------------------------------
+def team_world(heap: HeapCore) -> Team:
     """The team of every PE of the heap (OpenSHMEM's SHMEM_TEAM_WORLD); local.
 
     Returns:
@@ -526,14 +411,14 @@ def team_world(heap) -> Team:
     Raises:
         ShmemError: the heap is finalized.
     """
-    heap._check_usable()
-    registry = heap._teams
+    heap.check_usable()
+    registry = _registry(heap)
     if registry.world is None:
         registry.world = Team(heap, heap.comm, range(heap.n_pes), heap.agreement, kind="world")
     return registry.world
 
 
-def team_shared(heap) -> Team:
+def team_shared(heap: HeapCore) -> Team:
     """The team of the PEs whose memory this PE maps directly: the PEs of its
     node (of its simulated node under SHMEMVM_NODE_SPLIT), in heap PE order
     (OpenSHMEM's SHMEM_TEAM_SHARED); local.
@@ -544,8 +429,8 @@ def team_shared(heap) -> Team:
     Raises:
         ShmemError: the heap is finalized.
     """
-    heap._check_usable()
-    registry = heap._teams
+    heap.check_usable()
+    registry = _registry(heap)
     if registry.shared is None:
         agreement = Agreement(heap.node, heap.timeout, heap.my_pe)
         agreement.initialized = True
@@ -553,7 +438,7 @@ def team_shared(heap) -> Team:
     return registry.shared
 
 
-def team_split_strided(heap, parent: Team, start: int, stride: int, size: int,
+def team_split_strided(heap: HeapCore, parent: Team, start: int, stride: int, size: int,
                        config=None) -> Team | None:
     """parent.split_strided(start, stride, size, config) (collective over `parent`).
 
@@ -579,7 +464,7 @@ def team_split_strided(heap, parent: Team, start: int, stride: int, size: int,
     return _member(heap, parent, "team_split_strided").split_strided(start, stride, size, config)
 
 
-def team_split_2d(heap, parent: Team, xrange: int, xaxis_config=None,
+def team_split_2d(heap: HeapCore, parent: Team, xrange: int, xaxis_config=None,
                   yaxis_config=None) -> tuple[Team, Team]:
     """parent.split_2d(xrange, xaxis_config, yaxis_config) (collective over `parent`).
 
@@ -602,7 +487,7 @@ def team_split_2d(heap, parent: Team, xrange: int, xaxis_config=None,
     return _member(heap, parent, "team_split_2d").split_2d(xrange, xaxis_config, yaxis_config)
 
 
-def team_my_pe(heap, team: Team | None) -> int:
+def team_my_pe(heap: HeapCore, team: Team | None) -> int:
     """This PE's number in `team`; local.
 
     Args:
@@ -618,10 +503,10 @@ def team_my_pe(heap, team: Team | None) -> int:
     """
     if team is None:
         return -1
-    return _same_heap(heap, team, "team_my_pe: team").my_pe()
+    return _team(heap, team, "team_my_pe: team").my_pe()
 
 
-def team_n_pes(heap, team: Team | None) -> int:
+def team_n_pes(heap: HeapCore, team: Team | None) -> int:
     """The number of PEs in `team`; local.
 
     Args:
@@ -637,10 +522,10 @@ def team_n_pes(heap, team: Team | None) -> int:
     """
     if team is None:
         return -1
-    return _same_heap(heap, team, "team_n_pes: team").n_pes()
+    return _team(heap, team, "team_n_pes: team").n_pes()
 
 
-def team_translate_pe(heap, src_team: Team | None, src_pe: int, dest_team: Team | None) -> int:
+def team_translate_pe(heap: HeapCore, src_team: Team | None, src_pe: int, dest_team: Team | None) -> int:
     """PE `src_pe` of `src_team` as a PE number of `dest_team`; local.
 
     Args:
@@ -659,11 +544,11 @@ def team_translate_pe(heap, src_team: Team | None, src_pe: int, dest_team: Team 
     """
     if src_team is None:
         return -1
-    return _same_heap(heap, src_team, "team_translate_pe: src_team").translate_pe(src_pe,
+    return _team(heap, src_team, "team_translate_pe: src_team").translate_pe(src_pe,
                                                                                   dest_team)
 
 
-def team_sync(heap, team: Team) -> None:
+def team_sync(heap: HeapCore, team: Team) -> None:
     """team.sync(): wait for every PE of `team` (collective over `team`).
 
     Args:
@@ -682,7 +567,7 @@ def team_sync(heap, team: Team) -> None:
     _member(heap, team, "team_sync").sync()
 
 
-def team_destroy(heap, team: Team) -> None:
+def team_destroy(heap: HeapCore, team: Team) -> None:
     """team.destroy(): free a split team (collective over `team`).
 
     Args:

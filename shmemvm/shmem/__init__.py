@@ -302,7 +302,7 @@ def _symmetric(a, role: str, writable: bool = True) -> torch.Tensor:
         raise ValueError(f"the {role} lies at byte {offset} of its allocation, which is not "
                          f"a multiple of its element size {a.itemsize}")
     tensor = torch.empty(0, dtype=dtype).set_(storage, offset // a.itemsize, (a.size,), (1,))
-    _heap()._symmetric(tensor, role)  # freed since, or another heap's: say so here
+    _heap().symmetric(tensor, role)  # freed since, or another heap's: say so here
     return tensor
 
 
@@ -366,7 +366,7 @@ def init() -> None:
         ShmemError and its subclasses: the heap could not be made (see
             shmemvm.init).
     """
-    if api._heap is not None and not api._heap.closed:
+    if api.current_heap() is not None:
         return
     _arrays.clear()
     api.init(backend="host")
@@ -385,7 +385,7 @@ def init_thread(requested: int = THREAD_MULTIPLE) -> THREAD:
         ValueError: `requested` is not a THREAD level.
         UnsupportedError: MPI was initialised at a lower level.
     """
-    if api._heap is None or api._heap.closed:
+    if api.current_heap() is None:
         _arrays.clear()
         api.init(backend="host", thread_level=int(requested))
     return query_thread()
@@ -434,7 +434,7 @@ def global_exit(status: int = 0) -> NoReturn:
 
 
 def _finalize_at_exit() -> None:
-    if api._heap is not None and not api._heap.closed:
+    if api.current_heap() is not None:
         try:
             finalize()
         except Exception as exc:  # a PE that failed: the others must still exit
@@ -852,7 +852,7 @@ def pe_accessible(pe: int) -> bool:
     """
     heap = _heap()
     try:
-        heap._check_pe(pe)
+        heap.check_pe(pe)
     except ValueError:
         return False
     return True

@@ -14,7 +14,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 from shmemvm.device import allreduce as device_allreduce  # noqa: E402
-from shmemvm.device import atomics as device_atomics
+from shmemvm.transport import kernels as device_atomics
 from shmemvm.device import triton as sv  # noqa: E402  (its private _poll_unset too)
 import producer_consumer  # noqa: E402
 import triton_allreduce  # noqa: E402

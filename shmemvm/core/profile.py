@@ -79,15 +79,15 @@ def _targets(heap) -> list[tuple[object, str, str]]:
     """(object, method, step name) of every timed step of `heap`."""
     targets = [(heap.agreement, "collective", "agreement"), (heap.agreement, "all_ok", "agreement"),
                (heap.local, "allocate_unmapped", "allocate"),
-               (heap, "_map_created", "map_new"),
+               (heap, "map_new", "map_new"),
                (heap.local, "tensor_for", "tensor"), (heap.local, "retire", "retire"),
                (heap.local, "finish_free", "finish_free"), (heap.local, "export", "export"),
                (heap.backend, "create", "create"), (heap.backend, "map", "map"),
                (heap.backend, "set_access", "set_access"),
                (heap.backend, "export_fd", "export_fd"), (heap.backend, "import_fd", "import_fd"),
                (heap.backend, "release", "release")]
-    if heap.offnode is not None:
-        targets.append((heap.offnode, "attach", "window_attach"))
+    if heap.window is not None:
+        targets.append((heap.window, "attach", "window_attach"))
     if heap.exchange is not None:
         targets += [(heap.exchange, "run", "exchange"), (heap.peers, "map", "peer_map"),
                     (heap.channel, "try_send", "fd_send"), (heap.channel, "receive", "fd_receive")]

@@ -1,10 +1,12 @@
-"""The host API's atomics on device heaps: one small Triton kernel per call.
+"""The host API's atomics on device heaps: one small Triton kernel per call
+(the KERNEL atomic path of route.py).
 
 Device memory is not handed to MPI (no GPU-aware MPI is assumed), so on a
-device heap the atomics of atomics.py reach the PEs of this node as a kernel
-of one program, launched on the current stream, that applies a system-scope
-atomic with acquire-release semantics to the target PE's copy, addressed
-through the heap's table of bases (shmemvm.triton.translate). A system-scope
+device heap the atomics of openshmem/atomics.py reach the PEs of this node as
+a kernel of one program, launched on the current stream, that applies a
+system-scope atomic with acquire-release semantics to the target PE's copy,
+addressed through the heap's table of bases (ptr - bases[me] + bases[pe], as
+shmemvm.triton.translate does). A system-scope
 atomic is atomic with respect to the device-side atomics of kernels on every
 GPU of the node (shmemvm.triton's with scope="sys") and to other such calls,
 and ordered after the work queued before it on the stream. The old value is
@@ -32,8 +34,7 @@ except ImportError as exc:  # atomics.py turns this into UnsupportedError
     raise ImportError("atomics on device heaps run as Triton kernels: pip install triton "
                       "(or pip install shmemvm[triton])") from exc
 
-from . import triton as sv
-from ..openshmem.atomics import signed64
+from .._args import signed64
 from ..errors import UnsupportedError
 
 
@@ -59,22 +60,27 @@ _BITS = {
 
 @triton.jit
 def _atomic(dest, args, out, me, pe, heap_bases, OP: tl.constexpr):
+    # dest on PE `pe`: this PE's pointer moved by the difference of the bases
+    from_base = tl.load(heap_bases + me)
+    to_base = tl.load(heap_bases + pe)
+    offset = tl.cast(dest, tl.uint64) - from_base      # bytes into the heap
+    target = tl.cast(tl.cast(to_base, tl.pointer_type(tl.int8)) + offset, dest.dtype)
     value = tl.load(args)
     if OP == 0:    # FETCH: an add of 0 reads atomically
-        old = sv.atomic_add(dest, value * 0, me, pe, heap_bases, sem="acq_rel", scope="sys")
+        old = tl.atomic_add(target, value * 0, sem="acq_rel", scope="sys")
     elif OP == 1:  # ADD
-        old = sv.atomic_add(dest, value, me, pe, heap_bases, sem="acq_rel", scope="sys")
+        old = tl.atomic_add(target, value, sem="acq_rel", scope="sys")
     elif OP == 2:  # XCHG
-        old = sv.atomic_xchg(dest, value, me, pe, heap_bases, sem="acq_rel", scope="sys")
+        old = tl.atomic_xchg(target, value, sem="acq_rel", scope="sys")
     elif OP == 3:  # AND
-        old = sv.atomic_and(dest, value, me, pe, heap_bases, sem="acq_rel", scope="sys")
+        old = tl.atomic_and(target, value, sem="acq_rel", scope="sys")
     elif OP == 4:  # OR
-        old = sv.atomic_or(dest, value, me, pe, heap_bases, sem="acq_rel", scope="sys")
+        old = tl.atomic_or(target, value, sem="acq_rel", scope="sys")
     elif OP == 5:  # XOR
-        old = sv.atomic_xor(dest, value, me, pe, heap_bases, sem="acq_rel", scope="sys")
+        old = tl.atomic_xor(target, value, sem="acq_rel", scope="sys")
     else:          # CAS: args = (value, cond)
         cond = tl.load(args + 1)
-        old = sv.atomic_cas(dest, cond, value, me, pe, heap_bases, sem="acq_rel", scope="sys")
+        old = tl.atomic_cas(target, cond, value, sem="acq_rel", scope="sys")
     tl.store(out, old)
 
 
@@ -97,11 +103,12 @@ def _from_bits(bits: int, dtype: torch.dtype):
     return struct.unpack(codes[0], struct.pack(codes[1], bits))[0]
 
 
-def apply(heap, dest: torch.Tensor, pe: int, op: str, value=0, cond=0):
+def apply(bases: torch.Tensor, me: int, dest: torch.Tensor, pe: int, op: str, value=0, cond=0):
     """Apply `op` to `dest` (a checked one-element view of a symmetric tensor of
     an atomic dtype) on PE `pe` (this PE or a peer on this node, already
-    checked to be mapped), with `value` (and `cond` for "cas") already checked
-    to fit dest's dtype. Complete at the target on return.
+    checked to be mapped; `bases`: the heap's table of bases, HeapCore.heap_bases,
+    `me`: this PE), with `value` (and `cond` for "cas") already checked to fit
+    dest's dtype. Complete at the target on return.
 
     Returns:
         dest's value on PE `pe` before the operation, as a Python int (float
@@ -116,5 +123,5 @@ def apply(heap, dest: torch.Tensor, pe: int, op: str, value=0, cond=0):
     args = torch.tensor([_to_bits(value, dest.dtype), _to_bits(cond, dest.dtype)],
                         dtype=bits_dtype, device=dest.device)
     out = torch.empty(1, dtype=bits_dtype, device=dest.device)
-    _atomic[(1,)](target, args, out, heap.my_pe, pe, heap.heap_bases(), OP=OPERATIONS[op])
+    _atomic[(1,)](target, args, out, me, pe, bases, OP=OPERATIONS[op])
     return _from_bits(out.item(), dest.dtype)  # .item() waits for the kernel

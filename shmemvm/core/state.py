@@ -1,0 +1,302 @@
+"""HeapCore: what one symmetric heap is, and the few things every routine needs.
+
+The state: this PE's place (comm, my_pe, n_pes, the node's PEs), its memory
+(`local`: the VMM heap with its allocator; `peers`: the node peers' heaps
+mapped here; `window`: the MPI window for the other nodes), the agreement
+that every collective starts with, the route to every PE (transport/route.py),
+the default context's completion tracker, and the heap's lock.
+
+The services: agree() (one agreed step of a collective, which also releases
+the blocks that every PE has dropped), symmetric() (the live block a tensor
+views), check_pe(), window_for() and quiet_all().
+
+The routines (openshmem/) are functions over a HeapCore; each keeps its own
+per-heap state in a `feature` of the heap (locks held, teams made, hints), an
+object the core keeps for it and closes at teardown, so that no feature's
+state lives in this class. The core is built by setup.py; SymmetricHeap
+(heap.py) is the public class that composes it with the routines.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import torch
+from mpi4py import MPI
+
+from .. import _args
+from ..agreement.agreement import Agreement
+from ..agreement.protocol import Call, Outcome
+from ..backends.base import VMMBackend
+from ..errors import FreedTensorError, ShmemError, UnsupportedError
+from ..memory.buddy import Block, Segment
+from ..memory.vmm import VMemPow2Allocator
+from ..node.anchor import Anchor
+from ..node.exchange import Exchange
+from ..node.fdpass import FdChannel
+from ..node.peers import PeerTable
+from ..transport.completion import CompletionTracker
+from ..transport.offnode import OffNodeWindow
+from ..transport.route import Routes
+
+log = logging.getLogger("shmemvm")
+
+Feature = TypeVar("Feature")
+
+
+class Context(Protocol):
+    """What one-sided operations (rma, atomics, signals, strided) are issued on:
+    the heap itself (its default context) or a Ctx (openshmem/contexts.py).
+    A context names the heap, maps a `pe` argument to the heap's PE number
+    (team-relative on a team's context; raising for a bad one, or a destroyed
+    context), and records its non-blocking operations in its own tracker,
+    which its quiet() completes."""
+
+    @property
+    def core(self) -> HeapCore: ...
+
+    @property
+    def tracker(self) -> CompletionTracker: ...
+
+    def world_pe(self, pe) -> int: ...
+
+
+class HeapCore:
+    """One symmetric heap's state and services (see the module doc). Made empty
+    here and built by setup.open(); everything it holds is None until then."""
+
+    # Set by setup.open(), in this order; teardown releases whatever was made.
+    comm: MPI.Comm
+    node: MPI.Comm
+    my_pe: int
+    n_pes: int
+    node_pes: list[int]
+    timeout: float
+    thread_level: int
+    backend: VMMBackend
+    local: VMemPow2Allocator
+    peers: PeerTable
+    channel: FdChannel | None
+    exchange: Exchange
+    anchor: Anchor | None
+    window: OffNodeWindow | None
+    window_error: str | None
+    agreement: Agreement | None
+    completion: CompletionTracker
+    routes: Routes
+
+    def __init__(self) -> None:
+        #: the heap of this context: itself (the heap is its own default context)
+        self.core = self
+        #: serialises this heap's collective calls and their state (a thread that
+        #: makes a collective call holds it for the whole call)
+        self.lock = threading.RLock()
+        self.closed = False
+        self.agreement = None
+        self.comm = self.node = self.local = self.peers = None
+        self.channel = self.anchor = self.window = None
+        self.window_error = None
+        #: blocks dropped (garbage-collected) here, not yet released on every PE
+        self._pending: set[int] = set()
+        #: the trackers of live contexts other than the default one (contexts.py)
+        self._trackers: weakref.WeakSet = weakref.WeakSet()
+        #: per-heap state of the routines, by key, in the order made (feature())
+        self._features: dict[str, Any] = {}
+        self._bases: torch.Tensor | None = None   # heap_bases(), made once
+
+    # -- what the heap is ---------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device of the heap's memory (cpu for the host backend)."""
+        return self.backend.device
+
+    @property
+    def heap_size(self) -> int:
+        """The physical budget of this PE's heap, in bytes."""
+        return self.local.heap_size
+
+    def query_thread(self) -> int:
+        """The thread level this heap provides.
+
+        Returns:
+            shmemvm.THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED or
+            THREAD_MULTIPLE (0..3): what init(thread_level=...) asked for, or
+            by default the highest level MPI was initialised at.
+
+        Raises:
+            Nothing; the level is fixed when the heap is made.
+        """
+        return self.thread_level
+
+    @property
+    def broken(self) -> str | None:
+        """Why the heap is unusable (a timed-out step), or None."""
+        return self.agreement.broken if self.agreement is not None else None
+
+    def check_usable(self) -> None:
+        """ShmemError once finalized, PeerTimeoutError once broken."""
+        if self.closed:
+            raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
+        if self.agreement is not None:
+            self.agreement.check_usable()
+
+    def feature(self, key: str, make: Callable[[], Feature]) -> Feature:
+        """The per-heap state of a routine module, made by `make()` at its first
+        use; an object with a close() method is closed at teardown, the last
+        made first (teams before the communicators they were split from)."""
+        state = self._features.get(key)
+        if state is None:
+            self.check_usable()
+            state = self._features[key] = make()
+        return state
+
+    def made_feature(self, key: str) -> Any:
+        """The per-heap state under `key` where it was made already, else None."""
+        return self._features.get(key)
+
+    def close_features(self) -> None:
+        """Close every feature's state (teardown), the last made first."""
+        features, self._features = self._features, {}
+        for state in reversed(list(features.values())):
+            close = getattr(state, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # keep closing the rest
+                    log.exception("shmemvm: error while closing %s", type(state).__name__)
+
+    # -- the agreement ---------------------------------------------------------------------
+    def agree(self, call: Call, *, flag: bool = True) -> Outcome:
+        """One agreed step of a collective: every PE makes this same `call` (else
+        SymmetryError everywhere), and the blocks that nothing views on any PE
+        any more are released first. The same outcome on every PE."""
+        agreement = self.agreement
+        if self.closed or agreement is None or agreement.broken:
+            self.check_usable()
+        dead = self.local.take_dead()
+        if dead:
+            self._pending.update(dead)
+        return agreement.collective(call, dead=self._pending, flag=flag)
+
+    def release_dead(self, offsets: set[int]) -> None:
+        """Release the blocks that nothing views on any PE any more (the
+        agreement calls this inside a step, on every PE alike)."""
+        for offset in sorted(offsets):
+            # An unmap failure of imported memory (logged, returned) is not raised:
+            # this runs inside whichever collective call came next, and raising on
+            # one PE alone would put the PEs out of step. The mapping left behind
+            # is replaced when the offset is mapped again.
+            self.local.release(offset)
+        self._pending -= offsets
+
+    # -- the default context -------------------------------------------------------------
+    @property
+    def tracker(self) -> CompletionTracker:
+        """The default context's tracker (quiet() completes it)."""
+        return self.completion
+
+    # -- arguments every routine checks --------------------------------------------------
+    def check_pe(self, pe) -> int:
+        """`pe` as an int in 0..n_pes-1 (NumPy and other integer types too), or
+        TypeError/ValueError."""
+        if type(pe) is int and 0 <= pe < self.n_pes:   # the common case, at once
+            return pe
+        return _args.pe(pe, self.n_pes)
+
+    def symmetric(self, tensor: torch.Tensor, role: str) -> Block:
+        """The live block `tensor` views; FreedTensorError naming its `role`
+        otherwise, ShmemError/PeerTimeoutError where the heap is unusable."""
+        if self.closed or self.broken:
+            self.check_usable()
+        try:
+            return self.local.block_of(tensor)
+        except FreedTensorError as exc:
+            raise FreedTensorError(f"the {role} must be a live symmetric tensor: {exc}") from None
+
+    #: the default context's PE numbers are the heap's own: checked, not mapped
+    world_pe = check_pe
+
+    def symmetric_contiguous(self, tensor, role: str, what: str) -> int:
+        """The heap offset of `tensor`, after checking it is a contiguous symmetric
+        tensor (the collectives' and the device all-reduce's operands)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{what}: {role} must be a symmetric torch.Tensor, got "
+                            f"{type(tensor).__name__}")
+        self.symmetric(tensor, f"{role} of {what}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{what}: {role} has shape {tuple(tensor.shape)} and strides "
+                             f"{tuple(tensor.stride())}, which is not contiguous; collectives "
+                             f"work on contiguous symmetric tensors (a whole tensor or a slice "
+                             f"of its first dimension)")
+        return self.local.offset_of(tensor)
+
+    def offset_of(self, tensor: torch.Tensor) -> int:
+        """Heap offset of a symmetric tensor's first element (the same on every PE)."""
+        return self.local.offset_of(tensor)
+
+    def window_for(self, what: str) -> OffNodeWindow:
+        """The MPI window, or UnsupportedError saying why `what` cannot use one."""
+        if self.window is None:
+            raise UnsupportedError(f"{what} needs the heap's MPI window, which is unavailable: "
+                                   f"{self.window_error}")
+        return self.window
+
+    def map_new(self, created: list[Segment]) -> None:
+        """This PE's own part of sharing new segments (core/sharing.py), run by
+        the exchange once they are sent: map them here, and attach them to the
+        MPI window."""
+        self.local.map_created(created)
+        if self.window is not None:
+            for segment in created:
+                self.window.attach(segment)
+
+    def heap_bases(self) -> torch.Tensor:
+        """Where each PE's heap lies in this process, for kernels that address
+        peers themselves (shmemvm.triton's translate/load/store/atomics).
+
+        Entry k is the address here of heap offset 0 of PE k: this PE's own
+        heap base at my_pe, a peer's window on this node, 0 for PEs only MPI
+        reaches. A symmetric tensor `t` lies on PE k at
+        ``heap_bases[k] + (t.data_ptr() - heap_bases[my_pe])``. The windows are
+        reserved once, at init, so the table stays valid across malloc/free
+        until finalize(); memory is only mapped at a peer's window where a
+        live segment is, so translate only pointers into live symmetric tensors.
+
+        Returns:
+            A 1-D int64 tensor of n_pes entries on the heap's device (the same
+            tensor on every call: do not write to it).
+
+        Raises:
+            ShmemError: the heap is finalized or unusable.
+        """
+        self.check_usable()
+        if self._bases is None:   # the windows never move: made once
+            table = [0] * self.n_pes
+            table[self.my_pe] = self.local.base
+            for pe, window in self.peers.windows.items():
+                table[pe] = window
+            self._bases = torch.tensor(table, dtype=torch.int64, device=self.device)
+        return self._bases
+
+    # -- completion of every context ---------------------------------------------------
+    def add_tracker(self, tracker: CompletionTracker) -> None:
+        """Count a context's tracker in quiet_all() while it lives."""
+        self._trackers.add(tracker)
+
+    def drop_tracker(self, tracker: CompletionTracker) -> None:
+        self._trackers.discard(tracker)
+
+    def quiet_all(self) -> None:
+        """Complete the default context's operations and every live context's:
+        before memory is freed or the window goes, nothing may still be in
+        flight into it."""
+        if self.closed:
+            self.check_usable()  # raises: finalized (its MPI window is gone)
+        self.completion.quiet()
+        if self._trackers.data:  # (most programs make no context: skip copying the set)
+            for tracker in list(self._trackers):
+                tracker.quiet()

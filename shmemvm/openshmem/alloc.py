@@ -1,0 +1,402 @@
+"""Collective allocation: malloc, empty, zeros (calloc), align, malloc_with_hints,
+realloc, free, and the heap's memory in numbers (heap_info, trim).
+
+Every PE runs the same deterministic allocator (memory/buddy.py), so the same
+sequence of collective calls gives the same offsets everywhere: each call
+only agrees that every PE made it with the same arguments (one small
+allreduce, HeapCore.agree), then allocates locally; only segments a call
+creates are shared with the node's PEs (core/sharing.py). A block is reused
+only when it was freed on every PE and nothing on any PE views it any more
+(memory/ownership.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _args
+from ..agreement.protocol import Call, Phase
+from ..core import sharing
+from ..core.state import HeapCore
+from ..errors import FreedTensorError, ShmemError
+from ..memory.buddy import Block
+
+#: malloc_with_hints' hints (OpenSHMEM 1.5 values): accepted and recorded, no effect yet
+MALLOC_ATOMICS_REMOTE = 1
+MALLOC_SIGNAL_REMOTE = 2
+
+
+def _hints(heap: HeapCore) -> dict[int, int]:
+    """malloc_with_hints' hints of this heap's blocks: block offset -> hints."""
+    return heap.feature("alloc.hints", dict)
+
+
+def _allocate(heap: HeapCore, nbytes: int, call: Call) -> Block:
+    """The block every PE agreed on for `call` (core/sharing.py), without the
+    hints a former block at its offset had."""
+    block = sharing.allocate_collectively(heap, nbytes, call)
+    hints = heap.made_feature("alloc.hints")
+    if hints:
+        hints.pop(block.offset, None)
+    return block
+
+
+def malloc(heap: HeapCore, nbytes: int) -> torch.Tensor:
+    """`nbytes` of symmetric memory as a uint8 tensor (collective).
+
+    Args:
+        nbytes: the size in bytes, an integer >= 0 (NumPy and other integer
+            types too); the same on every PE.
+
+    Returns:
+        A 1-D uint8 CPU or device tensor of `nbytes` elements, at the same
+        heap offset on every PE. It frees itself once dropped on every PE.
+
+    Raises:
+        SymmetryError: the PEs made different calls or passed different
+            arguments (every PE raises it; nothing was done).
+        HeapExhaustedError: the heap cannot hold the request (it names the
+            request, the usage and SHMEMVM_HEAP_SIZE).
+        PeerTimeoutError: a PE did not join within the heap's timeout
+            (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+        ShmemError: the heap is finalized.
+        TypeError, ValueError: `nbytes` is not an integer >= 0.
+    """
+    text = ("malloc({!r})", nbytes)   # made into text only if a message needs it
+    if type(nbytes) is not int or nbytes < 0:
+        return _empty(heap, (nbytes,), torch.uint8, text, Phase.MALLOC)  # checked (or rejected) there
+    # empty((nbytes,), torch.uint8) with tensor_nbytes' answer for a plain int, inline
+    dims = (nbytes,)
+    call = Call(Phase.MALLOC, (nbytes, torch.uint8, dims), text, None, True)
+    with heap.lock:
+        heap.agree(call)
+        block = _allocate(heap, nbytes, call)
+        return heap.local.tensor_for(block, dims, torch.uint8)
+
+
+def empty(heap: HeapCore, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialised symmetric tensor (collective).
+
+    Args:
+        shape: an int or a sequence of ints >= 0 (at most 64 dimensions).
+        dtype: a torch.dtype (default float32).
+
+    Returns:
+        A contiguous tensor of that shape and dtype on the heap's device, at
+        the same heap offset on every PE; its contents are undefined.
+
+    Raises:
+        SymmetryError: the PEs made different calls or passed different
+            arguments (every PE raises it; nothing was done).
+        HeapExhaustedError: the heap cannot hold the request (it names the
+            request, the usage and SHMEMVM_HEAP_SIZE).
+        PeerTimeoutError: a PE did not join within the heap's timeout
+            (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+        ShmemError: the heap is finalized.
+        TypeError, ValueError: a bad shape or a dtype symmetric memory
+            does not support.
+    """
+    # the call's text is made only if a message needs it (Call)
+    return _empty(heap, shape, dtype, ("empty({!r}, {})", shape, dtype), Phase.MALLOC)
+
+
+def _empty(heap: HeapCore, shape, dtype, text, phase: Phase) -> torch.Tensor:
+    """empty() as the call `phase` with the message text `text` (malloc, zeros)."""
+    try:
+        dims, nbytes = _args.tensor_nbytes(shape, dtype)
+    except (TypeError, ValueError) as exc:
+        call = Call(phase, (), text, exc)
+    else:
+        call = Call(phase, (nbytes, dtype, dims), text, None, True)  # exact: ints, a dtype
+    with heap.lock:
+        heap.agree(call)
+        block = _allocate(heap, nbytes, call)
+        return heap.local.tensor_for(block, dims, dtype)
+
+
+def zeros(heap: HeapCore, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A zero-filled symmetric tensor (collective, like shmem_calloc). It is
+    zero on every PE before any PE returns, so peers may write at once.
+
+    Args:
+        shape: an int or a sequence of ints >= 0 (at most 64 dimensions).
+        dtype: a torch.dtype (default float32).
+
+    Returns:
+        A contiguous zero-filled tensor of that shape and dtype, at the same
+        heap offset on every PE.
+
+    Raises:
+        SymmetryError: the PEs made different calls or passed different
+            arguments (every PE raises it; nothing was done).
+        HeapExhaustedError: the heap cannot hold the request (it names the
+            request, the usage and SHMEMVM_HEAP_SIZE).
+        PeerTimeoutError: a PE did not join within the heap's timeout
+            (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+        ShmemError: the heap is finalized.
+        TypeError, ValueError: a bad shape or a dtype symmetric memory
+            does not support.
+    """
+    # the texts are made only if a message needs them (Call)
+    tensor = _empty(heap, shape, dtype, ("zeros({!r}, {})", shape, dtype), Phase.ZEROS)
+    tensor.zero_()
+    heap.backend.synchronize()
+    heap.agree(Call(Phase.ZEROS_FILLED, (), ("zeros({!r}, {}) (filled)", shape, dtype)))
+    return tensor
+
+
+def align(heap: HeapCore, alignment: int, nbytes: int) -> torch.Tensor:
+    """`nbytes` of symmetric memory whose address is a multiple of
+    `alignment` on every PE (collective, shmem_align).
+
+    Blocks of 2**k bytes lie at multiples of 2**k from the heap's base, so an
+    alignment up to the block's size costs nothing; a larger one takes a
+    block of `alignment` bytes (the rest of it is unused). The base is
+    aligned to the backend's granularity (heap_info()'s backend; 2 MiB on
+    CUDA) and no more on every PE, so that is the largest alignment.
+
+    Args:
+        alignment: a power of two (bytes), the same on every PE.
+        nbytes: the size in bytes, an integer >= 0, the same on every PE.
+
+    Returns:
+        A 1-D uint8 tensor of `nbytes` elements at the same heap offset on
+        every PE, with data_ptr() % alignment == 0. It frees itself once
+        dropped on every PE, or with free().
+
+    Raises:
+        TypeError: `alignment` or `nbytes` is not an integer.
+        ValueError: `alignment` is not a power of two or exceeds the
+            backend's granularity, or `nbytes` < 0.
+        SymmetryError: the PEs made different calls or passed different
+            arguments (every PE raises it; nothing was done).
+        HeapExhaustedError: the heap cannot hold the aligned block.
+        PeerTimeoutError: a PE did not join within the heap's timeout.
+        ShmemError: the heap is finalized.
+    """
+    text = f"align({alignment!r}, {nbytes!r})"
+    call = Call(Phase.ALIGN, text=text)
+    try:
+        alignment = _args.integer(alignment, "alignment")
+        (count,), nbytes = _args.tensor_nbytes((nbytes,), torch.uint8)
+        if alignment < 1 or alignment & (alignment - 1):
+            raise ValueError(f"align: alignment must be a power of two, got {alignment}")
+        if alignment > heap.backend.granularity:  # the same limit on every PE
+            raise ValueError(f"align: alignment {alignment} exceeds the {heap.backend.name} "
+                             f"backend's granularity {heap.backend.granularity}, the "
+                             f"alignment of the heap's base on every PE and so the largest "
+                             f"this heap can give")
+        call.args = (alignment, nbytes)
+    except (TypeError, ValueError) as exc:
+        call.error = exc
+    with heap.lock:
+        heap.agree(call)
+        block = _allocate(heap, max(nbytes, alignment), call)
+        return heap.local.tensor_for(block, (count,), torch.uint8)
+
+
+def malloc_with_hints(heap: HeapCore, nbytes: int, hints: int = 0) -> torch.Tensor:
+    """malloc() with OpenSHMEM 1.5's usage hints (collective,
+    shmem_malloc_with_hints). The hints are checked, agreed on (part of what
+    every PE must pass alike) and recorded with the block, but change nothing
+    yet: every block already suits atomics and signals, which all go through
+    the heap's MPI window.
+
+    Args:
+        nbytes: the size in bytes, an integer >= 0, the same on every PE.
+        hints: 0, or an OR of shmemvm.MALLOC_ATOMICS_REMOTE (1) and
+            MALLOC_SIGNAL_REMOTE (2); the same on every PE.
+
+    Returns:
+        A 1-D uint8 tensor of `nbytes` elements, as malloc() returns.
+
+    Raises:
+        TypeError: `nbytes` or `hints` is not an integer.
+        ValueError: `nbytes` < 0 or `hints` has bits other than those two.
+        SymmetryError: the PEs made different calls or passed different
+            arguments (hints included; every PE raises it).
+        HeapExhaustedError: the heap cannot hold the request.
+        PeerTimeoutError: a PE did not join within the heap's timeout.
+        ShmemError: the heap is finalized.
+    """
+    call = Call(Phase.MALLOC_WITH_HINTS, text=f"malloc_with_hints({nbytes!r}, {hints!r})")
+    try:
+        hints = _args.flags(hints, {"MALLOC_ATOMICS_REMOTE": MALLOC_ATOMICS_REMOTE,
+                                    "MALLOC_SIGNAL_REMOTE": MALLOC_SIGNAL_REMOTE},
+                            "malloc_with_hints: hints")
+        (count,), nbytes = _args.tensor_nbytes((nbytes,), torch.uint8)
+        call.args = (nbytes, hints)
+    except (TypeError, ValueError) as exc:
+        call.error = exc
+    with heap.lock:
+        heap.agree(call)
+        block = _allocate(heap, nbytes, call)
+        _hints(heap)[block.offset] = hints
+        return heap.local.tensor_for(block, (count,), torch.uint8)
+
+
+def free(heap: HeapCore, tensor: torch.Tensor) -> None:
+    """Free a symmetric tensor (collective). `tensor` itself becomes empty;
+    views of it made before (slices, ptr() views, on any PE) keep the old
+    memory and data, but are no longer symmetric tensors; the block is
+    reused only once all of them are gone (heap_info()'s deferred count).
+
+    This PE's outstanding put/get/nbi operations are completed first, on
+    every context (the default one and every Ctx): nothing may still be in
+    flight into memory that is released.
+
+    Args:
+        tensor: a tensor from this heap (malloc/empty/zeros/realloc), the
+            same one on every PE.
+
+    Returns:
+        None.
+
+    Raises:
+        FreedTensorError: `tensor` is not a live tensor of this heap.
+        TypeError: `tensor` is not a torch.Tensor.
+        SymmetryError: the PEs freed different tensors (nothing was freed).
+        PeerTimeoutError: a PE did not join within the heap's timeout.
+    """
+    retirement = None
+    try:
+        with heap.lock:
+            try:
+                retirement = heap.local.retire(tensor)
+            except (TypeError, FreedTensorError) as exc:
+                call = Call(Phase.FREE, (), "free(tensor)", exc)
+            else:
+                offset = retirement.block.offset
+                call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset),
+                            None, True)
+            heap.quiet_all()
+            alone_everywhere = heap.agree(
+                call, flag=retirement is not None and retirement.alone).flag_everywhere
+            # imported memory is unmapped at once: where that fails on one PE, every PE says so
+            imported = alone_everywhere and heap.local.imported(offset) is not None
+            failure = heap.local.finish_free(retirement, release_now=alone_everywhere)
+            if imported:
+                sharing.agree_on_unmapping(heap, call, failure, "the imported memory")
+    except BaseException:
+        if retirement is not None and retirement.storage is not None:
+            retirement.restore()  # nothing was done: the tensor stays usable
+        raise
+
+
+def realloc(heap: HeapCore, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """A symmetric tensor of `nbytes` holding `tensor`'s leading bytes, as a
+    1-D tensor of its dtype; `tensor` is freed (collective).
+
+    Args:
+        tensor: a live tensor of this heap, the same one on every PE.
+        nbytes: the new size in bytes, an integer (NumPy integers too) that
+            is a multiple of the element size of tensor's dtype.
+
+    Returns:
+        A 1-D tensor of nbytes // element size elements of tensor's dtype;
+        at the same place where it fits and nothing else views the old
+        block on any PE. The old tensor becomes empty, as with free().
+
+    Raises:
+        SymmetryError: the PEs made different calls or passed different
+            arguments (every PE raises it; nothing was done).
+        HeapExhaustedError: the heap cannot hold the request (it names the
+            request, the usage and SHMEMVM_HEAP_SIZE).
+        PeerTimeoutError: a PE did not join within the heap's timeout
+            (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+        ShmemError: the heap is finalized.
+        FreedTensorError: `tensor` is not a live tensor of this heap.
+        TypeError, ValueError: `nbytes` is not an integer, is negative or
+            not a multiple of the element size.
+    """
+    call = Call(Phase.REALLOC, text=f"realloc(tensor, {nbytes!r})")
+    retirement = None
+    try:
+        with heap.lock:
+            try:
+                retirement = heap.local.retire(tensor)  # undone below if anything fails
+                block = retirement.block
+                dtype = tensor.dtype
+                (count,), new_bytes = _args.tensor_nbytes(_args.elements_of(nbytes, dtype), dtype)
+                call.args = (block.offset, new_bytes, dtype)
+                call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
+            except (TypeError, ValueError, FreedTensorError) as exc:
+                call.error = exc
+            heap.quiet_all()
+            alone_everywhere = heap.agree(
+                call, flag=retirement is not None and retirement.alone).flag_everywhere
+            if (alone_everywhere and heap.local.size_class(new_bytes) == block.size
+                    and heap.local.imported(block.offset) is None):
+                return heap.local.resize(retirement, new_bytes, (count,), dtype)
+            new_block = _allocate(heap, new_bytes, call)
+            result = heap.local.tensor_for(new_block, (count,), dtype)
+            keep = min(block.nbytes, new_bytes)
+            if keep:
+                result.view(torch.uint8)[:keep].copy_(retirement.old_bytes()[:keep])
+            heap.backend.synchronize()
+            # (imported memory: a failed unmap is logged and not raised, as when
+            # released later; free() agrees on it)
+            heap.local.finish_free(retirement, release_now=alone_everywhere)
+            return result
+    except BaseException:
+        if retirement is not None and retirement.storage is not None:
+            retirement.restore()
+        raise
+
+
+def heap_info(heap: HeapCore) -> dict:
+    """This PE's heap in numbers (local, not collective).
+
+    Returns:
+        A dict: heap_size (the physical budget), chunk (allocations below
+        it are carved from segments of that size: SHMEMVM_CHUNK_SIZE), used
+        (bytes in blocks), requested (bytes asked for), mapped (physical
+        bytes backing the heap), cached (mapped bytes of freed segments kept for reuse), free
+        (bytes that can still be allocated), live_allocations, segments,
+        anchor (bytes of this PE's anchor, outside the heap size:
+        SHMEMVM_ANCHOR), and pe, n_pes, backend, device, node_pes (the
+        PEs of this node).
+
+    Raises:
+        ShmemError: the heap is finalized (a heap broken by a timeout still
+            reports).
+    """
+    if heap.closed:  # stats of released memory would mislead; a broken heap still reports
+        raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
+    stats = heap.local.stats()
+    stats.update(pe=heap.my_pe, n_pes=heap.n_pes, backend=heap.backend.name,
+                 device=str(heap.device), node_pes=list(heap.node_pes),
+                 anchor=heap.anchor.size if heap.anchor is not None else 0)
+    return stats
+
+
+def trim(heap: HeapCore) -> int:
+    """Give back cached physical memory now (collective).
+
+    Freed segments stay mapped as a cache for reuse; trim() releases them
+    on every PE (peers drop their mappings of them too).
+
+    Returns:
+        The number of bytes released on this PE (the same on every PE).
+
+    Raises:
+        SymmetryError: some PE is in another collective call.
+        PeerTimeoutError: a PE did not arrive within the heap's timeout.
+        ShmemError: the heap is finalized, or unmapping failed on some PE
+            (every PE raises it; the segments are released everywhere,
+            and the heap stays usable).
+    """
+    with heap.lock:
+        call = Call(Phase.TRIM, text="trim()")
+        heap.agree(call)
+        failure = None
+        try:
+            freed = heap.local.trim()
+        except Exception as exc:  # noqa: BLE001 - an unmap here; every segment was tried
+            failure = exc
+        sharing.agree_on_unmapping(heap, call, failure, "the cached memory")
+        return freed
+
+
+
+calloc = zeros

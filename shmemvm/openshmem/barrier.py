@@ -1,0 +1,54 @@
+"""Barriers over every PE of the heap: barrier_all (puts complete, then wait
+for every PE) and sync_all (this PE's stores complete, then wait).
+
+Both are one agreed step (HeapCore.agree): the same allreduce that checks
+every PE is in the same call is the barrier, on the node through the
+agreement's shared-memory board where it has one.
+"""
+
+from __future__ import annotations
+
+from ..agreement.protocol import Call, Phase
+from ..core.state import HeapCore
+from . import rma
+
+
+def barrier_all(heap: HeapCore) -> None:
+    """Complete this PE's puts, then wait for every PE (collective).
+
+    This PE's queued device work (kernels and copies on the current stream)
+    and its off-node puts are complete first, so after the barrier every PE
+    sees every put made before it.
+
+    Returns:
+        None.
+
+    Raises:
+        SymmetryError: some PE is in another collective call.
+        PeerTimeoutError: a PE did not arrive within the heap's timeout
+            (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+        ShmemError: the heap is finalized.
+    """
+    with heap.lock:
+        rma.quiet(heap)
+        heap.agree(Call(Phase.BARRIER_ALL, text="barrier_all()"))
+
+
+def sync_all(heap: HeapCore) -> None:
+    """Wait for every PE (collective). This PE's own stores are complete
+    first, including device work queued on the current stream (a kernel
+    writing symmetric memory), since a host-side barrier that let them run
+    on would order nothing; off-node nbi operations are not flushed.
+
+    Returns:
+        None.
+
+    Raises:
+        SymmetryError: some PE is in another collective call.
+        PeerTimeoutError: a PE did not arrive within the heap's timeout
+            (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
+        ShmemError: the heap is finalized.
+    """
+    with heap.lock:
+        heap.backend.synchronize()
+        heap.agree(Call(Phase.SYNC_ALL, text="sync_all()"))

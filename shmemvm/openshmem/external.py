@@ -1,0 +1,138 @@
+"""Another allocator's memory made symmetric without a copy (import_external_tensor).
+
+Where the backend can share memory it did not make (CUDA: torch's
+expandable segments, whose pieces torch made exportable), each PE's tensor is
+mapped into a block of the heap at the same offset on every PE, and its
+pieces are shared with the node's PEs like memory the heap made. Each PE's
+pieces are its own (where torch put them), so each PE maps its peers' pieces
+one by one inside the block.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from ..agreement.protocol import Call, Phase
+from ..core import sharing
+from ..core.state import HeapCore
+from ..errors import ShmemError, SymmetryError
+from ..memory.buddy import Block, Segment
+
+
+def import_external_tensor(heap: HeapCore, tensor: torch.Tensor) -> torch.Tensor:
+    """Make another allocator's tensor symmetric without copying it
+    (collective): its memory is mapped into the heap and shared with the
+    PEs of the node like memory the heap made.
+
+    Where the backend can share that memory: on cuda, memory torch
+    allocated with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, when
+    torch made its pieces exportable. Each PE passes its own tensor; its
+    byte offset inside the backend's granularity (2 MiB on cuda) must be
+    the same on every PE, which the same sequence of torch allocations
+    gives.
+
+    Args:
+        tensor: a tensor on the heap's device, of the same shape, strides,
+            storage offset, dtype and storage size on every PE.
+
+    Returns:
+        A tensor of tensor's shape, strides and dtype over the same physical
+        memory (a write through either shows in the other), at the same heap
+        offset on every PE: put/get/ptr()/heap_bases() reach it like any
+        symmetric tensor. The heap holds `tensor` until the returned tensor
+        and every view of it (ptr() views on other PEs too) are gone, so
+        torch cannot reuse its memory while it is shared; free() releases it.
+
+    Raises:
+        UnsupportedError: the backend cannot share this memory (host memory,
+            cudaMalloc memory, pieces made without POSIX fd export); the
+            message says why and how to copy in instead
+            (x = heap.empty(t.shape, t.dtype); x.copy_(t)). Every PE raises
+            (SymmetryError on the PEs whose tensor could be imported).
+        SymmetryError: the PEs passed different shapes/dtypes, or their
+            tensors lie at different offsets inside the granularity.
+        HeapExhaustedError: no free address range of the heap can hold it.
+        TypeError: `tensor` is not a torch.Tensor.
+        PeerTimeoutError: a PE did not join within the heap's timeout.
+        ShmemError: the heap is finalized, or mapping/sharing failed on a PE
+            (undone on every PE).
+    """
+    call = Call(Phase.IMPORT_EXTERNAL, text="import_external_tensor(tensor)")
+    pieces = None
+    if not isinstance(tensor, torch.Tensor):
+        call.error = TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    else:
+        call.args = (tensor.untyped_storage().nbytes(), tensor.dtype, tuple(tensor.shape),
+                     tuple(tensor.stride()), tensor.storage_offset())
+        call.text = (f"import_external_tensor(tensor of shape {tuple(tensor.shape)}, "
+                     f"{tensor.dtype})")
+    with heap.lock:
+        if call.error is None:
+            try:
+                pieces = heap.backend.import_external(tensor)
+            except ShmemError as exc:
+                call.error = exc
+        try:
+            heap.agree(call)
+            block, shift, lead = _place(heap, tensor, pieces, call)
+        except BaseException:
+            for piece in pieces or ():
+                heap.backend.release(piece.handle)
+            raise
+        failure = None
+        try:  # from here on the block owns the pieces
+            heap.local.place_external(block, tensor, pieces, shift)
+        except Exception as exc:  # noqa: BLE001 - agreed on below
+            failure = exc
+        if not heap.agreement.all_ok(failure is None,
+                                     call.step(Phase.BACKING, "mapping the imported memory")):
+            heap.local.undo_allocation(block, [])
+            raise ShmemError(f"{call.text} failed: a PE could not map the imported memory "
+                             f"({failure or 'see the error on the other PEs'}); undone on "
+                             f"every PE") from failure
+        _share(heap, block, shift, pieces, call)
+        return heap.local.external_tensor_for(block, shift + lead, tensor)
+
+
+def _place(heap: HeapCore, tensor: torch.Tensor, pieces: list, call: Call):
+    """The block for imported memory and where this PE's pieces go in it:
+    (block, shift of the first piece, offset of the storage in the pieces)."""
+    granularity = heap.backend.granularity
+    lead = tensor.untyped_storage().data_ptr() - pieces[0].va
+    span = sum(piece.size for piece in pieces)
+    places = [struct.unpack("<qq", data) for data in heap.agreement.allgather_bytes(
+        Phase.IMPORT_PLACES, struct.pack("<qq", lead, span), call.text)]
+    if len({pe_lead % granularity for pe_lead, _ in places}) != 1:
+        where = ", ".join(f"PE {pe}: byte {pe_lead % granularity}"
+                          for pe, (pe_lead, _) in enumerate(places))
+        raise SymmetryError(
+            f"{call.text}: the tensors lie at different offsets inside the heap's "
+            f"{granularity}-byte granularity ({where}), so no heap offset can hold all of "
+            f"them; allocate them at the same place on every PE (the same sequence of "
+            f"torch allocations), or copy in: x = heap.empty(t.shape, t.dtype); x.copy_(t)")
+    top = max(pe_lead for pe_lead, _ in places)
+    size = max(top - pe_lead + pe_span for pe_lead, pe_span in places)
+    block = heap.local.allocate_external(size)   # the same answer on every PE
+    return block, top - lead, lead
+
+
+def _share(heap: HeapCore, block: Block, shift: int, pieces: list, call: Call) -> None:
+    """Hand this PE's pieces of imported memory to the PEs of the node and
+    map theirs (each PE's pieces differ: torch's, where torch put them)."""
+    handles, segments, offset = {}, [], block.offset + shift
+    for piece in pieces:
+        segments.append(Segment(offset, piece.size, block.segment.generation))
+        handles[offset] = piece.handle
+        offset += piece.size
+    failure = sharing.exchange(
+        heap, call, segments, lambda segment: heap.backend.export_fd(handles[segment.offset]),
+        lambda pe, piece, fd: heap.peers.map_piece(pe, block.segment, piece, fd),
+        within=block.segment)
+    if not heap.agreement.all_ok(failure is None,
+                                 call.step(Phase.SHARING, "sharing the imported memory")):
+        heap.local.undo_allocation(block, [])
+        raise ShmemError(f"{call.text} failed while PEs shared the imported memory "
+                         f"({failure or 'see the other PEs'}); undone on every PE") from failure
+

@@ -1,0 +1,258 @@
+"""One-sided access: put, get, their non-blocking forms, ptr, and their
+completion (quiet, fence).
+
+How a copy reaches PE `pe` is the heap's route to it (transport/route.py):
+itself, a copy through a node peer's mapping (after checking that the memory
+mapped there is the block's, generation included), or the MPI window
+(transport/offnode.py). A non-blocking copy is recorded in the completion
+tracker of the context that issued it (transport/completion.py), which its
+quiet() completes; the module functions use the heap's default context, a
+Ctx its own (contexts.py calls transfer() with its tracker).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.state import Context, HeapCore
+from ..transport.completion import CompletionTracker
+from ..transport.route import Route
+
+
+def ptr(heap: HeapCore, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
+    """`tensor` as it lies on PE `pe`, directly addressable from here; None
+    where `pe` is not reachable by loads and stores (another node).
+
+    Args:
+        tensor: a symmetric tensor of this heap, or a view of one.
+        pe: the PE whose copy is wanted (this PE: `tensor` itself).
+
+    Returns:
+        A tensor with tensor's shape, strides and dtype over PE `pe`'s
+        memory (loads and stores, kernels included), or None for a PE on
+        another node.
+
+    Raises:
+        TypeError: `pe` is not an integer.
+        ValueError: `pe` is out of range.
+        FreedTensorError: `tensor` is not a live tensor of this heap.
+    """
+    pe = heap.check_pe(pe)
+    block = heap.symmetric(tensor, "tensor")
+    route = heap.routes[pe]
+    if route is Route.SELF:
+        return tensor
+    if route is Route.MPI:
+        return None
+    # A live block cannot be released by a collective in another thread
+    # (nothing here is dead), and hold() checks it is still live.
+    heap.peers.check(pe, block.segment)
+    start = tensor.untyped_storage().data_ptr() - heap.local.base
+    return heap.local.hold(block, heap.peers.block_view(pe, start, tensor))
+
+
+def put(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
+    """Copy `source` (any tensor) into symmetric `dest` on PE `pe`.
+
+    Args:
+        dest: a symmetric tensor of this heap, or a view of one (any
+            strides); its copy on PE `pe` is written.
+        source: any tensor (any device) with dest's dtype and number of
+            elements; it is read as dest's shape.
+        pe: the PE to write to (this PE too).
+
+    Returns:
+        None, once `source` may be reused. On the node the copy is done
+        (device heaps: on the current stream); off the node it is complete
+        at PE `pe`. barrier_all() makes it visible to `pe`'s reads.
+
+    Raises:
+        TypeError: the dtypes differ.
+        ValueError: the numbers of elements differ.
+        TypeError: `pe` is not an integer, or a tensor is not a torch.Tensor.
+        ValueError: `pe` is out of range.
+        FreedTensorError: the symmetric tensor is not a live tensor of this heap.
+        UnsupportedError: `pe` is on another node and the heap has no MPI
+            window, or holds device memory that MPI is not given.
+        PeerTimeoutError: `pe` is on another node and did not complete the
+            transfer within the heap's timeout (SHMEMVM_TIMEOUT); the heap
+            is unusable afterwards.
+    """
+    transfer(ctx.core, dest, source, ctx.world_pe(pe), writing=True, tracker=None)
+
+
+def get(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
+    """Copy symmetric `source` on PE `pe` into `dest` (any tensor).
+
+    Args:
+        dest: any tensor (any device) with source's dtype and number of
+            elements; written as source's shape.
+        source: a symmetric tensor of this heap, or a view of one; its copy
+            on PE `pe` is read.
+        pe: the PE to read from (this PE too).
+
+    Returns:
+        None, once the data is in `dest` (device heaps: the copy ran on the
+        current stream and is complete).
+
+    Raises:
+        TypeError: the dtypes differ.
+        ValueError: the numbers of elements differ.
+        TypeError: `pe` is not an integer, or a tensor is not a torch.Tensor.
+        ValueError: `pe` is out of range.
+        FreedTensorError: the symmetric tensor is not a live tensor of this heap.
+        UnsupportedError: `pe` is on another node and the heap has no MPI
+            window, or holds device memory that MPI is not given.
+        PeerTimeoutError: `pe` is on another node and did not complete the
+            transfer within the heap's timeout (SHMEMVM_TIMEOUT); the heap
+            is unusable afterwards.
+    """
+    transfer(ctx.core, dest, source, ctx.world_pe(pe), writing=False, tracker=None)
+
+
+def put_nbi(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
+    """put() that returns once the copy is issued; quiet() completes it (the
+    default context's quiet(): a Ctx's put_nbi is completed by its own).
+
+    Args:
+        dest: a symmetric tensor of this heap (or a view of one).
+        source: any tensor with dest's dtype and number of elements; it must
+            not change until quiet() returns.
+        pe: the PE to write to.
+
+    Returns:
+        None; the copy may still be running (device heaps on the node; MPI
+        off the node, where `pe`'s answer is awaited at quiet()).
+
+    Raises:
+        As put(); a PE that does not answer raises PeerTimeoutError at quiet().
+    """
+    transfer(ctx.core, dest, source, ctx.world_pe(pe), writing=True, tracker=ctx.tracker)
+
+
+def get_nbi(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
+    """get() that returns once the copy is issued; quiet() completes it (the
+    default context's quiet(): a Ctx's get_nbi is completed by its own).
+
+    Args:
+        dest: any tensor with source's dtype and number of elements; read it
+            only after quiet().
+        source: a symmetric tensor of this heap (or a view of one).
+        pe: the PE to read from.
+
+    Returns:
+        None; the copy may still be running (device heaps on the node; MPI
+        off the node).
+
+    Raises:
+        As get(); a PE that does not answer raises PeerTimeoutError at quiet().
+    """
+    transfer(ctx.core, dest, source, ctx.world_pe(pe), writing=False, tracker=ctx.tracker)
+
+
+def quiet(heap: HeapCore) -> None:
+    """Complete every put/get/nbi atomic issued by this PE on the default
+    context (the heap's own calls), as shmem_quiet does: operations issued
+    through a Ctx are completed by that context's quiet() (or its destroy(),
+    or free/realloc/finalize, which complete every context's).
+
+    Returns:
+        None, once they are all complete (nbi atomics' fetched values stored).
+
+    Raises:
+        ShmemError: the heap is finalized.
+        PeerTimeoutError: a PE did not answer an nbi operation within the
+            heap's timeout; the heap is unusable afterwards.
+    """
+    if heap.closed:
+        heap.check_usable()  # raises: finalized (its MPI window is gone)
+    heap.completion.quiet()
+
+
+def fence(heap: HeapCore) -> None:
+    """Order this PE's puts to each PE on the default context. Copies on the
+    node already complete in issue order (one stream); off the node the
+    outstanding nbi operations are completed.
+
+    Returns:
+        None.
+
+    Raises:
+        ShmemError: the heap is finalized.
+        PeerTimeoutError: a PE did not answer within the heap's timeout.
+    """
+    if heap.closed:
+        heap.check_usable()  # raises: finalized (its MPI window is gone)
+    heap.completion.fence()
+
+
+# -- the one copy path ------------------------------------------------------------------
+def transfer(heap: HeapCore, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
+             writing: bool, tracker: CompletionTracker | None) -> None:
+    """put (`writing`: symmetric `dest` on PE `pe` <- any `source`) or get (any
+    `dest` <- symmetric `source` on PE `pe`); `pe` is a checked PE number of the
+    heap. Blocking, or left for `tracker`'s quiet() to complete where `tracker`
+    is given (the nbi forms)."""
+    if writing:
+        block = heap.symmetric(dest, "destination")
+        source = _source_for(source, dest, "put")
+        local, remote = source, dest
+    else:
+        block = heap.symmetric(source, "source")
+        _check_get_dest(dest, source)
+        try:
+            local = dest if dest.shape == source.shape else dest.view(source.shape)
+        except RuntimeError:  # dest's strides cannot take source's shape: stage it
+            staged = torch.empty(source.shape, dtype=dest.dtype, device=dest.device)
+            transfer(heap, staged, source, pe, writing=False, tracker=None)
+            dest.copy_(staged.view(dest.shape))
+            return
+        remote = source
+    route = heap.routes[pe]
+    if route is Route.NODE:
+        heap.peers.check(pe, block.segment)
+        # = offset_of(remote): symmetric() found its storage at storage_start
+        offset = heap.local.storage_start(block) + remote.storage_offset() * remote.element_size()
+        remote = heap.peers.copy_view(pe, offset, remote)
+    elif route is Route.MPI:
+        window = heap.window_for(f"{'put to' if writing else 'get from'} PE {pe} on another node")
+        if writing:
+            window.put(remote, local, pe, block, tracker)
+        else:
+            window.get(local, remote, pe, block, tracker)
+        return
+    dst, src = (remote, local) if writing else (local, remote)
+    if tracker is None:
+        heap.backend.copy(dst, src, True)
+    else:
+        tracker.copy(dst, src)
+
+
+def _source_for(source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:
+    """put's `source` as dest's shape, or a clear error."""
+    if not isinstance(source, torch.Tensor):
+        raise TypeError(f"{op}: source must be a torch.Tensor, got {type(source).__name__}")
+    if source.dtype != dest.dtype:
+        raise TypeError(f"{op}: source dtype {source.dtype} differs from destination dtype "
+                        f"{dest.dtype}; convert with .to({dest.dtype}) first")
+    shape = dest.shape
+    if source.shape == shape:  # the common case; the same shape has the same numel
+        return source
+    if source.numel() != dest.numel():
+        raise ValueError(f"{op}: source has {source.numel()} elements, destination "
+                         f"{dest.numel()}; slice them to the same length")
+    return source.reshape(shape)
+
+
+def _check_get_dest(dest: torch.Tensor, source: torch.Tensor) -> None:
+    """get's checks, named the way round they are: `dest` (any tensor) receives
+    symmetric `source`."""
+    if not isinstance(dest, torch.Tensor):
+        raise TypeError(f"get: dest must be a torch.Tensor, got {type(dest).__name__}")
+    if dest.dtype != source.dtype:
+        raise TypeError(f"get: destination dtype {dest.dtype} differs from source dtype "
+                        f"{source.dtype}; get into a {source.dtype} tensor and convert "
+                        f"it afterwards")
+    if dest.numel() != source.numel():
+        raise ValueError(f"get: source has {source.numel()} elements, destination "
+                         f"{dest.numel()}; slice them to the same length")

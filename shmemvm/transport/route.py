@@ -1,0 +1,73 @@
+"""How an operation reaches a PE, decided once at init and used everywhere.
+
+Every PE is reached one of three ways:
+
+- SELF: this PE's own memory;
+- NODE: a PE of this node, whose heap is mapped into this process (node/peers.py):
+  put/get are copies through the mapping, ptr() views it, kernels address it;
+- MPI: a PE of another node, reached through the heap's MPI window
+  (offnode.py); ptr() is None for it.
+
+Atomics take one path per heap, chosen once, so that every atomic on a word
+goes through the same mechanism and they are atomic with respect to each
+other (docs/multinode.md):
+
+- WINDOW: every atomic, to this node's PEs too, goes through the MPI window
+  (host heaps);
+- KERNEL: a device heap (memory MPI is not given): a Triton kernel with
+  system-scope atomics on the mapped memory, for this node's PEs only.
+
+A new path (CPU atomics on node memory, a compiled fast path) is a change here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+
+class Route(enum.Enum):
+    """How one PE is reached from this one."""
+    SELF = "self"
+    NODE = "node"
+    MPI = "mpi"
+
+
+class AtomicPath(enum.Enum):
+    """How this heap's atomics reach their targets (the same for every PE)."""
+    WINDOW = "window"
+    KERNEL = "kernel"
+
+
+class Routes:
+    """The route to every PE of a heap, as seen from `my_pe`."""
+
+    def __init__(self, my_pe: int, n_pes: int, mapped: Iterable[int], *, mpi_memory: bool):
+        """`mapped`: the PEs whose heaps are mapped here (this node's others);
+        `mpi_memory`: the heap's memory can be handed to MPI (host memory)."""
+        self.my_pe = my_pe
+        self.n_pes = n_pes
+        mapped = set(mapped)
+        self._routes = tuple(Route.SELF if pe == my_pe else Route.NODE if pe in mapped
+                             else Route.MPI for pe in range(n_pes))
+        #: every PE of the heap is on this node
+        self.single_node = all(route is not Route.MPI for route in self._routes)
+        #: the path of every atomic of this heap
+        self.atomics = AtomicPath.WINDOW if mpi_memory else AtomicPath.KERNEL
+
+    def __getitem__(self, pe: int) -> Route:
+        """The route to PE `pe` (a valid PE number)."""
+        return self._routes[pe]
+
+    def mapped(self, pe: int) -> bool:
+        """PE `pe`'s memory is addressable from here (this PE or a node peer)."""
+        return self._routes[pe] is not Route.MPI
+
+    def all_mapped(self, pes: Iterable[int]) -> bool:
+        """Every PE of `pes` is addressable from here (a team's node path)."""
+        routes = self._routes
+        return all(routes[pe] is not Route.MPI for pe in pes)
+
+    def atomic_by_kernel(self, pe: int) -> bool:
+        """An atomic on PE `pe` runs as a kernel on the mapped memory."""
+        return self.atomics is AtomicPath.KERNEL and self._routes[pe] is not Route.MPI
