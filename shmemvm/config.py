@@ -35,6 +35,9 @@ SETTINGS = {
                                "the CUDA driver shares fresh memory 5-20x faster then (bytes, "
                                "0 = none; auto: 512M on CUDA where the node has several PEs, "
                                "else none)"),
+    "SHMEMVM_NATIVE": ("auto", "the compiled fast paths on memory the node's PEs share (CPU "
+                      "atomics, waits, the board's steps): auto (where every PE has them), "
+                      "or 0 (the pure Python paths: MPI atomics, the Python board)"),
     "SHMEMVM_DEBUG": ("0", "1 = log every collective and mapping at DEBUG level"),
 }
 

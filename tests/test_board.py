@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 import shmemvm.agreement.agreement
 import shmemvm.core.setup
+from shmemvm import native
 from shmemvm import PeerTimeoutError, ShmemError, SymmetricHeap, SymmetryError
 from shmemvm.agreement.deadline import persistent_collectives
 from shmemvm.agreement.protocol import SEQ_SLOT
@@ -35,10 +36,16 @@ def no_wait(ready):
         pass
 
 
-@pytest.fixture
-def board():
+@pytest.fixture(params=["python", "native"])
+def board(request):
+    """A board whose steps run in Python, or in the compiled piece (the same
+    layout: each reads what the other writes)."""
+    if request.param == "native" and native._native is None:
+        pytest.skip("the compiled piece is not built (pip install . builds it)")
     b = Board(world, WORDS, SEQ_SLOT)
     b.freeable = True
+    if request.param == "native":
+        b.use_native()
     yield b
     world.Barrier()
     b.close()
