@@ -22,11 +22,13 @@ its import: ``from shmemvm import triton as iris``.
 
     ring[(1,)](x, x.numel(), me, n_pes, heap.heap_bases(), BLOCK=1024)
 
-Rank arguments follow Iris: `from_rank` is the PE whose address space the
-pointer is in (this PE, always, for a pointer a kernel was given), `to_rank`
-the PE it is translated to. load() is the exception Iris makes, and so do we:
+Rank arguments follow Iris's code: `from_rank` is the PE whose address space
+the pointer is in (this PE, always, for a pointer a kernel was given), `to_rank`
+the PE it is translated to and accessed on. So store, put, get and the atomics
+take (this PE, the other PE) in that order: get(from_ptr, to_ptr, me, peer, ...)
+reads the peer. load() is the exception Iris makes, and so do we:
 ``load(pointer, to_rank, from_rank, ...)`` reads PE `from_rank`'s copy of a
-pointer of PE `to_rank` (this PE).
+pointer of PE `to_rank` (this PE), so it too takes (this PE, the other PE).
 
 Memory model. Plain load/store/get/put are weak: order them with the signal
 functions (release on the writer's side, acquire on the reader's) or with an
@@ -168,13 +170,18 @@ def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.co
 
 @triton.jit
 def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
-    """Copy PE `from_rank`'s copy of `from_ptr` into local `to_ptr`.
+    """Copy PE `to_rank`'s copy of `from_ptr` into local `to_ptr`, as Iris's code
+    does: `from_ptr` is valid in PE `from_rank`'s address space (this PE) and is
+    translated to `to_rank`, which is read. Every Iris program calls it as
+    ``get(data, results, cur_rank, target_rank, heap_bases)`` to read
+    target_rank's data. (Iris's docstring names the ranks the other way round;
+    its code, which its programs rely on, reads `to_rank`.)
 
     Args:
-        from_ptr: pointer(s) into this PE's heap, read on PE `from_rank`.
+        from_ptr: pointer(s) into this PE's heap; PE `to_rank`'s copy is read.
         to_ptr: local pointer(s) (any memory this kernel can write).
-        from_rank: the PE to read from.
-        to_rank: this PE.
+        from_rank: this PE (the PE `from_ptr` belongs to).
+        to_rank: the PE to read from.
         heap_bases: SymmetricHeap.heap_bases().
         mask: where False, nothing is read or written.
         hint: as translate's (an extension of Iris's signature).
@@ -185,7 +192,7 @@ def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.co
     Raises:
         Nothing at run time.
     """
-    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases, hint), mask=mask)
+    data = tl.load(translate(from_ptr, from_rank, to_rank, heap_bases, hint), mask=mask)
     tl.store(to_ptr, data, mask=mask)
 
 

@@ -26,7 +26,7 @@ def every_function(x, y, c, sig, out, heap_bases, me, pe, n, value, BLOCK: tl.co
     mask = offs < n
     tl.store(out + offs, sv.load(x + offs, me, pe, heap_bases, mask=mask), mask=mask)
     sv.store(y + offs, offs.to(tl.float32), me, pe, heap_bases, mask=mask)
-    sv.get(x + offs, y + offs, pe, me, heap_bases, mask=mask)
+    sv.get(x + offs, y + offs, me, pe, heap_bases, mask=mask)
     sv.put(x + offs, y + offs, me, pe, heap_bases, mask=mask)
     one = tl.full((), 1, tl.int64)
     sv.atomic_add(c, one, me, pe, heap_bases, scope="sys")
