@@ -126,3 +126,48 @@ def test_get_into_the_heap_and_accumulate(shmem, dtype):
     assert torch.equal(results, expected)
     shmem.free(results)
     shmem.free(data)
+
+
+# -- copy --------------------------------------------------------------------------------
+@triton.jit
+def copy_kernel(data, results, n, stride, cur_rank: tl.constexpr, num_ranks: tl.constexpr,
+                BLOCK_SIZE: tl.constexpr, heap_bases):
+    """For every (from_rank, to_rank): from_rank's data into to_rank's results at slot
+    (cur_rank, from_rank). Pointers of this PE's address space, as Iris's copy takes them."""
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n
+    for from_rank in range(num_ranks):
+        for to_rank in range(num_ranks):
+            slot = (cur_rank * num_ranks + from_rank) * stride
+            iris.copy(data + offsets, results + slot + offsets, from_rank, to_rank, cur_rank,
+                      heap_bases, mask)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("BLOCK_SIZE", BLOCK_SIZES)
+def test_copy_every_from_to_pair(shmem, dtype, BLOCK_SIZE):
+    """Every PE copies between every two PEs: reads of from_rank, writes of to_rank,
+    whichever of them is the calling PE (get-like, put-like, local) or neither (a
+    third party's copy, which Iris leaves undefined; here every heap of the node is
+    mapped in every process, so it works)."""
+    num_ranks, cur_rank = shmem.n_pes, shmem.my_pe
+    n, grid = sizes(BLOCK_SIZE)
+    stride = grid * BLOCK_SIZE
+    data = shmem.zeros(n, dtype)
+    data.copy_(pe_values(cur_rank, n, dtype, data.device))
+    results = shmem.zeros((num_ranks, num_ranks, stride), dtype)
+    results.fill_(SENTINEL)
+    shmem.barrier_all()
+    copy_kernel[(grid,)](data, results, n, stride, cur_rank, num_ranks, BLOCK_SIZE,
+                         shmem.heap_bases())
+    shmem.barrier_all()
+    # slot (writer, from_rank) of this PE's results: written by `writer` with to_rank = me
+    for writer in range(num_ranks):
+        for from_rank in range(num_ranks):
+            got = results[writer, from_rank]
+            assert torch.equal(got[:n], pe_values(from_rank, n, dtype, data.device)), \
+                (cur_rank, writer, from_rank, got)
+            assert (got[n:] == SENTINEL).all()
+    shmem.free(results)
+    shmem.free(data)
