@@ -74,7 +74,7 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
         "(or pip install shmemvm[triton])") from exc
 
 __all__ = [
-    "translate", "load", "store", "get", "put",
+    "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_cas", "atomic_xchg", "atomic_and", "atomic_or",
     "atomic_xor", "atomic_min", "atomic_max",
     "signal_set", "signal_add", "signal_wait_until", "signal_test",
@@ -217,6 +217,44 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.co
     """
     data = tl.load(from_ptr, mask=mask)
     tl.store(translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask)
+
+
+@triton.jit
+def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, other=None,
+         load_cache_modifier=None, store_cache_modifier=None, hint: tl.constexpr = None):
+    """Copy PE `from_rank`'s copy of `src_ptr` into PE `to_rank`'s copy of
+    `dst_ptr` (Iris's general copy): both pointers are valid in PE `cur_rank`'s
+    address space (this PE), the load is from `from_rank` and the store to
+    `to_rank`. Iris leaves a copy with neither rank the calling PE undefined;
+    here every heap of the node is mapped in every process, so it works.
+
+    Args:
+        src_ptr: pointer(s) into this PE's heap; PE `from_rank`'s copy is read.
+        dst_ptr: pointer(s) into this PE's heap; PE `to_rank`'s copy is written
+            (as dst_ptr's element type).
+        from_rank: the PE to read from.
+        to_rank: the PE to write to.
+        cur_rank: this PE (the PE both pointers belong to).
+        heap_bases: SymmetricHeap.heap_bases().
+        mask: where False, nothing is read or written.
+        other: the value loaded where masked (never stored: the store has the
+            same mask).
+        load_cache_modifier: tl.load's cache_modifier (None or "" for the
+            default, ".ca", ".cg", ".cv").
+        store_cache_modifier: tl.store's cache_modifier (None or "" for the
+            default, ".wb", ".cg", ".cs", ".wt").
+        hint: as translate's, applied to both translated pointers.
+
+    Returns:
+        None.
+
+    Raises:
+        Nothing at run time; a cache modifier Triton does not know fails to compile.
+    """
+    source = translate(src_ptr, cur_rank, from_rank, heap_bases, hint)
+    data = tl.load(source, mask=mask, other=other, cache_modifier=load_cache_modifier)
+    tl.store(translate(dst_ptr, cur_rank, to_rank, heap_bases, hint), data, mask=mask,
+             cache_modifier=store_cache_modifier)
 
 
 # -- atomics (each returns the values before the operation) ------------------------------

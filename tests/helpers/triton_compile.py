@@ -28,6 +28,9 @@ def every_function(x, y, c, sig, out, heap_bases, me, pe, n, value, BLOCK: tl.co
     sv.store(y + offs, offs.to(tl.float32), me, pe, heap_bases, mask=mask)
     sv.get(x + offs, y + offs, me, pe, heap_bases, mask=mask)
     sv.put(x + offs, y + offs, me, pe, heap_bases, mask=mask)
+    sv.copy(x + offs, y + offs, pe, me, me, heap_bases, mask)
+    sv.copy(x + offs, y + offs, me, pe, me, heap_bases, mask=mask, other=0.0,
+            load_cache_modifier=".cg", store_cache_modifier=".wt", hint=BLOCK)
     one = tl.full((), 1, tl.int64)
     sv.atomic_add(c, one, me, pe, heap_bases, scope="sys")
     sv.atomic_sub(c, one, me, pe, heap_bases, sem="release", scope="sys")
