@@ -1,14 +1,15 @@
-"""Iris's get and copy, called the way Iris's programs call them: a kernel a
-test, BLOCK_SIZE and masks, `get(data, results, cur_rank, target_rank,
-heap_bases)` to read target_rank's data, every dtype Iris's own tests use.
+"""Iris's device functions, called the way Iris's programs call them: a kernel
+a test, BLOCK_SIZE and masks, `get(data, results, cur_rank, target_rank,
+heap_bases)` to read target_rank's data, `copy` between any two PEs, every
+dtype Iris's own tests use, and Iris's newer parameters in Iris's order.
 
 Every PE's data holds values of its own, so a read of the wrong PE shows.
 On the host heap the kernels run in Triton's interpreter (CI); with
 SHMEMVM_TEST_BACKEND=cuda the same file runs compiled, one GPU per PE:
 
-    mpirun -n 2 python -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/test_iris_get_copy.py
+    mpirun -n 2 python -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/test_iris.py
     SHMEMVM_TEST_BACKEND=cuda mpirun -n 2 python -m pytest -q -p no:cacheprovider \\
-        --with-mpi -m mpi tests/test_iris_get_copy.py
+        --with-mpi -m mpi tests/test_iris.py
 
 Needs triton (pip install triton); skipped without it.
 """
