@@ -172,3 +172,221 @@ def test_copy_every_from_to_pair(shmem, dtype, BLOCK_SIZE):
             assert (got[n:] == SENTINEL).all()
     shmem.free(results)
     shmem.free(data)
+
+
+# -- Iris's newer parameters, in Iris's order ------------------------------------------------
+LOAD_CACHE_MODIFIERS = [None, "", ".ca", ".cg", ".cv"]
+STORE_CACHE_MODIFIERS = [None, "", ".wb", ".cg", ".cs", ".wt"]
+#: every load and every store modifier at least once, paired (all pairs: a compile each on GPUs)
+MODIFIER_PAIRS = [(None, None), ("", ""), (".ca", ".wb"), (".cg", ".cg"), (".cv", ".cs"),
+                  (".cg", ".wt")]
+OTHER = -5
+N, BLOCK = 13, 16          # one program, its last three lanes masked
+
+
+@triton.jit
+def load_kernel(data, results, n, cur_rank: tl.constexpr, num_ranks: tl.constexpr,
+                BLOCK_SIZE: tl.constexpr, heap_bases, cache_modifier: tl.constexpr,
+                volatile: tl.constexpr, BY_KEYWORD: tl.constexpr):
+    offsets = tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n
+    partner = (cur_rank + 1) % num_ranks
+    if BY_KEYWORD:
+        result = iris.load(data + offsets, cur_rank, partner, heap_bases, mask=mask, other=-5,
+                           cache_modifier=cache_modifier, volatile=volatile, hint=BLOCK_SIZE)
+    else:   # Iris's positions: mask, other, cache_modifier, volatile, hint
+        result = iris.load(data + offsets, cur_rank, partner, heap_bases, mask, -5,
+                           cache_modifier, volatile, BLOCK_SIZE)
+    tl.store(results + offsets, result)   # masked lanes hold `other`
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+@pytest.mark.parametrize("volatile", [False, True])
+@pytest.mark.parametrize("cache_modifier", LOAD_CACHE_MODIFIERS)
+def test_load_other_cache_modifier_volatile_hint(shmem, cache_modifier, volatile, by_keyword):
+    num_ranks, cur_rank = shmem.n_pes, shmem.my_pe
+    partner = (cur_rank + 1) % num_ranks
+    data = shmem.zeros(BLOCK, torch.float32)
+    data[:N] = pe_values(cur_rank, N, torch.float32, data.device)
+    results = torch.zeros(BLOCK, dtype=torch.float32, device=shmem.device)
+    shmem.barrier_all()
+    load_kernel[(1,)](data, results, N, cur_rank, num_ranks, BLOCK, shmem.heap_bases(),
+                      cache_modifier, volatile, by_keyword)
+    shmem.barrier_all()
+    assert torch.equal(results[:N], pe_values(partner, N, torch.float32, data.device))
+    assert (results[N:] == OTHER).all()
+    shmem.free(data)
+
+
+@triton.jit
+def store_kernel(data, n, cur_rank: tl.constexpr, num_ranks: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, heap_bases, cache_modifier: tl.constexpr,
+                 BY_KEYWORD: tl.constexpr):
+    offsets = tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n
+    partner = (cur_rank + 1) % num_ranks
+    value = (offsets % 7 + 10 * (cur_rank + 1)).to(data.type.element_ty)
+    if BY_KEYWORD:
+        iris.store(data + offsets, value, cur_rank, partner, heap_bases, mask=mask,
+                   hint=BLOCK_SIZE, cache_modifier=cache_modifier)
+    else:   # Iris's positions: mask, hint, cache_modifier
+        iris.store(data + offsets, value, cur_rank, partner, heap_bases, mask, BLOCK_SIZE,
+                   cache_modifier)
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+@pytest.mark.parametrize("cache_modifier", STORE_CACHE_MODIFIERS)
+def test_store_cache_modifier_hint(shmem, cache_modifier, by_keyword):
+    num_ranks, cur_rank = shmem.n_pes, shmem.my_pe
+    left = (cur_rank - 1) % num_ranks
+    data = shmem.zeros(BLOCK, torch.float32)
+    data.fill_(SENTINEL)
+    shmem.barrier_all()
+    store_kernel[(1,)](data, N, cur_rank, num_ranks, BLOCK, shmem.heap_bases(), cache_modifier,
+                       by_keyword)
+    shmem.barrier_all()
+    assert torch.equal(data[:N], pe_values(left, N, torch.float32, data.device))
+    assert (data[N:] == SENTINEL).all()
+    shmem.free(data)
+
+
+@triton.jit
+def get_put_copy_kernel(data, got, put_into, copied, n, cur_rank: tl.constexpr,
+                        num_ranks: tl.constexpr, BLOCK_SIZE: tl.constexpr, heap_bases,
+                        load_cache_modifier: tl.constexpr, store_cache_modifier: tl.constexpr,
+                        BY_KEYWORD: tl.constexpr):
+    """got <- partner's data (get); partner's put_into <- my data (put); partner's
+    copied <- left neighbour's data (copy by a third party where num_ranks > 2)."""
+    offsets = tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n
+    partner = (cur_rank + 1) % num_ranks
+    left = (cur_rank + num_ranks - 1) % num_ranks
+    if BY_KEYWORD:
+        iris.get(data + offsets, got + offsets, cur_rank, partner, heap_bases, mask=mask,
+                 other=-5, load_cache_modifier=load_cache_modifier,
+                 store_cache_modifier=store_cache_modifier, hint=BLOCK_SIZE)
+        iris.put(data + offsets, put_into + offsets, cur_rank, partner, heap_bases, mask=mask,
+                 other=-5, load_cache_modifier=load_cache_modifier,
+                 store_cache_modifier=store_cache_modifier, hint=BLOCK_SIZE)
+        iris.copy(data + offsets, copied + offsets, left, partner, cur_rank, heap_bases,
+                  mask=mask, other=-5, load_cache_modifier=load_cache_modifier,
+                  store_cache_modifier=store_cache_modifier, hint=BLOCK_SIZE)
+    else:   # Iris's positions: mask, other, load_cache_modifier, store_cache_modifier, hint
+        iris.get(data + offsets, got + offsets, cur_rank, partner, heap_bases, mask, -5,
+                 load_cache_modifier, store_cache_modifier, BLOCK_SIZE)
+        iris.put(data + offsets, put_into + offsets, cur_rank, partner, heap_bases, mask, -5,
+                 load_cache_modifier, store_cache_modifier, BLOCK_SIZE)
+        iris.copy(data + offsets, copied + offsets, left, partner, cur_rank, heap_bases, mask,
+                  -5, load_cache_modifier, store_cache_modifier, BLOCK_SIZE)
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+@pytest.mark.parametrize("load_cache_modifier,store_cache_modifier", MODIFIER_PAIRS)
+def test_get_put_copy_other_cache_modifiers_hint(shmem, load_cache_modifier,
+                                                 store_cache_modifier, by_keyword):
+    num_ranks, cur_rank = shmem.n_pes, shmem.my_pe
+    partner, left = (cur_rank + 1) % num_ranks, (cur_rank - 1) % num_ranks
+    data = shmem.zeros(BLOCK, torch.float32)
+    data[:N] = pe_values(cur_rank, N, torch.float32, data.device)
+    put_into = shmem.zeros(BLOCK, torch.float32)
+    copied = shmem.zeros(BLOCK, torch.float32)
+    put_into.fill_(SENTINEL)
+    copied.fill_(SENTINEL)
+    got = torch.full((BLOCK,), SENTINEL, dtype=torch.float32, device=shmem.device)
+    shmem.barrier_all()
+    get_put_copy_kernel[(1,)](data, got, put_into, copied, N, cur_rank, num_ranks, BLOCK,
+                              shmem.heap_bases(), load_cache_modifier, store_cache_modifier,
+                              by_keyword)
+    shmem.barrier_all()
+    assert torch.equal(got[:N], pe_values(partner, N, torch.float32, data.device))
+    assert torch.equal(put_into[:N], pe_values(left, N, torch.float32, data.device))
+    # my copied was written by my left neighbour, from its own left neighbour
+    assert torch.equal(copied[:N], pe_values((cur_rank - 2) % num_ranks, N, torch.float32,
+                                             data.device))
+    for t in (got, put_into, copied):
+        assert (t[N:] == SENTINEL).all()       # masked: `other` is loaded, never stored
+    shmem.free(copied)
+    shmem.free(put_into)
+    shmem.free(data)
+
+
+# -- atomics with hint ------------------------------------------------------------------------
+@triton.jit
+def atomics_kernel(c, old, n, cur_rank: tl.constexpr, num_ranks: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, heap_bases, BY_KEYWORD: tl.constexpr):
+    """Rows 0-6 of c on every rank: add, sub, and, or, xor, min, max; rows 7-8 of
+    the partner: xchg and cas, their old values into local `old`."""
+    offsets = tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n
+    one = tl.full([BLOCK_SIZE], 1, tl.int32)
+    bit = one << cur_rank
+    me = one * cur_rank
+    partner = (cur_rank + 1) % num_ranks
+    for rank in range(num_ranks):
+        if BY_KEYWORD:
+            iris.atomic_add(c + offsets, one, cur_rank, rank, heap_bases, mask=mask,
+                            scope="sys", hint=BLOCK_SIZE)
+            iris.atomic_sub(c + BLOCK_SIZE + offsets, one, cur_rank, rank, heap_bases,
+                            mask=mask, sem="relaxed", hint=BLOCK_SIZE)
+            iris.atomic_and(c + 2 * BLOCK_SIZE + offsets, ~bit, cur_rank, rank, heap_bases,
+                            mask=mask, hint=BLOCK_SIZE)
+            iris.atomic_or(c + 3 * BLOCK_SIZE + offsets, bit, cur_rank, rank, heap_bases,
+                           mask=mask, hint=BLOCK_SIZE)
+            iris.atomic_xor(c + 4 * BLOCK_SIZE + offsets, bit, cur_rank, rank, heap_bases,
+                            mask=mask, hint=BLOCK_SIZE)
+            iris.atomic_min(c + 5 * BLOCK_SIZE + offsets, me, cur_rank, rank, heap_bases,
+                            mask=mask, hint=BLOCK_SIZE)
+            iris.atomic_max(c + 6 * BLOCK_SIZE + offsets, me, cur_rank, rank, heap_bases,
+                            mask=mask, hint=BLOCK_SIZE)
+        else:   # Iris's positions: mask, sem, scope, hint
+            iris.atomic_add(c + offsets, one, cur_rank, rank, heap_bases, mask, "acq_rel", "sys",
+                            BLOCK_SIZE)
+            iris.atomic_sub(c + BLOCK_SIZE + offsets, one, cur_rank, rank, heap_bases, mask,
+                            "relaxed", "sys", BLOCK_SIZE)
+            iris.atomic_and(c + 2 * BLOCK_SIZE + offsets, ~bit, cur_rank, rank, heap_bases, mask,
+                            None, None, BLOCK_SIZE)
+            iris.atomic_or(c + 3 * BLOCK_SIZE + offsets, bit, cur_rank, rank, heap_bases, mask,
+                           None, "sys", BLOCK_SIZE)
+            iris.atomic_xor(c + 4 * BLOCK_SIZE + offsets, bit, cur_rank, rank, heap_bases, mask,
+                            "release", "gpu", BLOCK_SIZE)
+            iris.atomic_min(c + 5 * BLOCK_SIZE + offsets, me, cur_rank, rank, heap_bases, mask,
+                            "acquire", "sys", BLOCK_SIZE)
+            iris.atomic_max(c + 6 * BLOCK_SIZE + offsets, me, cur_rank, rank, heap_bases, mask,
+                            None, None, BLOCK_SIZE)
+    if BY_KEYWORD:
+        x = iris.atomic_xchg(c + 7 * BLOCK_SIZE + offsets, me + 1, cur_rank, partner, heap_bases,
+                             mask=mask, scope="sys", hint=BLOCK_SIZE)
+        # cas has no mask in Iris (nor in tl.atomic_cas): every lane
+        s = iris.atomic_cas(c + 8 * BLOCK_SIZE + offsets, one * 0, me + 1, cur_rank, partner,
+                            heap_bases, scope="sys", hint=BLOCK_SIZE)
+    else:   # cas's positions: sem, scope, hint
+        x = iris.atomic_xchg(c + 7 * BLOCK_SIZE + offsets, me + 1, cur_rank, partner, heap_bases,
+                             mask, "acq_rel", "sys", BLOCK_SIZE)
+        s = iris.atomic_cas(c + 8 * BLOCK_SIZE + offsets, one * 0, me + 1, cur_rank, partner,
+                            heap_bases, "acq_rel", "sys", BLOCK_SIZE)
+    tl.store(old + offsets, x, mask=mask)
+    tl.store(old + BLOCK_SIZE + offsets, s)
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_atomics_with_hint(shmem, by_keyword):
+    num_ranks, cur_rank = shmem.n_pes, shmem.my_pe
+    left = (cur_rank - 1) % num_ranks
+    c = shmem.zeros((9, BLOCK), torch.int32)
+    c[2] = -1            # and: every bit set, each rank clears its own
+    c[5] = 1000          # min
+    c[6] = -1            # max
+    old = torch.full((2, BLOCK), SENTINEL, dtype=torch.int32, device=shmem.device)
+    shmem.barrier_all()
+    atomics_kernel[(1,)](c, old, N, cur_rank, num_ranks, BLOCK, shmem.heap_bases(), by_keyword)
+    shmem.barrier_all()
+    bits = (1 << num_ranks) - 1
+    expected = torch.tensor([num_ranks, -num_ranks, ~bits, bits, bits, 0, num_ranks - 1,
+                             left + 1, left + 1], dtype=torch.int32)
+    untouched = torch.tensor([0, 0, -1, 0, 0, 1000, -1, 0, left + 1], dtype=torch.int32)
+    got = c.cpu()
+    assert torch.equal(got[:, :N], expected[:, None].expand(9, N)), got
+    assert torch.equal(got[:, N:], untouched[:, None].expand(9, BLOCK - N)), got
+    assert (old[0, :N] == 0).all() and (old[0, N:] == SENTINEL).all()   # xchg's old values
+    assert (old[1] == 0).all()                                            # cas swapped
+    shmem.free(c)
