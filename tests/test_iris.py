@@ -92,8 +92,8 @@ def test_get_reads_target_rank(shmem, dtype, BLOCK_SIZE):
     get_kernel[(grid,)](data, results, n, stride, cur_rank, num_ranks, BLOCK_SIZE, heap_bases)
     shmem.barrier_all()
     for target_rank in range(num_ranks):
-        assert torch.equal(results[target_rank, :n], pe_values(target_rank, n, dtype, data.device)), \
-            (cur_rank, target_rank, results[target_rank])
+        expected = pe_values(target_rank, n, dtype, data.device)
+        assert torch.equal(results[target_rank, :n], expected), (cur_rank, target_rank, results)
         assert (results[target_rank, n:] == SENTINEL).all()      # masked lanes: nothing written
     shmem.free(data)
 

@@ -125,29 +125,59 @@ def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None):
 
 
 # -- loads and stores -----------------------------------------------------------------
+# Cache modifiers go to tl.load/tl.store as given (None and "" are the default).
+# Loads: ".ca", ".cg", ".cv"; stores: ".wb", ".cg", ".cs", ".wt". Both backends
+# compile each; what they do is the vendor's (on AMD: the CDNA scope and
+# non-temporal bits Iris describes; on NVIDIA: PTX's ld/st cache operators). The
+# interpreter ignores them. One exception: _volatile_modifier.
+@triton.constexpr_function
+def _volatile_modifier(cache_modifier, volatile):
+    """The cache modifier a load with `volatile` carries. PTX has no
+    ld.volatile.ca or .cg (ptxas rejects what Triton emits for the pair), and a
+    volatile load is not cached on NVIDIA anyway, so the modifier is left out
+    there (and wherever the target is unknown: the interpreter, a compile with
+    no GPU). On AMD volatile changes nothing in the instruction and the
+    modifier's bits are what make the load coherent, so it stays."""
+    target = tl.target_info.current_target()
+    if volatile and cache_modifier in (".ca", ".cg") and (target is None
+                                                            or target.backend != "hip"):
+        return ""
+    return cache_modifier
+
+
 @triton.jit
-def load(pointer, to_rank, from_rank, heap_bases, mask=None, hint: tl.constexpr = None):
-    """Load PE `from_rank`'s copy of `pointer` (Iris's argument order).
+def load(pointer, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modifier=None,
+         volatile=False, hint: tl.constexpr = None):
+    """Load PE `from_rank`'s copy of `pointer`. Iris's order, which puts this PE
+    first here too: ``load(ptr, me, peer, ...)`` reads the peer.
 
     Args:
         pointer: pointer(s) into this PE's heap.
         to_rank: this PE (the PE `pointer` belongs to).
         from_rank: the PE to read from.
         heap_bases: SymmetricHeap.heap_bases().
-        mask: where False, nothing is read (the result is undefined there).
-        hint: as translate's (an extension of Iris's signature).
+        mask: where False, nothing is read.
+        other: the value where masked (undefined without it).
+        cache_modifier: tl.load's: None or "" (default), ".ca", ".cg", ".cv".
+        volatile: tl.load's: the load is neither removed nor merged. On
+            NVIDIA it takes no ".ca"/".cg" modifier (PTX has none for a
+            volatile load: the modifier is left out).
+        hint: as translate's.
 
     Returns:
         The loaded block.
 
     Raises:
-        Nothing at run time.
+        Nothing at run time; a cache modifier Triton does not know fails to compile.
     """
-    return tl.load(translate(pointer, to_rank, from_rank, heap_bases, hint), mask=mask)
+    return tl.load(translate(pointer, to_rank, from_rank, heap_bases, hint), mask=mask,
+                   other=other, cache_modifier=_volatile_modifier(cache_modifier, volatile),
+                   volatile=volatile)
 
 
 @triton.jit
-def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
+def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None,
+          cache_modifier=None):
     """Store `value` into PE `to_rank`'s copy of `pointer`.
 
     Args:
@@ -157,19 +187,22 @@ def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.co
         to_rank: the PE to write to.
         heap_bases: SymmetricHeap.heap_bases().
         mask: where False, nothing is written.
-        hint: as translate's (an extension of Iris's signature).
+        hint: as translate's (before cache_modifier, as in Iris).
+        cache_modifier: tl.store's: None or "" (default), ".wb", ".cg", ".cs", ".wt".
 
     Returns:
         None.
 
     Raises:
-        Nothing at run time.
+        Nothing at run time; a cache modifier Triton does not know fails to compile.
     """
-    tl.store(translate(pointer, from_rank, to_rank, heap_bases, hint), value, mask=mask)
+    tl.store(translate(pointer, from_rank, to_rank, heap_bases, hint), value, mask=mask,
+             cache_modifier=cache_modifier)
 
 
 @triton.jit
-def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
+def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
+        load_cache_modifier=None, store_cache_modifier=None, hint: tl.constexpr = None):
     """Copy PE `to_rank`'s copy of `from_ptr` into local `to_ptr`, as Iris's code
     does: `from_ptr` is valid in PE `from_rank`'s address space (this PE) and is
     translated to `to_rank`, which is read. Every Iris program calls it as
@@ -184,39 +217,49 @@ def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.co
         to_rank: the PE to read from.
         heap_bases: SymmetricHeap.heap_bases().
         mask: where False, nothing is read or written.
-        hint: as translate's (an extension of Iris's signature).
+        other: the value loaded where masked (never stored: the store has the
+            same mask).
+        load_cache_modifier: load's cache_modifier, for the read of `to_rank`.
+        store_cache_modifier: store's cache_modifier, for the local write.
+        hint: as translate's, for the translated pointer.
 
     Returns:
         None.
 
     Raises:
-        Nothing at run time.
+        Nothing at run time; a cache modifier Triton does not know fails to compile.
     """
-    data = tl.load(translate(from_ptr, from_rank, to_rank, heap_bases, hint), mask=mask)
-    tl.store(to_ptr, data, mask=mask)
+    data = tl.load(translate(from_ptr, from_rank, to_rank, heap_bases, hint), mask=mask,
+                   other=other, cache_modifier=load_cache_modifier)
+    tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
 
 
 @triton.jit
-def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
+def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
+        load_cache_modifier=None, store_cache_modifier=None, hint: tl.constexpr = None):
     """Copy local `from_ptr` into PE `to_rank`'s copy of `to_ptr`.
 
     Args:
         from_ptr: local pointer(s) to read.
         to_ptr: pointer(s) into this PE's heap, written on PE `to_rank`.
-        from_rank: this PE.
+        from_rank: this PE (the PE `to_ptr` belongs to).
         to_rank: the PE to write to.
         heap_bases: SymmetricHeap.heap_bases().
         mask: where False, nothing is read or written.
-        hint: as translate's (an extension of Iris's signature).
+        other: the value loaded where masked (never stored).
+        load_cache_modifier: load's cache_modifier, for the local read.
+        store_cache_modifier: store's cache_modifier, for the write of `to_rank`.
+        hint: as translate's, for the translated pointer.
 
     Returns:
         None.
 
     Raises:
-        Nothing at run time.
+        Nothing at run time; a cache modifier Triton does not know fails to compile.
     """
-    data = tl.load(from_ptr, mask=mask)
-    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask)
+    data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
+    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
+             cache_modifier=store_cache_modifier)
 
 
 @triton.jit
@@ -239,10 +282,8 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
         mask: where False, nothing is read or written.
         other: the value loaded where masked (never stored: the store has the
             same mask).
-        load_cache_modifier: tl.load's cache_modifier (None or "" for the
-            default, ".ca", ".cg", ".cv").
-        store_cache_modifier: tl.store's cache_modifier (None or "" for the
-            default, ".wb", ".cg", ".cs", ".wt").
+        load_cache_modifier: load's cache_modifier, for the read of `from_rank`.
+        store_cache_modifier: store's cache_modifier, for the write of `to_rank`.
         hint: as translate's, applied to both translated pointers.
 
     Returns:
@@ -259,7 +300,8 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
 
 # -- atomics (each returns the values before the operation) ------------------------------
 @triton.jit
-def atomic_add(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_add(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None,
+               hint: tl.constexpr = None):
     """Atomically add `val` to PE `to_rank`'s copy of `pointer`.
 
     Args:
@@ -271,6 +313,7 @@ def atomic_add(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None
         mask: where False, nothing is done.
         sem: "relaxed", "acquire", "release" or "acq_rel" (default).
         scope: "cta", "gpu" (default) or "sys" (use "sys" between PEs).
+        hint: as translate's.
 
     Returns:
         The values before the addition.
@@ -278,16 +321,17 @@ def atomic_add(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None
     Raises:
         Nothing at run time.
     """
-    return tl.atomic_add(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
-                         sem=sem, scope=scope)
+    return tl.atomic_add(translate(pointer, from_rank, to_rank, heap_bases, hint),
+                         val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_sub(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_sub(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None,
+               hint: tl.constexpr = None):
     """Atomically subtract `val` from PE `to_rank`'s copy of `pointer`.
 
     Args:
-        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as atomic_add.
         val: the value(s) to subtract.
 
     Returns:
@@ -296,12 +340,13 @@ def atomic_sub(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None
     Raises:
         Nothing at run time.
     """
-    return tl.atomic_add(translate(pointer, from_rank, to_rank, heap_bases), -val, mask=mask,
-                         sem=sem, scope=scope)
+    return tl.atomic_add(translate(pointer, from_rank, to_rank, heap_bases, hint),
+                         -val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_cas(pointer, cmp, val, from_rank, to_rank, heap_bases, sem=None, scope=None):
+def atomic_cas(pointer, cmp, val, from_rank, to_rank, heap_bases, sem=None, scope=None,
+               hint: tl.constexpr = None):
     """Atomically set PE `to_rank`'s copy of `pointer` to `val` where it equals
     `cmp` (no mask, as tl.atomic_cas and Iris).
 
@@ -309,7 +354,7 @@ def atomic_cas(pointer, cmp, val, from_rank, to_rank, heap_bases, sem=None, scop
         pointer: pointer(s) into this PE's heap.
         cmp: the value(s) expected.
         val: the new value(s).
-        from_rank, to_rank, heap_bases, sem, scope: as atomic_add.
+        from_rank, to_rank, heap_bases, sem, scope, hint: as atomic_add.
 
     Returns:
         The values before the operation (equal to `cmp` where it swapped).
@@ -318,16 +363,17 @@ def atomic_cas(pointer, cmp, val, from_rank, to_rank, heap_bases, sem=None, scop
         Nothing at run time.
     """
     element = pointer.dtype.element_ty   # tl.atomic_cas wants cmp and val of that type
-    return tl.atomic_cas(translate(pointer, from_rank, to_rank, heap_bases),
+    return tl.atomic_cas(translate(pointer, from_rank, to_rank, heap_bases, hint),
                          tl.cast(cmp, element), tl.cast(val, element), sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xchg(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_xchg(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None,
+                hint: tl.constexpr = None):
     """Atomically replace PE `to_rank`'s copy of `pointer` with `val`.
 
     Args:
-        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as atomic_add.
         val: the new value(s).
 
     Returns:
@@ -336,16 +382,17 @@ def atomic_xchg(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=Non
     Raises:
         Nothing at run time.
     """
-    return tl.atomic_xchg(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
-                          sem=sem, scope=scope)
+    return tl.atomic_xchg(translate(pointer, from_rank, to_rank, heap_bases, hint),
+                          val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_and(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_and(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None,
+               hint: tl.constexpr = None):
     """Atomically ``&=`` `val` into PE `to_rank`'s copy of `pointer`.
 
     Args:
-        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as atomic_add.
         val: the mask(s).
 
     Returns:
@@ -354,16 +401,17 @@ def atomic_and(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None
     Raises:
         Nothing at run time.
     """
-    return tl.atomic_and(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
-                         sem=sem, scope=scope)
+    return tl.atomic_and(translate(pointer, from_rank, to_rank, heap_bases, hint),
+                         val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_or(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_or(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None,
+              hint: tl.constexpr = None):
     """Atomically ``|=`` `val` into PE `to_rank`'s copy of `pointer`.
 
     Args:
-        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as atomic_add.
         val: the bits to set.
 
     Returns:
@@ -372,16 +420,17 @@ def atomic_or(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None,
     Raises:
         Nothing at run time.
     """
-    return tl.atomic_or(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
-                        sem=sem, scope=scope)
+    return tl.atomic_or(translate(pointer, from_rank, to_rank, heap_bases, hint),
+                        val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xor(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_xor(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None,
+               hint: tl.constexpr = None):
     """Atomically ``^=`` `val` into PE `to_rank`'s copy of `pointer`.
 
     Args:
-        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as atomic_add.
         val: the bits to flip.
 
     Returns:
@@ -390,16 +439,17 @@ def atomic_xor(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None
     Raises:
         Nothing at run time.
     """
-    return tl.atomic_xor(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
-                         sem=sem, scope=scope)
+    return tl.atomic_xor(translate(pointer, from_rank, to_rank, heap_bases, hint),
+                         val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_min(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_min(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None,
+               hint: tl.constexpr = None):
     """Atomically lower PE `to_rank`'s copy of `pointer` to `val` where smaller.
 
     Args:
-        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as atomic_add.
         val: the candidate value(s).
 
     Returns:
@@ -408,16 +458,17 @@ def atomic_min(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None
     Raises:
         Nothing at run time.
     """
-    return tl.atomic_min(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
-                         sem=sem, scope=scope)
+    return tl.atomic_min(translate(pointer, from_rank, to_rank, heap_bases, hint),
+                         val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_max(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_max(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None,
+               hint: tl.constexpr = None):
     """Atomically raise PE `to_rank`'s copy of `pointer` to `val` where larger.
 
     Args:
-        pointer, from_rank, to_rank, heap_bases, mask, sem, scope: as atomic_add.
+        pointer, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as atomic_add.
         val: the candidate value(s).
 
     Returns:
@@ -426,8 +477,8 @@ def atomic_max(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None
     Raises:
         Nothing at run time.
     """
-    return tl.atomic_max(translate(pointer, from_rank, to_rank, heap_bases), val, mask=mask,
-                         sem=sem, scope=scope)
+    return tl.atomic_max(translate(pointer, from_rank, to_rank, heap_bases, hint),
+                         val, mask=mask, sem=sem, scope=scope)
 
 
 # -- signals ---------------------------------------------------------------------------
