@@ -61,6 +61,7 @@ Triton is an optional dependency: ``pip install triton`` (or the extra,
 
 from __future__ import annotations
 
+import ctypes
 import time
 
 import torch
@@ -73,13 +74,19 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
         "shmemvm.triton needs Triton, which is not installed: pip install triton "
         "(or pip install shmemvm[triton])") from exc
 
+from ..config import setting
+from ..errors import PeerTimeoutError
+
 __all__ = [
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_cas", "atomic_xchg", "atomic_and", "atomic_or",
     "atomic_xor", "atomic_min", "atomic_max",
     "signal_set", "signal_add", "signal_wait_until", "signal_test",
-    "CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "max_polls_for",
+    "CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "max_polls_for", "Deadline",
 ]
+
+#: what a wait that gave up stores in its status word (Deadline.status)
+_TIMED_OUT = tl.constexpr(1)
 
 #: comparisons of signal_wait_until / signal_test (the OpenSHMEM SHMEM_CMP_* set)
 CMP_EQ = tl.constexpr(0)
@@ -567,7 +574,7 @@ def signal_test(sig_ptr, cmp: tl.constexpr, value):
 
 
 @triton.jit
-def signal_wait_until(sig_ptr, cmp: tl.constexpr, value, max_polls=0):
+def signal_wait_until(sig_ptr, cmp: tl.constexpr, value, max_polls=0, status=None):
     """Wait until this PE's signal compares `cmp` to `value`, reading it with
     acquire semantics at system scope: the stores the signalling PE made before
     its release are visible once this returns.
@@ -577,8 +584,11 @@ def signal_wait_until(sig_ptr, cmp: tl.constexpr, value, max_polls=0):
         cmp: CMP_EQ, CMP_NE, CMP_GT, CMP_GE, CMP_LT or CMP_LE (a tl.constexpr).
         value: the value to compare with.
         max_polls: 0 (the default) waits for ever; otherwise at most this many
-            reads, after which it returns although the comparison fails (check
-            the value returned; a kernel cannot raise).
+            reads, after which it returns although the comparison fails.
+            Deadline(seconds).max_polls lasts about that long.
+        status: None, or a pointer to an int32 status word (Deadline.status)
+            that a wait which gave up sets to 1, for the host to raise from (a
+            kernel cannot raise). Never cleared here.
 
     Returns:
         The last value read (satisfying the comparison unless `max_polls` ran out).
@@ -591,6 +601,9 @@ def signal_wait_until(sig_ptr, cmp: tl.constexpr, value, max_polls=0):
     while (_compare(current, value, cmp) == 0) & ((max_polls == 0) | (polls < max_polls)):
         current = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
         polls += 1
+    if status is not None:
+        if _compare(current, value, cmp) == 0:
+            tl.store(status, _TIMED_OUT)
     return current
 
 
@@ -639,3 +652,66 @@ def max_polls_for(seconds: float, device) -> int:
         timed(1)   # compiles outside the timing
         rate = _polls_per_second[device] = polls / max(timed(polls), 1e-6)
     return max(1, int(seconds * rate))
+
+
+class Deadline:
+    """How long device-side waits may last, and the word they report giving up in.
+
+        deadline = sv.Deadline(5, heap.device)          # seconds; default SHMEMVM_TIMEOUT
+        consumer[grid](..., deadline.max_polls, deadline.status)
+        #   in the kernel: sv.signal_wait_until(sig, sv.CMP_EQ, v, max_polls, status)
+        deadline.synchronize()                          # PeerTimeoutError where a wait gave up
+
+    Time is counted in polls (max_polls_for: no clock is common to NVIDIA, AMD and
+    the interpreter), from when a wait starts on the device, not from the launch.
+    A wait on a signal the device polls more slowly than a lone program does
+    (many programs polling at once) lasts longer, never shorter. On CUDA the
+    status word is in pinned host memory, so `timed_out` and check() read it
+    without a device synchronisation (DeviceAllReduce does the same).
+
+    Args:
+        timeout: seconds a wait may last, > 0 (default SHMEMVM_TIMEOUT).
+        device: where the kernels run: the heap's device ("cpu" for the
+            interpreter). Default: "cpu" where these functions are interpreted
+            (TRITON_INTERPRET=1), else the current CUDA device.
+
+    Raises:
+        ValueError: timeout is not > 0.
+    """
+
+    def __init__(self, timeout: float | None = None, device=None):
+        self.timeout = float(setting("SHMEMVM_TIMEOUT", timeout))
+        if not self.timeout > 0:
+            raise ValueError(f"Deadline: timeout must be > 0 seconds, got {timeout!r} "
+                             f"(SHMEMVM_TIMEOUT={setting('SHMEMVM_TIMEOUT')!r})")
+        if device is None:
+            device = "cpu" if type(signal_wait_until).__name__ == "InterpretedFunction" else "cuda"
+        self.device = torch.device(device)
+        self.max_polls = max_polls_for(self.timeout, self.device)
+        #: the int32 word a wait that gave up sets to 1; pass it to the kernels
+        self.status = torch.zeros(1, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        self._word = ctypes.c_int32.from_address(self.status.data_ptr())
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether a wait given this deadline gave up (as far as finished work shows)."""
+        return bool(self._word.value)
+
+    def check(self) -> None:
+        """Raise PeerTimeoutError where a wait given this deadline gave up; call
+        after its kernels finished (synchronize() waits for them first)."""
+        if self._word.value:
+            raise PeerTimeoutError(
+                f"a device-side wait gave up after about {self.timeout:g} s: the PE it waited "
+                f"for did not signal in time (a Deadline's timeout, default SHMEMVM_TIMEOUT); "
+                f"the kernel went on past the wait. reset() the deadline to use it again")
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work, then check()."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.check()
+
+    def reset(self) -> None:
+        """Clear the status word (after a timeout was handled)."""
+        self._word.value = 0

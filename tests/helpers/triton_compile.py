@@ -21,7 +21,8 @@ import triton_allreduce  # noqa: E402
 
 
 @triton.jit
-def every_function(x, y, c, sig, out, heap_bases, me, pe, n, value, BLOCK: tl.constexpr):
+def every_function(x, y, c, sig, out, status, heap_bases, me, pe, n, value, max_polls,
+                   BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out + offs, sv.load(x + offs, me, pe, heap_bases, mask=mask), mask=mask)
@@ -47,6 +48,7 @@ def every_function(x, y, c, sig, out, heap_bases, me, pe, n, value, BLOCK: tl.co
     sv.signal_add(sig, value, me, pe, heap_bases)
     seen = sv.signal_wait_until(sig, sv.CMP_GE, value)
     seen += sv.signal_wait_until(sig, sv.CMP_LT, value, 100)
+    seen += sv.signal_wait_until(sig, sv.CMP_EQ, value, max_polls, status)
     ok = sv.signal_test(sig, sv.CMP_NE, value)
     tl.store(c + 1, seen + ok.to(tl.int64))
 
@@ -71,8 +73,9 @@ MODIFIERS = [(None, None, False), (".ca", ".wb", True), (".cg", ".cg", True),
 
 def kernels():
     yield every_function, {"x": "*fp32", "y": "*fp32", "c": "*i64", "sig": "*i64",
-                           "out": "*fp32", "heap_bases": "*i64", "me": "i32", "pe": "i32",
-                           "n": "i32", "value": "i64", "BLOCK": "constexpr"}, {"BLOCK": 256}
+                           "out": "*fp32", "status": "*i32", "heap_bases": "*i64", "me": "i32",
+                           "pe": "i32", "n": "i32", "value": "i64", "max_polls": "i32",
+                           "BLOCK": "constexpr"}, {"BLOCK": 256}
     for load, store, volatile in MODIFIERS:
         yield cache_modifiers, {"x": "*fp32", "y": "*fp32", "heap_bases": "*i64", "me": "i32",
                                 "pe": "i32", "n": "i32", "LOAD": "constexpr",
