@@ -597,7 +597,7 @@ def signal_wait_until(sig_ptr, cmp: tl.constexpr, value, max_polls=0, status=Non
         A compile-time error where `cmp` is not one of the CMP_* constants.
     """
     current = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
-    polls = 1
+    polls = tl.full((), 1, tl.int64)   # an int32 count would wrap before a long deadline's
     while (_compare(current, value, cmp) == 0) & ((max_polls == 0) | (polls < max_polls)):
         current = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
         polls += 1
