@@ -29,6 +29,10 @@ take (this PE, the other PE) in that order: get(from_ptr, to_ptr, me, peer, ...)
 reads the peer. load() is the exception Iris makes, and so do we:
 ``load(pointer, to_rank, from_rank, ...)`` reads PE `from_rank`'s copy of a
 pointer of PE `to_rank` (this PE), so it too takes (this PE, the other PE).
+copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, ...) names all three: it
+reads `from_rank`, writes `to_rank`, and both pointers are of `cur_rank` (this PE).
+Parameters after heap_bases are Iris's current ones, in Iris's positions and
+with Iris's defaults (docs/device.md has the table, function by function).
 
 Memory model. Plain load/store/get/put are weak: order them with the signal
 functions (release on the writer's side, acquire on the reader's) or with an
@@ -41,11 +45,15 @@ Signals (the OpenSHMEM signal model): signal_set/signal_add update a signal
 on a PE with release semantics (every store this program made before is
 visible to whoever sees the new signal value); signal_wait_until waits, with
 acquire semantics, until this PE's signal compares true with CMP_EQ, CMP_NE,
-CMP_GT, CMP_GE, CMP_LT or CMP_LE (tl.constexpr).
+CMP_GT, CMP_GE, CMP_LT or CMP_LE (tl.constexpr). A kernel cannot raise, so a
+wait takes a deadline from the host: Deadline(seconds) gives its max_polls and
+a status word the wait sets where it gave up, which the host reads and raises
+PeerTimeoutError from.
 
 Backends. Nothing here is NVIDIA-specific: no inline assembly or externs, only
 tl.load/tl.store/tl.atomic_* and pointer arithmetic, which Triton's ROCm
-backend compiles as well. The tests run it in Triton's interpreter
+backend compiles as well (one choice depends on the target: a volatile load's
+cache modifier, _volatile_modifier). The tests run it in Triton's interpreter
 (TRITON_INTERPRET=1) over the host heap, compile it for sm_90 (H100/H200) and
 gfx942 (MI300), and run it on NVIDIA GPUs (tests/test_gpu_triton.py); on AMD
 GPUs it is written for, and compiles with, Triton's ROCm backend, but has not
@@ -109,10 +117,11 @@ def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None):
         from_rank: the PE `ptr` belongs to.
         to_rank: the PE to translate to.
         heap_bases: SymmetricHeap.heap_bases() (int64, one entry per PE).
-        hint: None, or a constexpr n: the translated block is n contiguous
-            elements starting at a multiple of n (tl.multiple_of and
-            tl.max_contiguous), which the compiler cannot see through the
-            integer arithmetic and needs for vector loads and stores.
+        hint: None, or a constexpr n (a tuple for an N-D block, as in Iris):
+            the translated block is n contiguous elements starting at a
+            multiple of n (tl.multiple_of and tl.max_contiguous), which the
+            compiler cannot see through the integer arithmetic and needs for
+            vector loads and stores. A false claim gives wrong accesses.
 
     Returns:
         Pointer(s) of ptr's type into PE `to_rank`'s heap.
