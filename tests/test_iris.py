@@ -45,7 +45,9 @@ SENTINEL = -1
 
 @pytest.fixture(scope="module")
 def shmem():
-    """One heap for the module (Iris makes one a test; the same calls, less start-up)."""
+    """One heap for the module (Iris makes one a test; the same calls, less start-up).
+    A test's tensors are released when every PE has dropped them, so a test that
+    fails on one PE leaves the next in step."""
     h = SymmetricHeap(MPI.COMM_WORLD, heap_size="16M" if BACKEND == "host" else "256M",
                       backend=BACKEND, timeout=30)
     yield h
@@ -95,7 +97,6 @@ def test_get_reads_target_rank(shmem, dtype, BLOCK_SIZE):
         expected = pe_values(target_rank, n, dtype, data.device)
         assert torch.equal(results[target_rank, :n], expected), (cur_rank, target_rank, results)
         assert (results[target_rank, n:] == SENTINEL).all()      # masked lanes: nothing written
-    shmem.free(data)
 
 
 @triton.jit
@@ -125,8 +126,6 @@ def test_get_into_the_heap_and_accumulate(shmem, dtype):
     expected = torch.full((BLOCK_SIZE,), num_ranks * (num_ranks + 1) // 2, dtype=dtype,
                           device=shmem.device)
     assert torch.equal(results, expected)
-    shmem.free(results)
-    shmem.free(data)
 
 
 # -- copy --------------------------------------------------------------------------------
@@ -170,8 +169,6 @@ def test_copy_every_from_to_pair(shmem, dtype, BLOCK_SIZE):
             assert torch.equal(got[:n], pe_values(from_rank, n, dtype, data.device)), \
                 (cur_rank, writer, from_rank, got)
             assert (got[n:] == SENTINEL).all()
-    shmem.free(results)
-    shmem.free(data)
 
 
 # -- Iris's newer parameters, in Iris's order ------------------------------------------------
@@ -215,7 +212,6 @@ def test_load_other_cache_modifier_volatile_hint(shmem, cache_modifier, volatile
     shmem.barrier_all()
     assert torch.equal(results[:N], pe_values(partner, N, torch.float32, data.device))
     assert (results[N:] == OTHER).all()
-    shmem.free(data)
 
 
 @triton.jit
@@ -247,7 +243,6 @@ def test_store_cache_modifier_hint(shmem, cache_modifier, by_keyword):
     shmem.barrier_all()
     assert torch.equal(data[:N], pe_values(left, N, torch.float32, data.device))
     assert (data[N:] == SENTINEL).all()
-    shmem.free(data)
 
 
 @triton.jit
@@ -305,9 +300,6 @@ def test_get_put_copy_other_cache_modifiers_hint(shmem, load_cache_modifier,
                                              data.device))
     for t in (got, put_into, copied):
         assert (t[N:] == SENTINEL).all()       # masked: `other` is loaded, never stored
-    shmem.free(copied)
-    shmem.free(put_into)
-    shmem.free(data)
 
 
 # -- atomics with hint ------------------------------------------------------------------------
@@ -389,4 +381,3 @@ def test_atomics_with_hint(shmem, by_keyword):
     assert torch.equal(got[:, N:], untouched[:, None].expand(9, BLOCK - N)), got
     assert (old[0, :N] == 0).all() and (old[0, N:] == SENTINEL).all()   # xchg's old values
     assert (old[1] == 0).all()                                            # cas swapped
-    shmem.free(c)
