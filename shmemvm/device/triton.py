@@ -673,10 +673,10 @@ class Deadline:
 
     Time is counted in polls (max_polls_for: no clock is common to NVIDIA, AMD and
     the interpreter), from when a wait starts on the device, not from the launch.
-    A wait on a signal the device polls more slowly than a lone program does
-    (many programs polling at once) lasts longer, never shorter. On CUDA the
-    status word is in pinned host memory, so `timed_out` and check() read it
-    without a device synchronisation (DeviceAllReduce does the same).
+    A wait lasts about the time asked for, longer where many programs poll at
+    once (each poll is slower than a lone program's, which was measured). On
+    CUDA the status word is in pinned host memory, so `timed_out` and check()
+    read it without a device synchronisation (DeviceAllReduce does the same).
 
     Args:
         timeout: seconds a wait may last, > 0 (default SHMEMVM_TIMEOUT).
