@@ -266,9 +266,12 @@ class Agreement:
         for pe, text in enumerate(described):
             groups.setdefault(text.decode(errors="replace"), []).append(pe)
         detail = "; ".join(f"PE {pe_list(pes)}: {text}" for text, pes in groups.items())
-        raise SymmetryError(f"PEs made different collective calls: {detail}. Every PE must make "
-                            f"the same collective calls with the same arguments in the same "
-                            f"order; nothing was done") from call.error
+        error = SymmetryError(f"PEs made different collective calls: {detail}. Every PE must "
+                              f"make the same collective calls with the same arguments in the "
+                              f"same order; nothing was done")
+        if call.error is not None:
+            raise error from call.error
+        raise error  # (not `from None`: that would hide the exception being handled, if any)
 
     def _release_dead(self, dead: set[int], what: str) -> frozenset:
         lists = self.allgather_bytes(Phase.RELEASE_DEAD, array.array("q", sorted(dead)).tobytes(),
