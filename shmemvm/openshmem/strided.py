@@ -14,6 +14,9 @@ from .. import _args
 from ..core.state import Context
 from . import rma
 
+#: the largest stride: OpenSHMEM's strides are ptrdiff_t
+_MAX_STRIDE = (1 << 63) - 1
+
 
 def _strided(tensor, stride, nelems: int, what: str, role: str, name: str) -> torch.Tensor:
     """tensor[::stride][:nelems], or a clear error."""
@@ -26,10 +29,15 @@ def _strided(tensor, stride, nelems: int, what: str, role: str, name: str) -> to
     if stride < 1:
         raise ValueError(f"{what}: {name} must be >= 1 (in elements; 1 is contiguous), got "
                          f"{stride}")
+    if stride > _MAX_STRIDE:
+        raise ValueError(f"{what}: {name} must be at most 2**63 - 1 (OpenSHMEM's ptrdiff_t), "
+                         f"got {stride}")
     if nelems and (nelems - 1) * stride + 1 > tensor.numel():
         raise ValueError(f"{what}: {nelems} elements at stride {stride} reach element "
                          f"{(nelems - 1) * stride} of {role}, which has {tensor.numel()}")
-    return tensor[::stride][:nelems]
+    # One element (or none) is the first whatever the stride, which torch's slicing
+    # does not take beyond 2**63 - 2 (it overflows to an empty view)
+    return tensor[:nelems] if nelems <= 1 else tensor[::stride][:nelems]
 
 
 def _count(nelems, what: str) -> int:
@@ -56,9 +64,9 @@ def iput(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
     Raises:
         TypeError: a tensor is not a torch.Tensor, a stride, nelems or pe is
             not an int, or the dtypes differ.
-        ValueError: a tensor is not 1-D, a stride is < 1, nelems < 0, the
-            strided elements run past the end of a tensor, or pe is out of
-            range.
+        ValueError: a tensor is not 1-D, a stride is < 1 or above 2**63 - 1,
+            nelems < 0, the strided elements run past the end of a tensor, or
+            pe is out of range (also when nelems is 0).
         FreedTensorError, UnsupportedError, PeerTimeoutError: as put().
     """
     nelems = _count(nelems, "iput")
@@ -66,6 +74,8 @@ def iput(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
     data = _strided(source, sst, nelems, "iput", "source", "sst")
     if nelems:
         rma.put(ctx, target, data, pe)
+    else:
+        ctx.world_pe(pe)   # nothing to copy, but pe is still checked (TypeError, ValueError)
 
 
 def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nelems: int,
@@ -88,9 +98,9 @@ def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
     Raises:
         TypeError: a tensor is not a torch.Tensor, a stride, nelems or pe is
             not an int, or the dtypes differ.
-        ValueError: a tensor is not 1-D, a stride is < 1, nelems < 0, the
-            strided elements run past the end of a tensor, or pe is out of
-            range.
+        ValueError: a tensor is not 1-D, a stride is < 1 or above 2**63 - 1,
+            nelems < 0, the strided elements run past the end of a tensor, or
+            pe is out of range (also when nelems is 0).
         FreedTensorError, UnsupportedError, PeerTimeoutError: as get().
     """
     nelems = _count(nelems, "iget")
@@ -98,3 +108,5 @@ def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
     data = _strided(source, sst, nelems, "iget", "source", "sst")
     if nelems:
         rma.get(ctx, target, data, pe)
+    else:
+        ctx.world_pe(pe)   # nothing to copy, but pe is still checked (TypeError, ValueError)

@@ -61,6 +61,11 @@ def _config(config, role: str = "config") -> dict:
     return result
 
 
+def _agreed(config: dict) -> tuple:
+    """A checked configuration as the agreement compares it (sorted pairs)."""
+    return tuple(sorted(config.items()))
+
+
 class Team(Group):
     """A set of PEs of one symmetric heap, numbered 0..n_pes()-1 in the order of
     their heap PE numbers' selection (see split_strided), with collectives over
@@ -159,7 +164,7 @@ class Team(Group):
             TypeError: an argument is not an integer, or config not a dict.
             ValueError: start, stride or size out of range (on every PE).
             SymmetryError: the PEs of this team made different calls or passed
-                different arguments (nothing was made).
+                different arguments, config included (nothing was made).
             PeerTimeoutError: a PE did not join within the heap's timeout.
             ShmemError: this team was destroyed, or the heap finalized.
         """
@@ -180,16 +185,16 @@ class Team(Group):
                 raise ValueError(f"{text}: the last PE would be {last}, but the parent team has "
                                  f"{n} PEs (0..{n - 1}); at most {(n - 1 - first) // step + 1} "
                                  f"PEs fit from start {first} with stride {step}")
-            _config(config)
-            return (first, step, count), text
+            made = _config(config)   # agreed too: every PE's team has the same config
+            return (first, step, count, _agreed(made)), f"{text[:-1]}, config={made})"
 
         with self.heap.lock:
             self.check_usable()
-            first, step, count = self.agree_checked(
+            first, step, count, made = self.agree_checked(
                 Phase.TEAM_SPLIT_STRIDED, f"{self.label}split_strided(start={start!r}, "
-                f"stride={stride!r}, size={size!r})", check)
+                f"stride={stride!r}, size={size!r}, config={config!r})", check)
             members = [first + i * step for i in range(count)]
-            return self._split([members], _config(config))
+            return self._split([members], dict(made))
 
     def split_2d(self, xrange: int, xaxis_config=None, yaxis_config=None) -> tuple[Team, Team]:
         """Arrange this team's PEs in a grid of `xrange` columns, row by row
@@ -220,14 +225,16 @@ class Team(Group):
             text = f"{self.label}split_2d(xrange={columns})"
             if columns < 1:
                 raise ValueError(f"{text}: xrange must be >= 1")
-            _config(xaxis_config, "xaxis_config")
-            _config(yaxis_config, "yaxis_config")
-            return (columns,), text
+            rows = _config(xaxis_config, "xaxis_config")
+            cols = _config(yaxis_config, "yaxis_config")
+            return (columns, _agreed(rows), _agreed(cols)), \
+                f"{text[:-1]}, xaxis_config={rows}, yaxis_config={cols})"
 
         with self.heap.lock:
             self.check_usable()
-            (columns,) = self.agree_checked(Phase.TEAM_SPLIT_2D,
-                                            f"{self.label}split_2d(xrange={xrange!r})", check)
+            columns, _, _ = self.agree_checked(
+                Phase.TEAM_SPLIT_2D, f"{self.label}split_2d(xrange={xrange!r}, xaxis_config="
+                f"{xaxis_config!r}, yaxis_config={yaxis_config!r})", check)
             n = len(self.pes)
             columns = min(columns, n)
             rows = [list(range(start, min(start + columns, n))) for start in range(0, n, columns)]
