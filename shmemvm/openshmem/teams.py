@@ -35,7 +35,7 @@ from ..agreement.protocol import Call, Phase
 from ..core.state import HeapCore
 from ..errors import ShmemError
 from . import barrier, collectives, contexts
-from .group import Group, same_heap
+from .group import Group, agreement, same_heap
 
 #: the team configuration keys OpenSHMEM 1.5 defines (shmem_team_config_t)
 CONFIG_KEYS = ("num_contexts",)
@@ -247,6 +247,7 @@ class Team(Group):
         """MPI_Comm_split of this team into `groups` (lists of this team's PE
         numbers, disjoint): this PE's new team, or None where it is in none.
         Right after an agreed step: every member is here or on its way."""
+        self.splits += 1   # (on every member: every member makes every split)
         mine = next((i for i, group in enumerate(groups) if self.me in group), None)
         color = MPI.UNDEFINED if mine is None else mine
         key = 0 if mine is None else groups[mine].index(self.me)
@@ -255,9 +256,9 @@ class Team(Group):
             return None
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         heap = self.heap
-        team = Team(heap, comm, [self.pes[i] for i in groups[mine]],
-                    Agreement(comm, heap.timeout, heap.my_pe), kind="split", config=config)
-        team.agreement.initialized = True
+        pes = [self.pes[i] for i in groups[mine]]
+        team = Team(heap, comm, pes, agreement(heap, comm, "split", self.agreement.key,
+                                               self.splits, pes), kind="split", config=config)
         _registry(heap).append(team)
         return team
 
@@ -439,9 +440,9 @@ def team_shared(heap: HeapCore) -> Team:
     heap.check_usable()
     registry = _registry(heap)
     if registry.shared is None:
-        agreement = Agreement(heap.node, heap.timeout, heap.my_pe)
-        agreement.initialized = True
-        registry.shared = Team(heap, heap.node, heap.node_pes, agreement, kind="shared")
+        registry.shared = Team(heap, heap.node, heap.node_pes,
+                               agreement(heap, heap.node, "shared", tuple(heap.node_pes)),
+                               kind="shared")
     return registry.shared
 
 

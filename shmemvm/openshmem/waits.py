@@ -28,6 +28,7 @@ import torch
 from mpi4py import MPI
 
 from .. import _docs
+from ..agreement import liveness
 from ..core.state import HeapCore
 from ..errors import PeerTimeoutError
 from . import atomics
@@ -95,13 +96,20 @@ def poll_until(heap: HeapCore, poll, timeout: float | None, unmet) -> object:
     to back at first, then sleeps doubling up to a cap, so that a waiting PE still
     enters MPI often (passive-target progress). With `timeout` (seconds, checked
     by the caller with check_timeout), PeerTimeoutError once it has passed; its
-    message starts with unmet(last result), which says what was still unmet."""
+    message starts with unmet(last result), which says what was still unmet.
+    Watched (agreement/liveness.py): DeadlockError or PeerDeadError where no PE can end it."""
+    with liveness.watch(heap.liveness, unmet) as watch:
+        return _poll_until(heap, poll, timeout, unmet, watch)
+
+
+def _poll_until(heap: HeapCore, poll, timeout: float | None, unmet, watch) -> object:
     deadline = None if timeout is None else time.monotonic() + timeout
     polls, pause = 0, _FIRST_SLEEP
     while True:
         ok, result = poll()
         if ok:
             return result
+        watch.tick(result)
         if deadline is not None and time.monotonic() > deadline:
             raise PeerTimeoutError(
                 f"PE {heap.my_pe}: {unmet(result)} after {timeout:g} s; no PE updated the "

@@ -5,15 +5,18 @@
 Waits that cannot end (issue 25, items 1 and 5): every PE writes, to
 OUTDIR/pe<N>.json, what its wait raised (or returned) and after how long. A PE
 that dies leaves with os._exit(3) (see peer_death.py for why not a signal);
-the others leave with os._exit too, since MPI_Finalize would wait for it.
+the others leave with os._exit too, since MPI_Finalize would wait for it,
+once every PE has reported (until then they serve MPI: a PE that left would
+make another's pending MPI operation on it wait for the timeout).
 SPLIT, where given, is node_split= (1: every PE on a node of its own, so the
 PEs see each other only through MPI).
 
 Scenarios (the wait each PE makes, none with a timeout of its own):
   dead-holder     PE 2 takes the lock and dies holding it; PEs 0 and 1 set_lock
   dead-queued     PE 1 holds the lock, PE 2 queues for it and dies while
-                  queued, PE 0 queues behind PE 2; PE 1 clears the lock and
-                  queues again: PEs 0 and 1 wait for PE 2's turn
+                  queued, PE 0 queues behind PE 2; PE 1 clears the lock (PE 2
+                  dead by then) and queues again: PEs 0 and 1 wait for PE 2's
+                  turn
   signal-deadlock every PE waits in signal_wait_until for a signal the next PE
                   would send after its own wait
   mixed-deadlock  PE 0 holds the lock and waits in wait_until, PE 1 waits in
@@ -55,7 +58,7 @@ def die(outdir: str, heap: SymmetricHeap) -> None:
 
 
 def main() -> None:
-    faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, in the job's log
+    faulthandler.dump_traceback_later(float(os.environ.get("DUMP_AFTER", 100)), exit=True)  # a hang shows where, in the job's log
     scenario, timeout, outdir = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     split = int(sys.argv[4]) if len(sys.argv) > 4 else None
     heap = SymmetricHeap(MPI.COMM_WORLD, heap_size="4M", backend="host", timeout=timeout,
@@ -72,9 +75,10 @@ def main() -> None:
         if scenario == "dead-holder":
             if me == 2:
                 heap.set_lock(lock_a)
+            heap.barrier_all()       # PE 2 holds it
+            if me == 2:
                 time.sleep(0.5)
                 die(outdir, heap)
-            time.sleep(1.0)          # PE 2 holds it and is gone by now, or soon
             heap.set_lock(lock_a)
             return "acquired"
         if scenario == "dead-queued":
@@ -82,14 +86,17 @@ def main() -> None:
                 heap.set_lock(lock_a)
             heap.barrier_all()
             if me == 2:
-                threading.Timer(1.0, die, (outdir, heap)).start()
+                threading.Timer(1.5, die, (outdir, heap)).start()
                 heap.set_lock(lock_a)                     # dies in here, queued
                 return "acquired (should have died)"
+            # queue behind PE 2 (PE 0), or clear once both queue and PE 2 is dead (PE 1)
+            taken = 2 if me == 0 else 3
+            while (heap.atomic_fetch(lock_a, 0) >> 32) < taken:
+                time.sleep(0.01)
             if me == 0:
-                time.sleep(0.5)                           # behind PE 2
                 heap.set_lock(lock_a)
                 return "acquired"
-            time.sleep(1.5)                               # PE 2 is dead by now
+            time.sleep(2.0)
             heap.clear_lock(lock_a)
             heap.set_lock(lock_a)
             return "acquired"
@@ -141,19 +148,22 @@ def main() -> None:
         heap.barrier_all()   # the heap still works after a long wait
         fields["barrier"] = True
     start = time.monotonic()
-    heap.finalize() if fields["error"] is None else _finalize_broken(heap)
+    try:
+        heap.finalize()
+    except Exception as exc:  # noqa: BLE001 - recorded
+        fields["finalize_error"] = type(exc).__name__
     fields["finalize_elapsed"] = time.monotonic() - start
     record(outdir, me, **fields)
+    # stay (serving MPI) until every PE has reported or died: a PE that left
+    # would make the others' next MPI operation on it wait for the timeout
+    until = time.monotonic() + 30
+    while time.monotonic() < until and not all(
+            os.path.exists(os.path.join(outdir, f"pe{pe}.json")) for pe in range(n)):
+        MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        time.sleep(0.01)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _finalize_broken(heap: SymmetricHeap) -> None:
-    try:
-        heap.finalize()
-    except Exception:  # noqa: BLE001 - a broken heap finalizes without waiting
-        pass
 
 
 if __name__ == "__main__":
