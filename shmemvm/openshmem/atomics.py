@@ -229,9 +229,12 @@ def atomic_nbi(ctx: Context, word: Word, into: torch.Tensor, where: torch.Tensor
           tracker=ctx.tracker)
 
 
-def read(heap: HeapCore, word: Word, where: torch.Tensor, what: str, count: int = 1):
-    """This PE's value(s) of `count` words at `where`, read atomically."""
-    return apply(heap, word, where, heap.my_pe, "fetch", what=what, count=count)
+def read(heap: HeapCore, word: Word, where: torch.Tensor, what: str, count: int | None = None):
+    """This PE's value of the word at `where`, read atomically; with `count`, a
+    list of the values of `count` words there."""
+    values = apply(heap, word, where, heap.my_pe, "fetch", what=what,
+                   count=1 if count is None else count)
+    return [values] if count == 1 else values
 
 
 # -- the torch face: a tensor's word and bytes ------------------------------------------------

@@ -489,16 +489,19 @@ def alltoalls(heap: HeapCore, dest, source, dst: int, sst: int, nelems: int, *, 
 
 def alltoalls_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], dst, sst,
                     nelems, *, team=None) -> None:
-    """alltoalls() of the Operands that `operands()` makes (see broadcast_bytes)."""
+    """alltoalls() of the Operands that `operands()` makes (see broadcast_bytes);
+    `nelems` may be a function of (dest, source) that gives it (the NumPy face's
+    default, worked out inside the agreement)."""
     what = "alltoalls"
     t = group.resolve(heap, team, what)
     n = len(t.pes)
     made: list = []
 
     def check():
-        ds, ss = _args.count(dst, "alltoalls: dst", 1), _args.count(sst, "alltoalls: sst", 1)
-        count = _args.count(nelems, "alltoalls: nelems", 0)
         dest, source = operands()
+        ds, ss = _args.count(dst, "alltoalls: dst", 1), _args.count(sst, "alltoalls: sst", 1)
+        count = _args.count(nelems(dest, source) if callable(nelems) else nelems,
+                            "alltoalls: nelems", 0)
         d = _offset(heap, dest, "dest", what)
         s = _offset(heap, source, "source", what)
         _same_dtype(what, dest, source)
