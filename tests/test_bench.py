@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark suite: `python -m shmemvm.bench --quick` on tiny
+"""Smoke test of the benchmark suite: `python -m benchmarks --quick` on tiny
 sizes writes records of the documented schema with positive values. No
 timing is asserted."""
 
@@ -17,7 +17,7 @@ RECORD_KEYS = {"name", "params", "value", "unit", "baseline_name", "baseline_val
 def test_bench_quick_writes_records(tmp_path):
     from mpi4py import MPI
 
-    from shmemvm.bench import main
+    from benchmarks.cli import main
 
     comm = MPI.COMM_WORLD
     directory = comm.bcast(str(tmp_path) if comm.rank == 0 else None, root=0)
@@ -66,7 +66,7 @@ def test_bench_quick_writes_records(tmp_path):
 
 
 def test_bench_rejects_unknown_benchmark(capsys):
-    from shmemvm.bench import main
+    from benchmarks.cli import main
 
     with pytest.raises(SystemExit):
         main(["no-such-benchmark"])
@@ -78,7 +78,7 @@ def test_bench_rejects_unknown_benchmark(capsys):
 def test_plot_without_matplotlib_says_what_to_install(argv, monkeypatch, capsys, tmp_path):
     import sys
 
-    from shmemvm.bench import main
+    from benchmarks.cli import main
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
     argv = [str(tmp_path) if a == "DIR" else a for a in argv]
@@ -86,5 +86,5 @@ def test_plot_without_matplotlib_says_what_to_install(argv, monkeypatch, capsys,
         main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert 'pip install "shmemvm[bench]"' in err and "Traceback" not in err
+    assert 'pip install ".[bench]"' in err and "Traceback" not in err
     assert not any(tmp_path.iterdir())                      # nothing measured or written

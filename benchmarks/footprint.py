@@ -174,7 +174,7 @@ def bump_peak(events: list[tuple], granularity: int) -> int:
 
 
 def run(bench: Bench) -> None:
-    from ..heap import SymmetricHeap
+    from shmemvm.heap import SymmetricHeap
 
     model = QUICK if bench.options.quick else Model()
     events = workload(model)
@@ -229,7 +229,7 @@ def shmemvm_mapping_count() -> int:
 
 def run_many(bench: Bench) -> None:
     """Many small and medium tensors alive at once: descriptors and mappings held."""
-    from ..heap import SymmetricHeap
+    from shmemvm.heap import SymmetricHeap
 
     count = 500 if bench.options.quick else 4000
     sizes = (64 << 10, 8 << 10)

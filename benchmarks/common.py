@@ -171,7 +171,7 @@ def format_size(n: int) -> str:
 
 
 def parse_list(text: str) -> list[int]:
-    from ..config import parse_size
+    from shmemvm.config import parse_size
     return [parse_size(part) for part in text.split(",") if part.strip()]
 
 
@@ -196,7 +196,7 @@ def code_version() -> dict:
     """The git commit of the code measured, and whether files differ from it."""
     import os
     import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                                 text=True, timeout=10).stdout.strip()

@@ -30,7 +30,7 @@ def matplotlib_missing() -> str | None:
         import matplotlib  # noqa: F401
     except ImportError as exc:
         return (f"--plot needs matplotlib, which cannot be imported here ({exc}); install "
-                f"it with: pip install \"shmemvm[bench]\"")
+                f"it with: pip install \".[bench]\" (from the checkout)")
     return None
 
 

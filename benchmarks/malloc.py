@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from ..heap import SymmetricHeap
+from shmemvm.heap import SymmetricHeap
 from .common import Bench, KiB, MiB, format_size, loop_time
 
 BARRIER = "MPI.Barrier"

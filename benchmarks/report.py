@@ -1,4 +1,4 @@
-"""`python -m shmemvm.bench report RUN.json ...`: a markdown summary of runs
+"""`python -m benchmarks report RUN.json ...`: a markdown summary of runs
 (no MPI needed), optionally with their charts."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def markdown(docs: list[dict], chart: str | None = None) -> str:
         f"{', '.join(d['date'][:16].replace('T', ' ') + ' UTC' for d in docs)}"
         f" ({_busy(docs)}). Every figure has its baseline measured in the same process and run, "
         f"interleaved with it; statistic: {docs[0].get('statistic', 'median of repeats')}. "
-        f"Reproduce with `mpirun -n N python -m shmemvm.bench --json host-Npe.json --plot DIR`.",
+        f"Reproduce with `mpirun -n N python -m benchmarks --json host-Npe.json --plot DIR`.",
         "",
         "| target | " + " | ".join(f"{d['n_pes']} PEs" for d in docs) + " |",
         "|---|" + "---|" * len(docs),
@@ -141,7 +141,7 @@ def _find_any(docs, *args, **kwargs):
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m shmemvm.bench report")
+    p = argparse.ArgumentParser(prog="python -m benchmarks report")
     p.add_argument("runs", nargs="+", help="JSON files written with --json")
     p.add_argument("--markdown", metavar="PATH", help="write the summary here (default: stdout)")
     p.add_argument("--plot", metavar="DIR", help="also write each run's chart into DIR")

@@ -1,4 +1,4 @@
-"""Command line of `python -m shmemvm.bench` (run it under mpirun)."""
+"""Command line of `python -m benchmarks` (run it under mpirun)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ FAMILIES = {
 SCHEMA = "shmemvm.bench/1"
 
 USAGE = """\
-mpirun -n N python -m shmemvm.bench [BENCH ...] [options]
-       python -m shmemvm.bench report RUN.json [RUN.json ...] [--markdown PATH] [--plot DIR]
+mpirun -n N python -m benchmarks [BENCH ...] [options]
+       python -m benchmarks report RUN.json [RUN.json ...] [--markdown PATH] [--plot DIR]
 
 BENCH is one or more of: all (default), putget, malloc, live, footprint."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m shmemvm.bench", usage=USAGE,
+    p = argparse.ArgumentParser(prog="python -m benchmarks", usage=USAGE,
                                 description="shmemvm benchmarks, each against a baseline "
                                             "measured in the same run.")
     p.add_argument("benchmarks", nargs="*", metavar="BENCH", default=["all"],
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
                       stat=args.stat)
     comm = comm if comm is not None else MPI.COMM_WORLD
     setup_logging()
-    from ..heap import SymmetricHeap
+    from shmemvm.heap import SymmetricHeap
 
     bench = Bench(comm, options)
     busy = {}
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
         "elapsed_s": round(time.perf_counter() - bench.started, 1),
         "statistic": f"{options.stat} over {options.repeat} repeats; collective figures: the "
                      f"slowest PE's mean per call in each repeat",
-        "command": "mpirun -n %d python -m shmemvm.bench %s" % (bench.n_pes, " ".join(argv)),
+        "command": "mpirun -n %d python -m benchmarks %s" % (bench.n_pes, " ".join(argv)),
         "code": code_version(),
         "cpu_busy_while_idle": busy,
         "machine": machine(),
