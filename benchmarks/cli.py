@@ -1,18 +1,16 @@
-"""Command line of `python -m benchmarks` (run it under mpirun)."""
+"""The host suite's command line: `mpirun -n N python -m benchmarks [BENCH ...]`."""
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import sys
 import time
 
+import torch
 from mpi4py import MPI
 
-from . import footprint, live, malloc, putget
-from .common import Bench, Options, code_version, cpu_busy, machine, parse_list, setup_logging
+from . import footprint, live, malloc, putget, schema
+from .common import Bench, Options, cpu_busy, parse_list, setup_logging
 from .plot import matplotlib_missing
 from .targets import evaluate, format_results
 
@@ -22,13 +20,20 @@ FAMILIES = {
     "live": live.run,           # malloc latency against live allocations
     "footprint": footprint.run,  # physical bytes per requested byte
 }
-SCHEMA = "shmemvm.bench/1"
 
 USAGE = """\
 mpirun -n N python -m benchmarks [BENCH ...] [options]
        python -m benchmarks report RUN.json [RUN.json ...] [--markdown PATH] [--plot DIR]
+       python -m benchmarks host-vs-oshmem [options]      (see benchmarks/host_vs_oshmem.py)
+       python -m benchmarks check [RESULT.json ...]
 
 BENCH is one or more of: all (default), putget, malloc, live, footprint."""
+
+METHOD = ("Every figure is the median of --repeat repeats (min, max and quartiles beside it); "
+          "a repeat is one timed loop of at least --min-time seconds; each figure's baseline is "
+          "measured in the same process and run, interleaved with it repeat by repeat; a "
+          "collective figure is, per repeat, the slowest PE's mean per call; ratios are median "
+          "over median. put/get: PE 0 to PE 1 while the other PEs rest without spinning.")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,13 +43,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("benchmarks", nargs="*", metavar="BENCH", default=["all"],
                    help="all, " + ", ".join(FAMILIES))
     p.add_argument("--quick", action="store_true", help="fewer sizes, repeats and counts")
-    p.add_argument("--json", metavar="PATH", help="write the records as JSON (PE 0)")
+    p.add_argument("--json", metavar="PATH",
+                   help="write the result (benchmarks/schema.py) here (PE 0); into "
+                        "benchmarks/results/ only from a clean tree")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="store into benchmarks/results/ from a tree that differs from its "
+                        "commit (recorded in the result)")
     p.add_argument("--plot", metavar="DIR", help="write PNG charts into DIR (needs matplotlib)")
     p.add_argument("--sizes", type=parse_list, help="put/get sizes, e.g. 8,4K,1M")
     p.add_argument("--live", type=parse_list, help="live-allocation counts, e.g. 10,100,1000")
     p.add_argument("--repeat", type=int, help="repeats per figure")
-    p.add_argument("--stat", choices=["min", "median"], default="min",
-                   help="figure over the repeats: min (best of, the default) or median")
     p.add_argument("--min-time", type=float, help="seconds per timed loop")
     p.add_argument("--heap-size", default="1G", help="heap size of the benchmark heap")
     p.add_argument("--backend", default=None, help="heap backend (default: SHMEMVM_BACKEND)")
@@ -67,10 +75,23 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
     if args.plot and (missing := matplotlib_missing()):
         _parser().error(missing)  # before measuring, not after; exits with status 2
     options = Options(quick=args.quick, sizes=args.sizes, live=args.live, repeat=args.repeat,
-                      min_time=args.min_time, heap_size=args.heap_size, backend=args.backend,
-                      stat=args.stat)
+                      min_time=args.min_time, heap_size=args.heap_size, backend=args.backend)
     comm = comm if comm is not None else MPI.COMM_WORLD
     setup_logging()
+    # PE 0 checks where the result goes before anything is measured, and every PE
+    # stops alike if it may not go there
+    run, refused = None, None
+    if comm.Get_rank() == 0:
+        try:
+            run = schema.Run("host-suite", schema.command(comm.Get_size(), "-m benchmarks", argv),
+                             method=METHOD, path=args.json, allow_dirty=args.allow_dirty)
+        except schema.DirtyTreeError as exc:
+            refused = str(exc)
+    refused = comm.bcast(refused, root=0)
+    if refused:
+        if comm.Get_rank() == 0:
+            print(f"python -m benchmarks: {refused}", file=sys.stderr)
+        return 2
     from shmemvm.heap import SymmetricHeap
 
     bench = Bench(comm, options)
@@ -91,31 +112,22 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
     targets = evaluate(bench.records)
     if bench.rank != 0:
         return 0
-    doc = {
-        "schema": SCHEMA,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "n_pes": bench.n_pes,
-        "backend": backend,
-        "quick": args.quick,
-        "benchmarks": chosen,
+    run.settings = {
+        "n_pes": bench.n_pes, "backend": backend, "quick": args.quick, "benchmarks": chosen,
+        "repeat": options.repeat, "min_time_s": options.min_time, "heap_size": options.heap_size,
+        "sizes": options.sizes, "live": options.live, "environment": schema.environment(),
+        "torch_threads": torch.get_num_threads(),
         "elapsed_s": round(time.perf_counter() - bench.started, 1),
-        "statistic": f"{options.stat} over {options.repeat} repeats; collective figures: the "
-                     f"slowest PE's mean per call in each repeat",
-        "command": "mpirun -n %d python -m benchmarks %s" % (bench.n_pes, " ".join(argv)),
-        "code": code_version(),
+        # the share of the CPU other processes used while this run's PEs rested
         "cpu_busy_while_idle": busy,
-        "machine": machine(),
-        "records": bench.records,
-        "targets": targets,
     }
+    run.measurements = bench.records
+    run.summary = {"targets": targets}
+    doc = run.document()
     print(format_table(bench.records))
     print(format_results(targets, bench.n_pes))
     if args.json:
-        directory = os.path.dirname(os.path.abspath(args.json))
-        os.makedirs(directory, exist_ok=True)
-        with open(args.json, "w") as out:
-            json.dump(doc, out, indent=1)
-            out.write("\n")
+        schema.write(doc, args.json)
         bench.progress("wrote %s", args.json)
     if args.plot:
         from .plot import plot_run
@@ -142,14 +154,16 @@ def _idle_sample(bench: Bench, quick: bool):
 
 
 def format_table(records: list[dict]) -> str:
-    lines = [f"{'benchmark':28} {'params':34} {'value':>12}  {'baseline':>12}  {'ratio':>7}  "
+    lines = [f"{'benchmark':28} {'params':34} {'median':>12}  {'baseline':>12}  {'ratio':>7}  "
              f"baseline name"]
     for r in records:
         params = ", ".join(f"{k}={v}" for k, v in r["params"].items()
-                           if k not in ("n_pes",) and not isinstance(v, dict))
+                           if k not in ("n_pes",) and not isinstance(v, (dict, list)))
         if len(params) > 34:
             params = params[:31] + "..."
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.3g}"
-        lines.append(f"{r['name']:28} {params:34} {r['value']:>8.4g} {r['unit']:<4}  "
-                     f"{r['baseline_value']:>12.4g}  {ratio:>7}  {r['baseline_name']}")
+        base = schema.baseline_median(r)
+        lines.append(f"{r['name']:28} {params:34} {schema.median(r):>8.4g} {r['unit']:<4}  "
+                     f"{'' if base is None else f'{base:.4g}':>12}  {ratio:>7}  "
+                     f"{schema.baseline_name(r) or ''}")
     return "\n".join(lines)

@@ -1,15 +1,14 @@
-"""What every benchmark family shares: the run context, timing loops, records.
+"""What every benchmark family of the host suite shares: the run context,
+timing loops, measurements.
 
 Timing rules used throughout:
   - every figure has a baseline measured in the same process and the same
     run, interleaved with it (repeat r measures the subject, then its
     baselines), so drift on a shared machine hits both alike;
-  - a figure is the best (or, with --stat median, the median) over `repeat`
-    repeats of a loop that runs long enough (`min_time`) to make timer
-    resolution irrelevant. Best-of is the default because the machines this
-    runs on are shared: other processes only ever add time, so the fastest
-    repeat is the closest to the cost of the call itself, for the subject and
-    its baselines alike;
+  - each repeat is one loop that runs long enough (`min_time`) to make timer
+    resolution irrelevant; a figure is the median over `repeat` repeats, with
+    min, max and quartiles beside it, and a ratio compares the subject's
+    median with its baseline's (benchmarks/schema.py);
   - a collective figure is, per repeat, the slowest PE's mean per call.
 """
 
@@ -18,18 +17,17 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import math
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-log = logging.getLogger("shmemvm.bench")
+from .schema import measurement
+
+log = logging.getLogger("benchmarks")
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-STATS = {"min": min, "median": statistics.median}
 
 
 @dataclass
@@ -41,7 +39,6 @@ class Options:
     min_time: float | None = None           # seconds per timed loop
     heap_size: str = "1G"
     backend: str | None = None
-    stat: str = "min"                       # "min" (best of the repeats) or "median"
 
     def __post_init__(self):
         if self.sizes is None:
@@ -54,8 +51,6 @@ class Options:
             self.repeat = 3 if self.quick else 11
         if self.min_time is None:
             self.min_time = 0.005 if self.quick else 0.02
-        if self.stat not in STATS:
-            raise ValueError(f"stat must be one of {', '.join(STATS)}, got {self.stat!r}")
 
 
 @dataclass
@@ -75,24 +70,17 @@ class Bench:
     def n_pes(self) -> int:
         return self.comm.Get_size()
 
-    def summary(self, samples: list[float]) -> float:
-        """The figure reported for repeated samples (--stat)."""
-        return STATS[self.options.stat](samples)
-
     def progress(self, message: str, *args) -> None:
         """Progress line on stderr, from PE 0 only."""
         if self.rank == 0:
             log.info("[%6.1fs] " + message, time.perf_counter() - self.started, *args)
 
-    def record(self, name: str, params: dict, value: float, unit: str,
-               baseline_name: str, baseline_value: float) -> dict:
-        """Add a result: `ratio` is value / baseline_value (same unit)."""
-        params = {"n_pes": self.n_pes, **params}
-        entry = {
-            "name": name, "params": params, "value": _round(value), "unit": unit,
-            "baseline_name": baseline_name, "baseline_value": _round(baseline_value),
-            "ratio": _round(value / baseline_value) if baseline_value else None,
-        }
+    def record(self, name: str, params: dict, samples: list[float], unit: str,
+               baseline_name: str, baseline_samples: list[float], better: str) -> dict:
+        """Add a measurement: the statistics of `samples` and of its baseline's
+        (same unit, same run), and the ratio of their medians."""
+        entry = measurement(name, {"n_pes": self.n_pes, **params}, unit, samples,
+                            baseline_name, baseline_samples, better)
         self.records.append(entry)
         return entry
 
@@ -110,12 +98,6 @@ class Bench:
     def rested(self) -> None:
         """The measuring PE's side of rest()."""
         self.comm.Ibarrier().Wait()
-
-
-def _round(x: float | None) -> float | None:
-    if x is None or not math.isfinite(x):
-        return x
-    return float(f"{x:.5g}")
 
 
 def loop_time(fn, iterations: int) -> float:
@@ -137,9 +119,9 @@ def calibrate(fn, min_time: float, cap: int = 1 << 20) -> int:
         n *= 4
 
 
-def interleaved(ops: dict, repeat: int, min_time: float, stat=min) -> dict[str, float]:
-    """Seconds per call of each op (`stat` over the repeats), the ops taking
-    turns in every repeat."""
+def interleaved(ops: dict, repeat: int, min_time: float) -> dict[str, list[float]]:
+    """Seconds per call of each op, one sample a repeat, the ops taking turns
+    in every repeat."""
     counts = {}
     for name, fn in ops.items():
         fn()
@@ -150,14 +132,14 @@ def interleaved(ops: dict, repeat: int, min_time: float, stat=min) -> dict[str, 
     for _ in range(repeat):
         for name, fn in ops.items():
             samples[name].append(loop_time(fn, counts[name]))
-    return {name: stat(values) for name, values in samples.items()}
+    return samples
 
 
 def setup_logging() -> None:
-    if not any(getattr(h, "_shmemvm_bench", False) for h in log.handlers):
+    if not any(getattr(h, "_benchmarks", False) for h in log.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("bench %(message)s"))
-        handler._shmemvm_bench = True
+        handler._benchmarks = True
         log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
@@ -175,7 +157,7 @@ def parse_list(text: str) -> list[int]:
     return [parse_size(part) for part in text.split(",") if part.strip()]
 
 
-def cpu_busy(seconds: float = 1.0) -> float:
+def cpu_busy(seconds: float = 1.0) -> float | None:
     """Fraction of the machine's CPU time that was busy over `seconds` (taken
     while this run's PEs are idle, it is what other processes use)."""
     def sample():
@@ -188,56 +170,5 @@ def cpu_busy(seconds: float = 1.0) -> float:
         time.sleep(seconds)
         total1, idle1 = sample()
     except (OSError, ValueError, IndexError):
-        return float("nan")
+        return None
     return round(1 - (idle1 - idle0) / max(1, total1 - total0), 3)
-
-
-def code_version() -> dict:
-    """The git commit of the code measured, and whether files differ from it."""
-    import os
-    import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "shmemvm"], cwd=root,
-                                 capture_output=True, text=True, timeout=10).stdout.split("\n")
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {"commit": commit, "uncommitted": sorted(line[3:] for line in changed if line)}
-
-
-def machine() -> dict:
-    """Where the figures were taken."""
-    import os
-    import platform
-
-    import torch
-
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    memory = 0
-    try:
-        with open("/proc/meminfo") as meminfo:
-            memory = int(meminfo.readline().split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    import mpi4py
-    return {
-        "cpu": model or platform.processor(),
-        "cpus": os.cpu_count(),
-        "memory_gib": round(memory / GiB, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "mpi4py": mpi4py.__version__,
-        "mpi": " ".join(MPI.Get_library_version().split()[:3]).replace("Version: ", ""),
-    }

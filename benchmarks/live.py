@@ -38,14 +38,15 @@ def run(bench: Bench) -> None:
         heap.free(tensor)
     held.clear()
     base = counts[0]
-    base_malloc = bench.summary(samples[base]["malloc"]) * 1e6
-    base_free = bench.summary(samples[base]["free"]) * 1e6
     for count in counts:
         params = {"bytes": PROBE, "live": count}
-        bench.record("malloc.live_latency", params, bench.summary(samples[count]["malloc"]) * 1e6,
-                     "us", f"malloc with {base} live", base_malloc)
-        bench.record("free.live_latency", params, bench.summary(samples[count]["free"]) * 1e6,
-                     "us", f"free with {base} live", base_free)
+        for op in ("malloc", "free"):
+            bench.record(f"{op}.live_latency", params, _us(samples[count][op]), "us",
+                         f"{op} with {base} live", _us(samples[base][op]), "lower")
+
+
+def _us(seconds: list[float]) -> list[float]:
+    return [s * 1e6 for s in seconds]
 
 
 def _measure(bench: Bench, iterations: int, into: dict[str, list[float]]) -> None:

@@ -14,12 +14,9 @@ from __future__ import annotations
 import time
 
 from shmemvm.heap import SymmetricHeap
-from .common import Bench, KiB, MiB, format_size, loop_time
 
-BARRIER = "MPI.Barrier"
-RAW_BACK = "backend create+map+set_access"
-RAW_UNBACK = "backend unmap+release"
-RAW_CYCLE = "backend create+map+set_access+unmap+release"
+from .common import Bench, KiB, MiB, format_size, loop_time
+from .names import BARRIER, RAW_BACK, RAW_CYCLE, RAW_UNBACK
 
 
 def run(bench: Bench) -> None:
@@ -67,10 +64,10 @@ def cached(bench: Bench, sizes: list[int], iterations: int) -> None:
             m, f = malloc_free_time(bench, size, iterations)
             malloc.append(m)
             free.append(f)
-        b_us = bench.summary(barrier) * 1e6
+        b_us = _us(barrier)
         params = {"bytes": size, "kind": "cached"}
-        bench.record("malloc.latency", params, bench.summary(malloc) * 1e6, "us", BARRIER, b_us)
-        bench.record("free.latency", params, bench.summary(free) * 1e6, "us", BARRIER, b_us)
+        bench.record("malloc.latency", params, _us(malloc), "us", BARRIER, b_us, "lower")
+        bench.record("free.latency", params, _us(free), "us", BARRIER, b_us, "lower")
 
 
 def agreement_transports(bench: Bench, size: int, iterations: int) -> None:
@@ -98,11 +95,10 @@ def agreement_transports(bench: Bench, size: int, iterations: int) -> None:
         board, mpi = heaps
         bench.record("malloc.latency", {"bytes": size, "kind": "cached",
                                         "agreement": "board (shared memory)"},
-                     bench.summary(malloc[board]) * 1e6, "us", "the same, agreement=mpi",
-                     bench.summary(malloc[mpi]) * 1e6)
+                     _us(malloc[board]), "us", "the same, agreement=mpi", _us(malloc[mpi]),
+                     "lower")
         bench.record("sync_all.latency", {"agreement": "board (shared memory)"},
-                     bench.summary(sync[board]) * 1e6, "us", "the same, agreement=mpi",
-                     bench.summary(sync[mpi]) * 1e6)
+                     _us(sync[board]), "us", "the same, agreement=mpi", _us(sync[mpi]), "lower")
     finally:
         for h in heaps:
             h.finalize()
@@ -143,12 +139,14 @@ def fresh(bench: Bench, sizes: list[int], iterations: int) -> None:
         finally:
             backend.unreserve(va, span)
         params = {"bytes": size, "kind": "fresh segment"}
-        m_us, f_us = bench.summary(malloc) * 1e6, bench.summary(free) * 1e6
-        bench.record("malloc.latency", params, m_us, "us", RAW_BACK, bench.summary(back) * 1e6)
-        bench.record("malloc.latency", params, m_us, "us", BARRIER, bench.summary(barrier) * 1e6)
-        bench.record("free+trim.latency", params, f_us, "us", RAW_UNBACK,
-                     bench.summary(unback) * 1e6)
-        cycle = [b + u for b, u in zip(back, unback)]
+        m_us, f_us = _us(malloc), _us(free)
+        bench.record("malloc.latency", params, m_us, "us", RAW_BACK, _us(back), "lower")
+        bench.record("malloc.latency", params, m_us, "us", BARRIER, _us(barrier), "lower")
+        bench.record("free+trim.latency", params, f_us, "us", RAW_UNBACK, _us(unback), "lower")
         bench.record("malloc+free+trim.latency", params,
-                     bench.summary([m + f for m, f in zip(malloc, free)]) * 1e6, "us", RAW_CYCLE,
-                     bench.summary(cycle) * 1e6)
+                     _us([m + f for m, f in zip(malloc, free)]), "us", RAW_CYCLE,
+                     _us([b + u for b, u in zip(back, unback)]), "lower")
+
+
+def _us(seconds: list[float]) -> list[float]:
+    return [s * 1e6 for s in seconds]

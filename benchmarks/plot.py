@@ -1,19 +1,20 @@
-"""PNG charts of a run's records (matplotlib is imported only here)."""
+"""PNG charts of a host-suite result (matplotlib is imported only here). Every
+point is a median (benchmarks/schema.py)."""
 
 from __future__ import annotations
 
 import os
 
-from .malloc import BARRIER, RAW_BACK
-from .putget import LOCAL, MPI_GET, MPI_PUT
+from .names import BARRIER, LOCAL, MPI_GET, MPI_PUT, RAW_BACK, RAW_UNBACK
+from .schema import baseline_median, baseline_name, median
 
 
 def _series(records, name, baseline, key="bytes", **params):
-    rows = [r for r in records if r["name"] == name and r["baseline_name"] == baseline
+    rows = [r for r in records if r["name"] == name and baseline_name(r) == baseline
             and all(r["params"].get(k) == v for k, v in params.items())]
     rows.sort(key=lambda r: r["params"][key])
-    return ([r["params"][key] for r in rows], [r["value"] for r in rows],
-            [r["baseline_value"] for r in rows])
+    return ([r["params"][key] for r in rows], [median(r) for r in rows],
+            [baseline_median(r) for r in rows])
 
 
 def _size_label(n, _pos=None):
@@ -41,12 +42,16 @@ def plot_run(doc: dict, directory: str, stem: str | None = None) -> list[str]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    records, n = doc["records"], doc["n_pes"]
-    stem = stem or f"{doc.get('backend', 'host')}-{n}pe"
+    records, n = doc["measurements"], doc["settings"]["n_pes"]
+    backend = doc["settings"].get("backend", "host")
+    stem = stem or f"{backend}-{n}pe"
     os.makedirs(directory, exist_ok=True)
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
-    fig.suptitle(f"shmemvm {doc.get('backend', 'host')} backend, {n} PEs on one machine "
-                 f"({doc['machine']['cpus']}-core {doc['machine']['cpu']})", fontsize=11)
+    load = doc["machine"]["load_average"]
+    fig.suptitle(f"shmemvm {backend} backend, {n} PEs on one machine "
+                 f"({doc['machine']['cores']}-core {doc['machine']['cpu']}; load average "
+                 f"{load['start'][0]:.1f} -> {load['end'][0]:.1f}; medians; commit "
+                 f"{doc['code']['commit'][:10]})", fontsize=10)
 
     # bandwidth
     ax = axes[0][0]
@@ -99,9 +104,9 @@ def plot_run(doc: dict, directory: str, stem: str | None = None) -> list[str]:
     bars = []
     for r in records:
         if r["name"] in ("malloc.latency", "free.latency") and r["params"].get("kind") == "cached" \
-                and r["baseline_name"] == BARRIER:
+                and baseline_name(r) == BARRIER:
             bars.append((f"{r['name'].split('.')[0]} {_size_label(r['params']['bytes'])}",
-                         r["value"], r["baseline_value"]))
+                         median(r), baseline_median(r)))
     if bars:
         labels = ["MPI.Barrier"] + [b[0] for b in bars]
         values = [min(b[2] for b in bars)] + [b[1] for b in bars]
@@ -119,8 +124,7 @@ def plot_run(doc: dict, directory: str, stem: str | None = None) -> list[str]:
     ax = axes[1][0]
     fresh, fm, fb = _series(records, "malloc.latency", RAW_BACK, kind="fresh segment")
     if fresh:
-        _, ff, fu = _series(records, "free+trim.latency", "backend unmap+release",
-                            kind="fresh segment")
+        _, ff, fu = _series(records, "free+trim.latency", RAW_UNBACK, kind="fresh segment")
         x = range(len(fresh))
         w = 0.2
         ax.bar([i - 1.5 * w for i in x], fm, w, label="malloc (fresh segment)")
@@ -144,14 +148,14 @@ def plot_run(doc: dict, directory: str, stem: str | None = None) -> list[str]:
                   key=lambda r: r["params"]["live"])
     if live:
         counts = [r["params"]["live"] for r in live]
-        ax.plot(counts, [r["value"] for r in live], "o-", label="malloc 1 KiB")
+        ax.plot(counts, [median(r) for r in live], "o-", label="malloc 1 KiB")
         frees = sorted((r for r in records if r["name"] == "free.live_latency"),
                        key=lambda r: r["params"]["live"])
-        ax.plot(counts, [r["value"] for r in frees], "s-", label="free 1 KiB")
-        ax.axhline(live[0]["value"] * 1.3, color="red", ls=":", lw=1, label="1.3x malloc at "
+        ax.plot(counts, [median(r) for r in frees], "s-", label="free 1 KiB")
+        ax.axhline(median(live[0]) * 1.3, color="red", ls=":", lw=1, label="1.3x malloc at "
                    f"{counts[0]}")
         ax.set_xscale("log")
-        top = max([r["value"] for r in live + frees] + [live[0]["value"] * 1.3])
+        top = max([median(r) for r in live + frees] + [median(live[0]) * 1.3])
         ax.set_ylim(0, top * 1.1)
         ax.set_xlabel("live allocations")
         ax.set_ylabel("us per call (slowest PE)")
@@ -167,7 +171,7 @@ def plot_run(doc: dict, directory: str, stem: str | None = None) -> list[str]:
     used = [r for r in records if r["name"] == "footprint.in_use_per_requested"]
     if phys:
         labels = ["requested\n(peak live)", "shmemvm\nmapped", "shmemvm\nin use", "bump\narena"]
-        values = [1.0, phys[0]["value"], used[0]["value"] if used else 0, phys[0]["baseline_value"]]
+        values = [1.0, median(phys[0]), median(used[0]) if used else 0, baseline_median(phys[0])]
         ax.bar(range(4), values, color=["gray", "tab:blue", "tab:cyan", "tab:red"])
         ax.set_xticks(range(4), labels, fontsize=8)
         for i, v in enumerate(values):

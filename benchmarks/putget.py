@@ -15,10 +15,7 @@ import torch
 from mpi4py import MPI
 
 from .common import Bench, format_size, interleaved
-
-LOCAL = "torch copy_ (local)"
-MPI_PUT = "MPI Put+Flush (shared window)"
-MPI_GET = "MPI Get+Flush (shared window)"
+from .names import LOCAL, MPI_GET, MPI_PUT
 
 
 def run(bench: Bench) -> None:
@@ -84,15 +81,16 @@ def _measure(bench, heap, symmetric, source, local_dst, source_np, dst_np, win, 
             win.Flush(target)
 
         t = interleaved({"put": put, "copy": copy, "mpi_put": mpi_put, "get": get,
-                         "mpi_get": mpi_get}, options.repeat, options.min_time, bench.summary)
+                         "mpi_get": mpi_get}, options.repeat, options.min_time)
         params = {"bytes": size, "target_pe": target}
-        gbps = {name: size / seconds / 1e9 for name, seconds in t.items()}
-        us = {name: seconds * 1e6 for name, seconds in t.items()}
+        gbps = {name: [size / seconds / 1e9 for seconds in v] for name, v in t.items()}
+        us = {name: [seconds * 1e6 for seconds in v] for name, v in t.items()}
         for op, mpi_name, mpi_key in (("put", MPI_PUT, "mpi_put"), ("get", MPI_GET, "mpi_get")):
-            bench.record(f"{op}.bandwidth", params, gbps[op], "GB/s", LOCAL, gbps["copy"])
-            bench.record(f"{op}.bandwidth", params, gbps[op], "GB/s", mpi_name, gbps[mpi_key])
-            bench.record(f"{op}.latency", params, us[op], "us", LOCAL, us["copy"])
-            bench.record(f"{op}.latency", params, us[op], "us", mpi_name, us[mpi_key])
+            bench.record(f"{op}.bandwidth", params, gbps[op], "GB/s", LOCAL, gbps["copy"], "higher")
+            bench.record(f"{op}.bandwidth", params, gbps[op], "GB/s", mpi_name, gbps[mpi_key],
+                         "higher")
+            bench.record(f"{op}.latency", params, us[op], "us", LOCAL, us["copy"], "lower")
+            bench.record(f"{op}.latency", params, us[op], "us", mpi_name, us[mpi_key], "lower")
 
 
 def _verify(bench: Bench, symmetric: torch.Tensor, target: int, size: int) -> None:

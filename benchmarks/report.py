@@ -1,20 +1,22 @@
-"""`python -m benchmarks report RUN.json ...`: a markdown summary of runs
-(no MPI needed), optionally with their charts."""
+"""`python -m benchmarks report RUN.json ...`: a markdown summary of host-suite
+results (no MPI needed), optionally with their charts. Every figure is a
+median, and the summary names the files it was read from."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 
-from .malloc import BARRIER, RAW_BACK
+from . import schema
+from .names import BARRIER, LOCAL, MPI_GET, MPI_PUT, RAW_BACK, RAW_UNBACK
 from .plot import matplotlib_missing
-from .putget import LOCAL, MPI_GET, MPI_PUT
+from .schema import baseline_median, median
 
 
 def _find(records, name, baseline=None, **params):
     for r in records:
-        if r["name"] == name and (baseline is None or r["baseline_name"] == baseline) and \
+        if r["name"] == name and (baseline is None or schema.baseline_name(r) == baseline) and \
                 all(r["params"].get(k) == v for k, v in params.items()):
             return r
     return None
@@ -26,50 +28,64 @@ def _fmt(x, digits=3):
     return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
 
 
-def markdown(docs: list[dict], chart: str | None = None) -> str:
-    docs = sorted(docs, key=lambda d: d["n_pes"])
-    m = docs[0]["machine"]
-    pes = " and ".join(str(d["n_pes"]) for d in docs)
+def _shown(path: str) -> str:
+    """`path` from the checkout's root where it lies inside it."""
+    where = os.path.abspath(path)
+    inside = where.startswith(schema.ROOT + os.sep)
+    return os.path.relpath(where, schema.ROOT) if inside else where
+
+
+def _pes(doc) -> int:
+    return doc["settings"]["n_pes"]
+
+
+def markdown(docs: list[dict], chart: str | None = None, paths: list[str] | None = None) -> str:
+    """The summary of host-suite results `docs` (read from `paths`, named in it)."""
+    order = sorted(range(len(docs)), key=lambda i: _pes(docs[i]))
+    docs = [docs[i] for i in order]
+    paths = [paths[i] for i in order] if paths else None
+    m, v = docs[0]["machine"], docs[0]["versions"]
+    pes = " and ".join(str(_pes(d)) for d in docs)
+    sources = (", ".join(f"`{_shown(p)}`" for p in paths) if paths else "the runs given")
+    commits = sorted({d["code"]["commit"][:10] + ("" if d["code"]["clean"] else " (dirty)")
+                      for d in docs})
     out = [
         "### Host backend performance",
         "",
-        f"Measured on a {m['cpus']}-core {m['cpu']} VM ({m['memory_gib']} GiB, Linux "
-        f"{m['kernel']}), {pes} PEs on the one machine; Python {m['python']}, torch "
-        f"{m['torch']} ({m['torch_threads']} thread(s) per PE), mpi4py {m['mpi4py']} over "
-        f"{m['mpi'].replace('Version: ', '')}; runs of "
-        f"{', '.join(d['date'][:16].replace('T', ' ') + ' UTC' for d in docs)}"
-        f" ({_busy(docs)}). Every figure has its baseline measured in the same process and run, "
-        f"interleaved with it; statistic: {docs[0].get('statistic', 'median of repeats')}. "
+        f"From {sources} (commit {', '.join(commits)}). Measured on a {m['cores']}-core "
+        f"{m['cpu']} machine ({m['memory_gib']} GiB, Linux {m['kernel']}), {pes} PEs on the one "
+        f"machine; Python {v['python']}, torch {v['torch']}, mpi4py {v['mpi4py']} over "
+        f"{v['mpi']}; runs of "
+        f"{', '.join(d['date'][:16].replace('T', ' ') + ' UTC' for d in docs)} "
+        f"({_load(docs)}). {docs[0]['method']} "
         f"Reproduce with `mpirun -n N python -m benchmarks --json host-Npe.json --plot DIR`.",
         "",
-        "| target | " + " | ".join(f"{d['n_pes']} PEs" for d in docs) + " |",
+        "| target | " + " | ".join(f"{_pes(d)} PEs" for d in docs) + " |",
         "|---|" + "---|" * len(docs),
     ]
     names = []
     for d in docs:
-        for t in d["targets"]:
-            key = t["target"]
-            if key not in names:
-                names.append(key)
+        for t in d.get("summary", {}).get("targets", []):
+            if t["target"] not in names:
+                names.append(t["target"])
     for name in names:
         cells = []
         for d in docs:
-            t = next((t for t in d["targets"] if t["target"] == name), None)
+            t = next((t for t in d["summary"]["targets"] if t["target"] == name), None)
             cells.append("n/a" if t is None else f"**{t['status']}** {t['ratio']:.2f}x "
                                                    f"({t['detail']})")
         out.append(f"| {name} | " + " | ".join(cells) + " |")
 
-    out += ["", "| figure | " + " | ".join(f"{d['n_pes']} PEs" for d in docs) + " |",
+    out += ["", "| figure (median) | " + " | ".join(f"{_pes(d)} PEs" for d in docs) + " |",
             "|---|" + "---|" * len(docs)]
 
     def row(label, fn):
-        out.append(f"| {label} | " + " | ".join(fn(d["records"]) for d in docs) + " |")
+        out.append(f"| {label} | " + " | ".join(fn(d["measurements"]) for d in docs) + " |")
 
     for size, label in ((8, "8 B"), (1 << 20, "1 MiB"), (64 << 20, "64 MiB")):
         for op, mpi in (("put", MPI_PUT), ("get", MPI_GET)):
             unit = "latency" if size == 8 else "bandwidth"
-            loc = _find_any(docs, f"{op}.{unit}", LOCAL, bytes=size)
-            if loc is None:
+            if _find_any(docs, f"{op}.{unit}", LOCAL, bytes=size) is None:
                 continue
 
             def cell(records, op=op, unit=unit, size=size, mpi=mpi):
@@ -78,8 +94,8 @@ def markdown(docs: list[dict], chart: str | None = None) -> str:
                 if a is None:
                     return "n/a"
                 u = "us" if unit == "latency" else "GB/s"
-                return (f"{_fmt(a['value'])} {u} (local copy {_fmt(a['baseline_value'])}, "
-                        f"MPI {_fmt(b['baseline_value']) if b else 'n/a'})")
+                return (f"{_fmt(median(a))} {u} (local copy {_fmt(baseline_median(a))}, "
+                        f"MPI {_fmt(baseline_median(b)) if b else 'n/a'})")
             row(f"{op} {label} {unit}", cell)
     for size, label in ((1 << 10, "1 KiB"), (1 << 20, "1 MiB")):
         if _find_any(docs, "malloc.latency", BARRIER, bytes=size, kind="cached"):
@@ -87,22 +103,23 @@ def markdown(docs: list[dict], chart: str | None = None) -> str:
                 a = _find(records, "malloc.latency", BARRIER, bytes=size, kind="cached")
                 f = _find(records, "free.latency", BARRIER, bytes=size, kind="cached")
                 return "n/a" if a is None else (
-                    f"malloc {_fmt(a['value'])} us, free {_fmt(f['value'])} us "
-                    f"(MPI.Barrier {_fmt(a['baseline_value'])} us)")
+                    f"malloc {_fmt(median(a))} us, free {_fmt(median(f))} us "
+                    f"(MPI.Barrier {_fmt(baseline_median(a))} us)")
             row(f"collective malloc/free, cached {label}", cell)
     if _find_any(docs, "malloc.latency", RAW_BACK, bytes=1 << 20, kind="fresh segment"):
         def cell(records):
             a = _find(records, "malloc.latency", RAW_BACK, bytes=1 << 20, kind="fresh segment")
-            f = _find(records, "free+trim.latency", None, bytes=1 << 20, kind="fresh segment")
+            f = _find(records, "free+trim.latency", RAW_UNBACK, bytes=1 << 20,
+                      kind="fresh segment")
             return "n/a" if a is None else (
-                f"malloc {_fmt(a['value'])} us (raw create+map {_fmt(a['baseline_value'])} us), "
-                f"free+trim {_fmt(f['value'])} us (raw {_fmt(f['baseline_value'])} us)")
+                f"malloc {_fmt(median(a))} us (raw create+map {_fmt(baseline_median(a))} us), "
+                f"free+trim {_fmt(median(f))} us (raw {_fmt(baseline_median(f))} us)")
         row("malloc, fresh 1 MiB segment", cell)
 
     def live_cell(records):
         rows = sorted((r for r in records if r["name"] == "malloc.live_latency"),
                       key=lambda r: r["params"]["live"])
-        return ", ".join(f"{r['params']['live']}: {_fmt(r['value'])}" for r in rows) + " us" \
+        return ", ".join(f"{r['params']['live']}: {_fmt(median(r))}" for r in rows) + " us" \
             if rows else "n/a"
     row("malloc 1 KiB vs live allocations", live_cell)
 
@@ -111,30 +128,33 @@ def markdown(docs: list[dict], chart: str | None = None) -> str:
         u = _find(records, "footprint.in_use_per_requested")
         if p is None:
             return "n/a"
-        return (f"{_fmt(p['value'])} mapped, {_fmt(u['value'])} in use (bump arena "
-                f"{_fmt(p['baseline_value'])})")
+        return (f"{_fmt(median(p))} mapped, {_fmt(median(u))} in use (bump arena "
+                f"{_fmt(baseline_median(p))})")
     row("physical bytes per requested byte (transformer steps)", foot_cell)
     if chart:
         out += ["", f"![host benchmarks]({chart})"]
     return "\n".join(out) + "\n"
 
 
-def _busy(docs) -> str:
-    """How busy the machine was with other work around each run."""
+def _load(docs) -> str:
+    """How loaded the machine was around each run."""
     parts = []
     for d in docs:
-        busy = d.get("cpu_busy_while_idle") or {}
-        values = [v for v in (busy.get("before"), busy.get("after")) if v is not None]
+        load = d["machine"]["load_average"]
+        busy = d["settings"].get("cpu_busy_while_idle") or {}
+        text = (f"{_pes(d)} PEs: load average {load['start'][0]:.1f} at the start, "
+                f"{load['end'][0]:.1f} at the end")
+        values = [x for x in (busy.get("before"), busy.get("after")) if x is not None]
         if values:
-            parts.append(f"{d['n_pes']} PEs: " + "/".join(f"{v:.0%}" for v in values))
-    if not parts:
-        return "machine load not sampled"
-    return "CPU busy with other work just before/after the run: " + ", ".join(parts)
+            text += ", CPU busy with other work before/after " + "/".join(f"{x:.0%}"
+                                                                          for x in values)
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def _find_any(docs, *args, **kwargs):
     for d in docs:
-        r = _find(d["records"], *args, **kwargs)
+        r = _find(d["measurements"], *args, **kwargs)
         if r is not None:
             return r
     return None
@@ -142,23 +162,25 @@ def _find_any(docs, *args, **kwargs):
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks report")
-    p.add_argument("runs", nargs="+", help="JSON files written with --json")
+    p.add_argument("runs", nargs="+", help="host-suite results written with --json")
     p.add_argument("--markdown", metavar="PATH", help="write the summary here (default: stdout)")
     p.add_argument("--plot", metavar="DIR", help="also write each run's chart into DIR")
     p.add_argument("--chart", help="chart path to reference from the markdown")
     args = p.parse_args(argv)
     if args.plot and (missing := matplotlib_missing()):
         p.error(missing)  # exits with status 2, no traceback
-    docs = []
-    for path in args.runs:
-        with open(path) as f:
-            docs.append(json.load(f))
+    docs = [schema.load(path) for path in args.runs]
+    for path, doc in zip(args.runs, docs):
+        problems = schema.validate(doc, stored=False)
+        if problems or doc.get("benchmark") != "host-suite":
+            p.error(f"{path} is not a host-suite result of {schema.SCHEMA}: "
+                    f"{'; '.join(problems[:3]) or doc.get('benchmark')}")
     if args.plot:
         from .plot import plot_run
         for doc in docs:
             for path in plot_run(doc, args.plot):
                 print(f"wrote {path}", file=sys.stderr)
-    text = markdown(docs, args.chart)
+    text = markdown(docs, args.chart, args.runs)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text)

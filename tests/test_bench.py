@@ -1,22 +1,19 @@
 """Smoke test of the benchmark suite: `python -m benchmarks --quick` on tiny
-sizes writes records of the documented schema with positive values. No
-timing is asserted."""
+sizes writes a result of the one schema (benchmarks/schema.py) with positive
+medians. No timing is asserted."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 
 import pytest
 
-RECORD_KEYS = {"name", "params", "value", "unit", "baseline_name", "baseline_value", "ratio"}
-
 
 @pytest.mark.mpi(min_size=2)
-def test_bench_quick_writes_records(tmp_path):
+def test_bench_quick_writes_a_result_of_the_schema(tmp_path):
     from mpi4py import MPI
 
+    from benchmarks import schema
     from benchmarks.cli import main
 
     comm = MPI.COMM_WORLD
@@ -27,41 +24,45 @@ def test_bench_quick_writes_records(tmp_path):
         plot = ["--plot", directory]
     except ImportError:
         plot = []
-    assert main(["--quick", "--sizes", "8,4K", "--live", "10,20", "--repeat", "1",
+    assert main(["--quick", "--sizes", "8,4K", "--live", "10,20", "--repeat", "2",
                  "--min-time", "0.001", "--json", path, *plot], comm=comm) == 0
     comm.Barrier()
 
-    with open(path) as f:
-        doc = json.load(f)
+    doc = schema.load(path)
+    assert schema.validate(doc, stored=False) == []   # stored or not: this tree may be dirty
     if plot:
-        chart = os.path.join(directory, f"{doc['backend']}-{comm.size}pe.png")
+        chart = os.path.join(directory, f"{doc['settings']['backend']}-{comm.size}pe.png")
         assert os.path.getsize(chart) > 1000
-    assert doc["n_pes"] == comm.size
-    assert doc["schema"].startswith("shmemvm.bench/")
-    records = doc["records"]
+    assert doc["benchmark"] == "host-suite" and doc["settings"]["n_pes"] == comm.size
+    assert doc["command"].startswith(f"mpirun -n {comm.size} python -m benchmarks --quick")
+    assert len(doc["code"]["commit"]) == 40 and isinstance(doc["code"]["clean"], bool)
+    assert all(len(doc["machine"]["load_average"][k]) == 3 for k in ("start", "end"))
+    records = doc["measurements"]
     names = {r["name"] for r in records}
     for expected in ("put.bandwidth", "get.bandwidth", "put.latency", "get.latency",
                      "malloc.latency", "free.latency", "free+trim.latency",
                      "malloc.live_latency", "footprint.physical_per_requested"):
         assert expected in names, f"no {expected} record in {sorted(names)}"
     for r in records:
-        assert set(r) == RECORD_KEYS, r
-        assert isinstance(r["name"], str) and isinstance(r["unit"], str) and r["unit"]
-        assert isinstance(r["params"], dict) and r["params"]["n_pes"] == comm.size
-        assert isinstance(r["baseline_name"], str) and r["baseline_name"]
-        for key in ("value", "baseline_value", "ratio"):
-            assert isinstance(r[key], float) and math.isfinite(r[key]) and r[key] > 0, (key, r)
+        assert r["params"]["n_pes"] == comm.size
+        assert r["baseline"]["name"] and r["ratio_of"] == "median/median"
+        assert r["value"]["median"] > 0 and r["baseline"]["value"]["median"] > 0
+        assert r["ratio"] == pytest.approx(r["value"]["median"] / r["baseline"]["value"]["median"],
+                                           rel=1e-3)
+        if r["name"].startswith(("put.", "get.")):
+            assert r["value"]["n"] == 2   # one sample a repeat
     assert {r["params"]["bytes"] for r in records if r["name"] == "put.bandwidth"} == {8, 4096}
     assert {r["params"]["live"] for r in records if r["name"] == "malloc.live_latency"} == {10, 20}
-    assert {t["status"] for t in doc["targets"]} <= {"PASS", "MISS"}
-    assert len(doc["targets"]) == 3  # no >= 1 MiB sizes, so no bandwidth target
+    targets = doc["summary"]["targets"]
+    assert {t["status"] for t in targets} <= {"PASS", "MISS"}
+    assert len(targets) == 3  # no >= 1 MiB sizes, so no bandwidth target
 
     if comm.rank == 0:  # the markdown summary of a run, no MPI needed
         summary = os.path.join(directory, "summary.md")
         assert main(["report", path, "--markdown", summary]) == 0
         with open(summary) as f:
             text = f.read()
-        assert "| target |" in text and "malloc" in text
+        assert "| target |" in text and "malloc" in text and "bench.json" in text
     comm.Barrier()
 
 
@@ -71,6 +72,23 @@ def test_bench_rejects_unknown_benchmark(capsys):
     with pytest.raises(SystemExit):
         main(["no-such-benchmark"])
     assert "unknown benchmark" in capsys.readouterr().err
+
+
+def test_bench_refuses_to_store_a_dirty_tree_in_results(tmp_path, monkeypatch):
+    """Into benchmarks/results/ only from a clean tree, checked before measuring;
+    --allow-dirty stores and says so."""
+    from benchmarks import schema
+
+    dirty = {"commit": "0" * 40, "clean": False, "changed": ["shmemvm/heap.py"],
+             "allow_dirty": False, "shmemvm": None}
+    monkeypatch.setattr(schema, "code_state", lambda root=schema.ROOT: dict(dirty))
+    inside = os.path.join(schema.RESULTS, "never-written.json")
+    with pytest.raises(schema.DirtyTreeError, match="shmemvm/heap.py.*--allow-dirty"):
+        schema.Run("test", "cmd", path=inside)
+    assert not os.path.exists(inside)
+    assert schema.Run("test", "cmd", path=inside, allow_dirty=True).code["allow_dirty"] is True
+    elsewhere = schema.Run("test", "cmd", path=str(tmp_path / "x.json"))   # not stored: allowed
+    assert elsewhere.code["clean"] is False and elsewhere.code["allow_dirty"] is False
 
 
 @pytest.mark.parametrize("argv", [["--quick", "--plot", "DIR"],
