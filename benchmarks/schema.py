@@ -52,7 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 HISTORY = os.path.join(RESULTS, "history")
 RATIO_OF = "median/median"
-STAT_KEYS = ("median", "min", "max", "q1", "q3", "n")
+STAT_KEYS = ("median", "min", "max", "q1", "q3", "mean", "n")   # mean: history only
 TOP_KEYS = {"schema", "benchmark", "command", "date", "code", "machine", "versions", "settings",
             "method", "measurements", "notes", "summary", "history", "history_reason",
             "converted_from"}
@@ -334,8 +334,10 @@ def _check_stats(where: str, s, history: bool) -> list[str]:
             problems.append(f"{where}: {k} must be a finite number, got {s[k]!r}")
     if history:
         if not any(k in s for k in STAT_KEYS[:-1]):
-            problems.append(f"{where}: no figure (median, min, max, q1 or q3)")
+            problems.append(f"{where}: no figure (median, min, max, q1, q3 or mean)")
         return problems
+    if "mean" in s:
+        problems.append(f"{where}: a mean is no figure of a new result (medians only)")
     if "median" not in s:
         problems.append(f"{where}: no median")
     if not ({"min", "max"} <= set(s) or {"q1", "q3"} <= set(s)):
@@ -385,7 +387,9 @@ def validate(doc, path: str | None = None, stored: bool = True) -> list[str]:
     if not isinstance(m, dict):
         p.append("machine must be an object")
     else:
-        if not isinstance(m.get("cpu"), str) or not isinstance(m.get("cores"), int):
+        cores = m.get("cores")
+        if not isinstance(m.get("cpu"), str) or not (
+                isinstance(cores, int) or (history and cores is None)):
             p.append("machine needs cpu (text) and cores (an integer)")
         load = m.get("load_average")
         if not isinstance(load, dict) or not {"start", "end"} <= set(load):
