@@ -106,3 +106,34 @@ def test_plot_without_matplotlib_says_what_to_install(argv, monkeypatch, capsys,
     err = capsys.readouterr().err
     assert 'pip install ".[bench]"' in err and "Traceback" not in err
     assert not any(tmp_path.iterdir())                      # nothing measured or written
+
+
+def test_host_vs_oshmem_without_the_peer_says_so_and_measures_shmemvm(tmp_path):
+    """Where shmem4py on OSHMEM is not installed (CI), the comparison says why and
+    still measures shmemvm against its own same-run baselines (it launches its
+    own `mpirun -n 2`)."""
+    import subprocess
+    import sys
+
+    from benchmarks import schema
+
+    out = tmp_path / "vs.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "host-vs-oshmem", "--oshmem-venv",
+         str(tmp_path / "no-such-venv"), "--quick", "--rounds", "1", "--repeat", "1",
+         "--min-time", "0.001", "--json", str(out)],
+        cwd=schema.ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the peer (shmem4py on Open MPI's OSHMEM) is not installed here" in done.stderr
+    doc = schema.load(out)
+    assert schema.validate(doc, stored=False) == []
+    assert doc["settings"]["peer"] is None and "no Python at" in doc["settings"]["peer_missing"]
+    by = {(m["name"], m["params"]["face"], (m["baseline"] or {}).get("name"))
+          for m in doc["measurements"]}
+    assert ("barrier_all", "shmemvm.shmem", "MPI.Barrier (mpi4py, COMM_WORLD)") in by
+    assert ("put", "shmemvm torch API", "np.copyto (local, same bytes)") in by
+    assert ("atomic_fetch_add", "shmemvm.shmem", None) in by     # no baseline without the peer
+    assert all(m["baseline"] is None or "OSHMEM" not in m["baseline"]["name"]
+               for m in doc["measurements"])
+    checks = doc["summary"]["checks"]["2 PEs"]
+    assert all(all(v.values()) for v in checks.values()), checks
