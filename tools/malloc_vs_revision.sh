@@ -39,9 +39,11 @@ def pairs(side):
     for i in range(1, rounds + 1):
         data = json.load(open(f"{work}/{side}{i}.json"))
         per = {}
-        for r in data["records"] if isinstance(data, dict) else data:
-            if r["params"].get("kind") == "cached":
-                per[(r["name"], r["params"]["bytes"])] = r["value"]
+        for r in data["measurements"]:   # benchmarks/schema.py; figures are medians
+            # the cached figures against MPI.Barrier (not the board-vs-MPI comparison's)
+            if r["params"].get("kind") == "cached" and (r["baseline"] or {}).get("name") == \
+                    "MPI.Barrier":
+                per[(r["name"], r["params"]["bytes"])] = r["value"]["median"]
         for size in {b for _, b in per}:
             out.setdefault(size, []).append(per[("malloc.latency", size)] + per[("free.latency", size)])
     return out
