@@ -312,7 +312,9 @@ def markdown(doc: dict) -> str:
 
             def fig(key):
                 v = r.get(key)
-                return "n/a" if v is None else f"{v:.3g} {unit}"
+                if v is None:
+                    return "n/a"
+                return f"{v:,.0f} {unit}" if v >= 1000 else f"{v:.3g} {unit}"
 
             def ratio(key):
                 v = r.get(f"{key}_ratio")
