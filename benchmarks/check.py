@@ -137,10 +137,29 @@ def check_readme_figures(doc: str = "README.md", section: str = "## Performance"
     return problems
 
 
+def check_files(paths: list[str]) -> list[str]:
+    """The problems of the results at `paths` (stored ones or not)."""
+    problems = []
+    for path in paths:
+        try:
+            doc = schema.load(path)
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path}: not readable JSON: {exc}")
+            continue
+        inside = schema.stored(path)
+        problems += [f"{path}: {p}" for p in schema.validate(doc, path if inside else None,
+                                                             stored=inside)]
+    return problems
+
+
 def main(argv: list[str]) -> int:
-    problems = check_results() + check_references() + check_readme_figures()
+    """With paths: those results; without: every stored result and every docs reference."""
+    if argv:
+        problems, count = check_files(argv), len(argv)
+    else:
+        problems = check_results() + check_references() + check_readme_figures()
+        count = len(stored_results())
     for p in problems:
         print(p, file=sys.stderr)
-    count = len(stored_results())
-    print(f"{count} stored results, {len(problems)} problems", file=sys.stderr)
+    print(f"{count} results, {len(problems)} problems", file=sys.stderr)
     return 1 if problems else 0

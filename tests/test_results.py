@@ -103,3 +103,15 @@ def test_a_readme_figure_without_its_result_is_found(tmp_path, monkeypatch):
     assert "README.md:5:" in problems[0] and "names no stored result" in problems[0]
     assert "without saying it is history" in problems[1]
     assert "README.md:11:" in problems[2]   # a table counts with the paragraph before it
+
+
+def test_check_names_the_problems_of_given_files(tmp_path):
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    schema.write(_good(), str(good))
+    broken = _good()
+    broken["measurements"][0]["ratio_of"] = "min/min"
+    schema.write(broken, str(bad))
+    assert check.check_files([str(good)]) == []
+    problems = check.check_files([str(bad), str(tmp_path / "missing.json")])
+    assert len(problems) == 2 and "median with median" in problems[0], problems
+    assert check.main([str(good)]) == 0 and check.main([str(bad)]) == 1
