@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import shmemvm
-from shmemvm import FreedTensorError, rc
+from shmemvm import FreedTensorError, NotSymmetricError, rc
 
 rc(initialize=False, finalize=False)  # this module makes and ends its own heaps
 from shmemvm import shmem  # noqa: E402
@@ -299,9 +299,9 @@ def test_collectives(world):
 def test_errors_are_clear(world):
     me, n, right, left = _neighbours()
     a = shmem.zeros(6, dtype=np.int64)
-    with pytest.raises(FreedTensorError, match="not an array on the symmetric heap"):
+    with pytest.raises(NotSymmetricError, match="not an array on the symmetric heap"):
         shmem.put(np.zeros(6, dtype=np.int64), a, right)
-    with pytest.raises(FreedTensorError, match="not an array on the symmetric heap"):
+    with pytest.raises(NotSymmetricError, match="not an array on the symmetric heap"):
         shmem.get(np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64), right)
     with pytest.raises(ValueError, match="not contiguous"):
         shmem.put(a[::2], np.zeros(3, dtype=np.int64), right)

@@ -52,13 +52,6 @@ from ..agreement.protocol import Phase
 from ..core.state import HeapCore
 from . import group
 
-#: reduction operators of reduce(): name -> torch function with out=
-REDUCE_OPS = {
-    "sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum,
-    "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
-}
-
-
 class Operand(NamedTuple):
     """One operand of a collective, as every face gives it: `data`, the bytes of
     a contiguous symmetric object (a 1-D uint8 tensor over symmetric memory),

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .. import _args, api
-from ..errors import FreedTensorError
+from ..errors import NotSymmetricError
 from ..heap import SymmetricHeap
 
 
@@ -127,11 +127,11 @@ def check_array(a, role: str, writable: bool) -> np.ndarray:
 
 
 def locate(a: np.ndarray, role: str) -> tuple[HeapMemory, int]:
-    """(its allocation, the byte offset in it) of a symmetric array, or FreedTensorError."""
+    """(its allocation, the byte offset in it) of a symmetric array, or NotSymmetricError."""
     memory = owner(a)
     offset = address(a) - memory.address if memory is not None else -1
     if memory is None or not 0 <= offset <= memory.nbytes - a.nbytes:
-        raise FreedTensorError(
+        raise NotSymmetricError(
             f"the {role} (at {address(a):#x}) is not an array on the symmetric heap: "
             f"allocate it with shmem.zeros/empty/full/array/new_array/alloc (and do not free "
             f"it before use)")

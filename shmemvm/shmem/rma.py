@@ -56,7 +56,7 @@ def put(target: np.ndarray, source: np.ndarray, pe: int, size: Optional[int] = N
     Raises:
         TypeError: not NumPy arrays, or different dtypes.
         ValueError: non-contiguous or read-only target, a bad size or pe.
-        FreedTensorError: `target` is not on the symmetric heap.
+        NotSymmetricError: `target` is not on the symmetric heap (FreedTensorError: freed).
         PeerTimeoutError: as shmemvm.put.
     """
     t, s, n = pair(target, source, size, put_side=True)
@@ -176,7 +176,7 @@ def ptr(target: np.ndarray, pe: int) -> Optional[np.ndarray]:
         None where `pe` is on another node.
 
     Raises:
-        FreedTensorError: `target` is not on the symmetric heap.
+        NotSymmetricError: `target` is not on the symmetric heap (FreedTensorError: freed).
         TypeError, ValueError: `target` is not a contiguous array, or a bad `pe`.
     """
     data = arrays.symmetric_bytes(target, "target", writable=False)
