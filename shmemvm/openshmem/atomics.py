@@ -150,6 +150,9 @@ def apply(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, val
         word's kind or does not fit it; PeerTimeoutError at the heap's deadline.
     """
     prepare(heap, word, where, pe, op, what, count)
+    if count != 1 and op != "fetch":
+        raise ValueError(f"{what}: only reads ('fetch') take several words at once, got {op!r} "
+                         f"of {count}")
     value = word.value(value, what)
     if op == "cas":
         cond = word.value(cond, what, "cond")

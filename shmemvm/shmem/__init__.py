@@ -33,10 +33,9 @@ as the torch API (openshmem/): no second collective, atomic or team.
 What differs from shmem4py, and why, is in docs/openshmem.md: in short, no C
 layer (ffi, lib, the CData handle types, _getbuffer); signals and locks are
 one-element symmetric arrays (uint64 and int64); errors are shmemvm's
-exceptions (TypeError, ValueError, ShmemError and its subclasses, all
-RuntimeErrors) where shmem4py asserts or returns C error codes, and a bad
-argument of a collective call given on one PE raises at that call on every
-PE; init() after the import initialised the heap does nothing; Team.split_2d
+exceptions (TypeError, ValueError, and ShmemError and its subclasses, which are
+RuntimeErrors), and a bad argument of a collective call given on one PE raises
+at that call on every PE; init() after the import initialised the heap does nothing; Team.split_2d
 is an addition (shmem_team_split_2d).
 """
 

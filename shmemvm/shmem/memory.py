@@ -122,15 +122,16 @@ def fromalloc(mem: memoryview, shape: Optional[Shape] = None, dtype: Any = None,
 
 
 def _new(shape: Shape, dtype: Any, order: str, align: Optional[int], hints: Optional[int],
-         what: str, *, clear: bool = False, value=None) -> np.ndarray:
+         what: str, *, clear: bool = False, value=None, infer=None) -> np.ndarray:
     """A symmetric array of shape, dtype and order (collective), zeroed
     (`clear`) or filled with value(dtype) on every PE before any returns
-    (neither: uninitialised); the arguments are checked inside the agreement."""
+    (neither: uninitialised); the arguments are checked inside the agreement,
+    where a dtype of None is infer()'s."""
     made: list = []
 
     def request() -> Request:
         dims = arrays.shape_of(shape)
-        kind = arrays.dtype_of(dtype)
+        kind = arrays.dtype_of(infer() if dtype is None and infer is not None else dtype)
         layout = arrays.order_of(order)
         fill = _zero if clear else None
         if value is not None:
@@ -288,8 +289,9 @@ def full(shape: Shape, fill_value: Number, dtype: Any = None, order: str = "C", 
     Raises:
         As alloc; TypeError/ValueError for a value NumPy cannot cast (on every PE).
     """
-    return _new(shape, np.array(fill_value).dtype if dtype is None else dtype, order, align,
-                hints, "full", value=lambda kind: np.array(fill_value).astype(kind))
+    return _new(shape, dtype, order, align, hints, "full",
+                value=lambda kind: np.array(fill_value).astype(kind),
+                infer=lambda: np.array(fill_value).dtype)
 
 
 def addr_accessible(addr: np.ndarray, pe: int) -> bool:
