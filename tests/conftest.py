@@ -1,10 +1,19 @@
 """Shared fixtures. MPI tests carry the `mpi` marker (pytest-mpi) and run under
-`mpirun -n N python -m pytest --with-mpi -m mpi`; the rest run in one process."""
+`mpirun -n N python -m pytest --with-mpi -m mpi`; the rest run in one process.
+Tests that need a GPU carry the `gpu` marker."""
 
 import gc
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+# util.py and helpers/ live here, above the test folders that import them.
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 #: backend the heap tests run on: host by default (CI); SHMEMVM_TEST_BACKEND=cuda on GPUs
 TEST_BACKEND = os.environ.get("SHMEMVM_TEST_BACKEND", "host")
