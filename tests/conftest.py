@@ -1,6 +1,8 @@
 """Shared fixtures. MPI tests carry the `mpi` marker (pytest-mpi) and run under
 `mpirun -n N python -m pytest --with-mpi -m mpi`; the rest run in one process.
-Tests that need a GPU carry the `gpu` marker."""
+Tests that need a GPU carry the `gpu` marker. The markers decide how a test
+runs; the folders (unit/, mpi/, gpu/, each by the library's layers) are for
+people, and a test whose folder does not match its markers fails collection."""
 
 import gc
 import os
@@ -41,6 +43,25 @@ def pytest_configure(config):
             f"SHMEMVM_TEST_BACKEND={TEST_BACKEND} was asked for, but that backend cannot run "
             f"here (no device, or its Python bindings are missing: `python -m shmemvm info` "
             f"says which). Unset SHMEMVM_TEST_BACKEND to test the host backend")
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m deselects: every collected test is checked
+def pytest_collection_modifyitems(config, items):
+    """A test lives in the folder of its kind: gpu/ with the `gpu` marker, else
+    mpi/ with the `mpi` marker, else unit/."""
+    misplaced = []
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(TESTS).parts[0]
+        except ValueError:
+            continue   # not one of ours
+        marks = {mark.name for mark in item.iter_markers()}
+        kind = "gpu" if "gpu" in marks else "mpi" if "mpi" in marks else "unit"
+        if folder != kind:
+            misplaced.append(f"  {item.nodeid}: marked {kind}, so it belongs under tests/{kind}/")
+    if misplaced:
+        raise pytest.UsageError("tests in the wrong folder (move them, or change their "
+                                "markers):\n" + "\n".join(misplaced))
 
 
 @pytest.fixture

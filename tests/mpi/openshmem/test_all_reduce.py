@@ -11,7 +11,6 @@ import pytest
 import torch
 from mpi4py import MPI
 
-import shmemvm
 from conftest import TEST_BACKEND
 from shmemvm import SymmetricHeap, SymmetryError
 
@@ -61,8 +60,3 @@ def test_all_reduce_mismatched_op_is_a_symmetry_error_everywhere(any_path_heap):
     with pytest.raises(SymmetryError):
         h.all_reduce(x, x, op="sum" if h.my_pe else "max")
     h.barrier_all()
-
-
-def test_all_reduce_is_a_module_function():
-    assert shmemvm.all_reduce.__name__ == "all_reduce"
-    assert "Returns:" in shmemvm.all_reduce.__doc__

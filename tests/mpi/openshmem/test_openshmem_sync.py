@@ -1,7 +1,7 @@
 """OpenSHMEM 1.5 additions: wait_until_all/any/some and test_* (with _vector
 forms and status masks), nbi fetching atomics completed by quiet(),
-put_signal_nbi, iput/iget, float atomic_fetch/set/swap, info_get_version/name,
-pcontrol and global_exit.
+put_signal_nbi, iput/iget, float atomic_fetch/set/swap (info_get_version/name,
+pcontrol and global_exit: tests/unit/openshmem/test_info.py).
 
 The MPI tests run with all PEs on one node and with every PE a simulated node
 of its own (node_split=1, as SHMEMVM_NODE_SPLIT=1), where every other PE is
@@ -10,8 +10,6 @@ reached through MPI only.
     mpirun -n 4 python -m pytest --with-mpi -m mpi tests/mpi/openshmem/test_openshmem_sync.py
 """
 
-import subprocess
-import sys
 import time
 
 import pytest
@@ -20,7 +18,6 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import PeerTimeoutError, SymmetricHeap
-from util import REPO, clean_env, mpiexec
 
 WORLD = MPI.COMM_WORLD
 INT_DTYPES = [torch.int32, torch.int64, torch.uint64]
@@ -294,39 +291,3 @@ def test_iput_iget_strides_against_a_reference(mheap):
     with pytest.raises(TypeError, match="nelems must be an int"):
         h.iget(out, sym, 1, 1, 2.0, right)
     h.barrier_all()
-
-
-# -- info, pcontrol, global_exit ----------------------------------------------------------------
-def test_info_and_pcontrol():
-    assert shmemvm.info_get_version() == (1, 5)
-    assert shmemvm.info_get_name() == f"shmemvm {shmemvm.__version__}"
-    shmemvm.pcontrol(0)
-    assert shmemvm.openshmem.info.pcontrol_level() == 0
-    shmemvm.pcontrol(1)
-    assert shmemvm.openshmem.info.pcontrol_level() == 1
-    with pytest.raises(TypeError, match="level must be an int"):
-        shmemvm.pcontrol("on")
-    with pytest.raises(TypeError, match="status must be an int"):
-        shmemvm.global_exit(1.0)
-
-
-GLOBAL_EXIT_JOB = """
-import time, shmemvm
-shmemvm.init(heap_size="1M", backend="host", timeout=120)
-if shmemvm.my_pe() == 0:
-    time.sleep(0.3)
-    shmemvm.global_exit(3)
-shmemvm.barrier_all()        # PE 1 waits here until global_exit ends the job
-print("PE", shmemvm.my_pe(), "passed the barrier", flush=True)
-"""
-
-
-def test_global_exit_ends_every_pe():
-    launcher = mpiexec()
-    start = time.monotonic()
-    job = subprocess.run([launcher, "-n", "2", sys.executable, "-c", GLOBAL_EXIT_JOB],
-                         env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=90)
-    elapsed = time.monotonic() - start
-    assert job.returncode != 0, job.stdout + job.stderr
-    assert "passed the barrier" not in job.stdout
-    assert elapsed < 30, f"the job took {elapsed:.1f} s to end"

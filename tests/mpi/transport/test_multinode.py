@@ -246,17 +246,6 @@ def test_atomic_argument_errors(heap):
     h.barrier_all()
 
 
-def test_mpi_reachability_is_a_backend_attribute():
-    from shmemvm.backends.base import VMMBackend
-    from shmemvm.backends.cuda import CudaBackend
-    from shmemvm.backends.hip import HipBackend
-    from shmemvm.backends.host import HostBackend
-
-    assert HostBackend.mpi_accessible is True
-    assert CudaBackend.mpi_accessible is False and HipBackend.mpi_accessible is False
-    assert VMMBackend.mpi_accessible is False  # a new backend must say so to get MPI
-
-
 @pytest.mark.mpi(min_size=1)
 def test_atomics_on_memory_mpi_is_not_given_take_the_kernel_path(mheap, monkeypatch):
     """Device heaps: atomics on PEs of this node run as Triton kernels

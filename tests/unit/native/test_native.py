@@ -1,7 +1,8 @@
 """The compiled piece (shmemvm/native/_native.c): CPU atomics, waits, copies and
 the board's steps on shared memory. Single process; the contention tests fork
 processes that hammer one word of a shared mapping at once, as the node's PEs
-do, and count that nothing is lost."""
+do, and count that nothing is lost. Its vote at init, under MPI:
+tests/mpi/native/test_native_vote.py."""
 
 from __future__ import annotations
 
@@ -150,34 +151,3 @@ def test_board_slots_written_in_c_read_in_python_and_back():
     assert not native.board_read(address, words, 8, seq_word, 10, out)   # not that step yet
     slot[1 + words] ^= 1                                                   # a torn write
     assert not native.board_read(address, words, 7, seq_word, 10, out)
-
-
-@pytest.mark.mpi(min_size=2)
-def test_a_pe_without_the_compiled_piece_leaves_every_pe_without_it():
-    """The CPU atomic path and the board's C steps need every PE: one PE's
-    SHMEMVM_NATIVE=0 (or a missing build) is a vote for the Python paths on
-    every PE, and the heap works."""
-    import torch
-    from mpi4py import MPI
-
-    from shmemvm import SymmetricHeap
-    from shmemvm.transport.route import AtomicPath
-
-    world = MPI.COMM_WORLD
-    for setting, everywhere in (("auto", True), ("0" if world.rank == 1 else "auto", False)):
-        heap = SymmetricHeap(world, "4M", backend="host", timeout=30, native=setting)
-        try:
-            assert heap.native is everywhere
-            single_node = len(heap.node_pes) == heap.n_pes
-            assert (heap.routes.atomics is AtomicPath.CPU) == (everywhere and single_node)
-            if heap.agreement.board is not None:
-                assert heap.agreement.board.native is everywhere
-            counter = heap.zeros(1, torch.int64)
-            heap.atomic_add(counter[0], 1, 0)
-            heap.barrier_all()
-            assert heap.atomic_fetch(counter[0], 0) == heap.n_pes
-            heap.free(counter)
-        finally:
-            heap.finalize()
-    with pytest.raises(ValueError, match="SHMEMVM_NATIVE"):
-        SymmetricHeap(world, "4M", backend="host", timeout=30, native="fast")
