@@ -45,6 +45,16 @@ def pytest_configure(config):
             f"says which). Unset SHMEMVM_TEST_BACKEND to test the host backend")
 
 
+def pytest_collection_finish(session):
+    """What collection imported (torch, triton, numpy, the test modules) lives for
+    the whole session: frozen out of the collector's way, each gc.collect() (the
+    heap fixture runs one per test, tests many more) scans only what the tests
+    made since. Measured on the 2-core machine: 0.6-0.8 s a collection before,
+    under 1 ms after."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.hookimpl(tryfirst=True)   # before -m deselects: every collected test is checked
 def pytest_collection_modifyitems(config, items):
     """A test lives in the folder of its kind: gpu/ with the `gpu` marker, else
