@@ -45,6 +45,30 @@ def pytest_configure(config):
             f"says which). Unset SHMEMVM_TEST_BACKEND to test the host backend")
 
 
+#: run_all.sh's progress file for this process: the test running now; at the end,
+#: the exit status and every skip with its reason (run_all.sh checks them against
+#: tests/skip_budget, and names the running tests when a phase outlives its limit)
+PROGRESS = os.environ.get("SHMEMVM_TEST_PROGRESS")
+_skips: list[str] = []
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if PROGRESS:
+        Path(PROGRESS).write_text(f"running {nodeid}\n")
+
+
+def pytest_runtest_logreport(report):
+    if PROGRESS and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        _skips.append(f"skip {report.nodeid}: {str(reason).removeprefix('Skipped: ')}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if PROGRESS:
+        Path(PROGRESS).write_text("\n".join([f"exit status {int(exitstatus)}",
+                                             f"skipped {len(_skips)}", *_skips]) + "\n")
+
+
 def pytest_collection_finish(session):
     """What collection imported (torch, triton, numpy, the test modules) lives for
     the whole session: frozen out of the collector's way, each gc.collect() (the
