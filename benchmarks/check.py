@@ -9,7 +9,8 @@
     figure (µs, ms, GB/s, a ratio) names the stored result it comes from, and
     one that names a result of results/history/ says it is history.
 
-tests/test_results.py runs the same checks in the single-process test pass.
+tests/unit/benchmarks/test_results.py runs the same checks in the
+single-process test pass.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ A result is one JSON object, written by every benchmark through this module:
 A result is stored in benchmarks/results/ only from a clean tree: Run refuses
 the destination before anything is measured, unless --allow-dirty is given,
 and then the result says so. validate() checks a document against all of this;
-tests/test_results.py runs it on every stored result.
+tests/unit/benchmarks/test_results.py runs it on every stored result.
 """
 
 from __future__ import annotations
