@@ -182,9 +182,8 @@ def wait_until(heap: HeapCore, ivar: torch.Tensor, cmp: str, value: int,
 _VECTOR_RAISES = """
     Raises:
         TypeError: `ivars` is not of an integer type (int8..int64,
-            uint8..uint64), a
-            comparison value is not an integer, or a `status` entry is not an
-            int or bool.
+            uint8..uint64), a comparison value is not an integer, or a
+            `status` entry is not an int or bool.
         ValueError: `ivars` is not 1-D and contiguous, `cmp` is not one of
             "eq", "ne", "gt", "ge", "lt", "le", a value does not fit ivars'
             dtype, or `status` (or `values`) does not have one entry per

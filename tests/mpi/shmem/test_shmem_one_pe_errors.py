@@ -4,7 +4,7 @@ torch API does), and the heap goes on: the next call works. Before, that PE
 raised at once and the others waited, then got a SymmetryError naming its
 next call.
 
-    mpirun -n 2 python -m pytest --with-mpi -m mpi tests/test_shmem_one_pe_errors.py
+    mpirun -n 2 python -m pytest --with-mpi -m mpi tests/mpi/shmem/test_shmem_one_pe_errors.py
 """
 
 import gc

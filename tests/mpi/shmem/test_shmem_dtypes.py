@@ -4,7 +4,7 @@ reductions combine each with NumPy's ufuncs, atomics take every integer type
 (and float32/float64 for fetch/set/swap), waits and tests every integer type.
 All PEs on one node and split into simulated nodes (the MPI paths).
 
-    mpirun -n 2 python -m pytest --with-mpi -m mpi tests/test_shmem_dtypes.py
+    mpirun -n 2 python -m pytest --with-mpi -m mpi tests/mpi/shmem/test_shmem_dtypes.py
 """
 
 import gc
