@@ -333,6 +333,24 @@ def test_host_atomics_on_a_device_like_heap_every_op(device_like_heap):
 
 
 @pytest.mark.mpi
+def test_host_atomics_on_a_device_like_heap_every_word_size(device_like_heap):
+    """Kernels move 32- and 64-bit words (uint32 included); Triton has no
+    narrower atomics, so 8- and 16-bit words say so instead of misbehaving."""
+    h = device_like_heap
+    me, n = h.my_pe, h.n_pes
+    u32 = h.zeros(1, torch.uint32)
+    h.barrier_all()
+    for pe in range(n):
+        h.atomic_fetch_add(u32[0], 2**31, pe)
+    h.barrier_all()
+    assert h.atomic_fetch(u32[0], me) == (n * 2**31) % 2**32
+    for dtype in (torch.int8, torch.uint8, torch.int16, torch.uint16):
+        with pytest.raises(UnsupportedError, match="32- and 64-bit"):
+            h.atomic_add(h.zeros(1, dtype)[0], 1, me)
+    h.barrier_all()
+
+
+@pytest.mark.mpi
 def test_host_atomics_mixed_with_kernel_atomics_lose_nothing(device_like_heap):
     h = device_like_heap
     me, n = h.my_pe, h.n_pes

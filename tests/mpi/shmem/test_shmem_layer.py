@@ -15,7 +15,7 @@ import pytest
 from mpi4py import MPI
 
 import shmemvm
-from shmemvm import FreedTensorError, rc
+from shmemvm import FreedTensorError, NotSymmetricError, rc
 
 rc(initialize=False, finalize=False)  # this module makes and ends its own heaps
 from shmemvm import shmem  # noqa: E402
@@ -233,9 +233,9 @@ def test_collectives(world):
 def test_errors_are_clear(world):
     me, n, right, left = _neighbours()
     a = shmem.zeros(6, dtype=np.int64)
-    with pytest.raises(FreedTensorError, match="not an array on the symmetric heap"):
+    with pytest.raises(NotSymmetricError, match="not an array on the symmetric heap"):
         shmem.put(np.zeros(6, dtype=np.int64), a, right)
-    with pytest.raises(FreedTensorError, match="not an array on the symmetric heap"):
+    with pytest.raises(NotSymmetricError, match="not an array on the symmetric heap"):
         shmem.get(np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64), right)
     with pytest.raises(ValueError, match="not contiguous"):
         shmem.put(a[::2], np.zeros(3, dtype=np.int64), right)
@@ -257,12 +257,12 @@ def test_errors_are_clear(world):
         shmem.free(a[1:])
     with pytest.raises(ValueError, match="start of an allocation"):
         shmem.free(np.zeros(3))
-    with pytest.raises(TypeError, match="long double|torch"):
-        shmem.zeros(2, dtype=np.longdouble)
+    with pytest.raises(TypeError, match="Python objects"):
+        shmem.zeros(2, dtype=object)
     shmem.free(a)
     with pytest.raises(FreedTensorError):
         shmem.put(a, np.zeros(6, dtype=np.int64), right)
-    with pytest.raises(ValueError, match="start of an allocation"):
+    with pytest.raises(FreedTensorError, match="not a live allocation"):   # freed already
         shmem.free(a)
     shmem.barrier_all()
 
@@ -289,9 +289,9 @@ def test_world_team_and_default_context(world):
     assert (a == left).all()
     shmem.TEAM_WORLD.destroy()  # a no-op, as in shmem4py
     assert shmem.TEAM_WORLD
-    with pytest.raises(ValueError, match="invalid"):
+    with pytest.raises(shmemvm.ShmemError, match="invalid"):     # a RuntimeError, as shmem4py's
         shmem.put(a, a, right, ctx=shmem.CTX_INVALID)
-    with pytest.raises(ValueError, match="invalid"):
+    with pytest.raises(shmemvm.ShmemError, match="invalid"):
         shmem.TEAM_INVALID.my_pe()
     shmem.barrier_all()
 
