@@ -54,3 +54,18 @@ def test_the_test_files_the_docs_name_exist():
                   re.findall(r"\btests/[\w/]+\.(?:py|sh)\b", doc.read_text())}
     missing = sorted(f"{doc}: {path}" for doc, path in named if not (REPO / path).exists())
     assert named and missing == []
+
+
+def test_ci_installs_as_the_readme_says():
+    """CI's pip commands are the quick start's (a step only CI has hides a
+    missing one from the README's readers), and both install in place: the
+    tests run from the source tree, whose shmemvm/ would hide an installed
+    copy and its compiled piece (CI once skipped every native test so)."""
+    readme = (REPO / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start"):readme.index("## Using it")]
+    pip = [" ".join(line.split("#")[0].split()) for line in quick_start.splitlines()
+           if line.startswith("pip install")]
+    ci = [" ".join(line.split("#")[0].split())
+          for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert pip and all(command in ci for command in pip), (pip, ci)
+    assert any(" -e " in command for command in pip)
