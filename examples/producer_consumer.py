@@ -2,7 +2,9 @@
 stores a block into its right neighbour's memory and then sets a signal there
 with release semantics; the consumer (odd PEs) waits for the signal with
 acquire semantics and then checks every element. Several rounds, each with a
-new signal value, reuse the same buffers.
+new signal value, reuse the same buffers. The consumer's wait has a deadline
+(shmemvm.triton.Deadline, SHMEMVM_TIMEOUT): a producer that never signals makes
+the consumer's host raise PeerTimeoutError instead of hanging.
 
     mpirun -n 2 python examples/producer_consumer.py                  # GPUs (CUDA heap)
     TRITON_INTERPRET=1 mpirun -n 2 python examples/producer_consumer.py  # CPUs (host heap)
@@ -33,8 +35,9 @@ def producer(data, sig, n, value, me, consumer, heap_bases, BLOCK: tl.constexpr)
 
 
 @triton.jit
-def consumer(data, sig, errors, n, value, BLOCK: tl.constexpr):
-    sv.signal_wait_until(sig, sv.CMP_EQ, value)          # acquire: then the data is there
+def consumer(data, sig, errors, n, value, max_polls, status, BLOCK: tl.constexpr):
+    # acquire: then the data is there; gives up (status set) after the deadline
+    sv.signal_wait_until(sig, sv.CMP_EQ, value, max_polls, status)
     bad = tl.zeros((BLOCK,), tl.int32)
     start = 0
     while start < n:
@@ -51,7 +54,8 @@ def compile_signatures():
     yield producer, {"data": "*i32", "sig": "*i64", "n": "i32", "value": "i64", "me": "i32",
                      "consumer": "i32", "heap_bases": "*i64", "BLOCK": "constexpr"}, {"BLOCK": 1024}
     yield consumer, {"data": "*i32", "sig": "*i64", "errors": "*i32", "n": "i32",
-                     "value": "i64", "BLOCK": "constexpr"}, {"BLOCK": 1024}
+                     "value": "i64", "max_polls": "i32", "status": "*i32",
+                     "BLOCK": "constexpr"}, {"BLOCK": 1024}
 
 
 def main() -> None:
@@ -67,13 +71,16 @@ def main() -> None:
     data = heap.zeros(count, torch.int32)
     sig = heap.zeros(1, torch.int64)
     errors = torch.zeros(1, dtype=torch.int32, device=heap.device)
+    deadline = sv.Deadline(device=heap.device)
     heap.barrier_all()
     for round_ in range(1, 6):
         value = 1000 * round_
         if me % 2 == 0:
             producer[(1,)](data, sig, count, value, me, me + 1, heap.heap_bases(), BLOCK=1024)
         else:
-            consumer[(1,)](data, sig, errors, count, value, BLOCK=1024)
+            consumer[(1,)](data, sig, errors, count, value, deadline.max_polls, deadline.status,
+                           BLOCK=1024)
+            deadline.synchronize()   # PeerTimeoutError where the producer never signalled
             assert errors.item() == 0, f"round {round_}: {errors.item()} elements arrived late"
         heap.sync_all()   # the consumer has checked before the producer overwrites
     if me == 1:

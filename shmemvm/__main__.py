@@ -1,16 +1,39 @@
-"""`python -m shmemvm info`: version, backends available here, and settings."""
+"""`python -m shmemvm info`: version, what it runs on (Python, torch, MPI, NumPy,
+Triton, the GPU bindings), backends available here, and settings."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
+import platform
 
-from . import __version__, backends, config
+from . import backends, config
+from ._version import __version__
+
+#: distributions whose versions `info` shows (None where not installed)
+_DEPENDENCIES = ("torch", "mpi4py", "numpy", "triton", "cuda-bindings", "hip-python")
+
+
+def _versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for name in _DEPENDENCIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        from mpi4py import MPI
+        versions["MPI"] = MPI.Get_library_version().splitlines()[0].strip()
+    except Exception as exc:  # noqa: BLE001 - a broken MPI is what info must show
+        versions["MPI"] = f"unavailable ({exc})"
+    return versions
 
 
 def info() -> dict:
     return {
         "version": __version__,
+        "versions": _versions(),
         "backends": {name: backends.available(name) for name in ("host", "cuda", "hip")},
         "settings": {name: {"value": config.setting(name), "default": default, "meaning": meaning}
                      for name, (default, meaning) in config.SETTINGS.items()},
@@ -27,6 +50,8 @@ def main(argv=None) -> int:
         print(json.dumps(data, indent=2))
         return 0
     print(f"shmemvm {data['version']}")
+    print("running on: " + ", ".join(f"{name} {version or '(not installed)'}"
+                                      for name, version in data["versions"].items()))
     print("backends: " + ", ".join(f"{n} ({'available' if ok else 'not available'})"
                                    for n, ok in data["backends"].items()))
     print("settings (environment variable = value   [default] meaning):")

@@ -28,13 +28,17 @@ SETTINGS = {
     "SHMEMVM_NODE_SPLIT": ("", "force a node split on one machine: N = PEs per simulated node"),
     "SHMEMVM_AGREEMENT": ("auto", "how collective calls agree: board (through memory the PEs "
                                    "share, where every PE is on one node), mpi (an MPI "
-                                   "allreduce every step), or auto (board where MPI has no "
-                                   "persistent collectives, i.e. before MPI 4.0, else mpi)"),
+                                   "allreduce every step), or auto (board where every PE has "
+                                   "the compiled piece, SHMEMVM_NATIVE, or where MPI has no "
+                                   "persistent collectives, i.e. before MPI 4.0; else mpi)"),
     "SHMEMVM_ANCHOR": ("auto", "device memory each PE keeps exported and mapped by the node's "
                                "other PEs for the heap's life, outside the heap size, because "
                                "the CUDA driver shares fresh memory 5-20x faster then (bytes, "
                                "0 = none; auto: 512M on CUDA where the node has several PEs, "
                                "else none)"),
+    "SHMEMVM_NATIVE": ("auto", "the compiled fast paths on memory the node's PEs share (CPU "
+                      "atomics, waits, the board's steps): auto (where every PE has them), "
+                      "or 0 (the pure Python paths: MPI atomics, the Python board)"),
     "SHMEMVM_DEBUG": ("0", "1 = log every collective and mapping at DEBUG level"),
 }
 

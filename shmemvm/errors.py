@@ -22,8 +22,14 @@ class UnsupportedError(ShmemError):
     """The backend cannot do what was asked (for example import foreign memory)."""
 
 
-class FreedTensorError(ShmemError, ValueError):
-    """A tensor whose symmetric block was freed (or never was one) was used."""
+class NotSymmetricError(ShmemError, ValueError):
+    """A tensor that is not a live symmetric tensor of this heap was used as one
+    (memory of another allocator, another heap's, or a freed one's)."""
+
+
+class FreedTensorError(NotSymmetricError):
+    """A tensor whose symmetric block was freed (or a view of one) was used as
+    a symmetric tensor."""
 
 
 class ResourceLimitError(ShmemError):

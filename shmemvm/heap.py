@@ -45,6 +45,7 @@ class SymmetricHeap(HeapCore):
         thread_level: THREAD_SINGLE..THREAD_MULTIPLE (default: what MPI provides).
         agreement: "auto", "board" or "mpi" (SHMEMVM_AGREEMENT).
         anchor: bytes kept exported and mapped by the node's PEs (SHMEMVM_ANCHOR).
+        native: "auto" or 0: the compiled fast paths on the node (SHMEMVM_NATIVE).
 
     Raises:
         SymmetryError: the PEs passed different settings (every PE raises).
@@ -56,11 +57,12 @@ class SymmetricHeap(HeapCore):
     def __init__(self, comm: MPI.Comm | None = None, heap_size: int | str | None = None,
                  backend=None, *, timeout: float | None = None, node_split: int | None = None,
                  va_factor: int | None = None, thread_level: int | None = None,
-                 agreement: str | None = None, anchor: int | str | None = None):
+                 agreement: str | None = None, anchor: int | str | None = None,
+                 native: int | str | None = None):
         super().__init__()
         setup.open_heap(self, comm, heap_size, backend, timeout=timeout, node_split=node_split,
                         va_factor=va_factor, thread_level=thread_level, agreement=agreement,
-                        anchor=anchor)
+                        anchor=anchor, native=native)
 
     # -- collective allocation (openshmem/alloc.py, external.py) ------------------------------
     malloc = alloc.malloc

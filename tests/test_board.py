@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 import shmemvm.agreement.agreement
 import shmemvm.core.setup
+from shmemvm import native
 from shmemvm import PeerTimeoutError, ShmemError, SymmetricHeap, SymmetryError
 from shmemvm.agreement.deadline import persistent_collectives
 from shmemvm.agreement.protocol import SEQ_SLOT
@@ -35,10 +36,16 @@ def no_wait(ready):
         pass
 
 
-@pytest.fixture
-def board():
+@pytest.fixture(params=["python", "native"])
+def board(request):
+    """A board whose steps run in Python, or in the compiled piece (the same
+    layout: each reads what the other writes)."""
+    if request.param == "native" and native._native is None:
+        pytest.skip("the compiled piece is not built (pip install . builds it)")
     b = Board(world, WORDS, SEQ_SLOT)
     b.freeable = True
+    if request.param == "native":
+        b.use_native()
     yield b
     world.Barrier()
     b.close()
@@ -51,12 +58,16 @@ def vector(seq: int, fill: int = 7) -> array.array:
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("setting, on_one_node", [
-    ("board", True), ("mpi", False), ("auto", not persistent_collectives())])
-def test_the_setting_chooses_the_board_where_every_pe_is_on_one_node(setting, on_one_node):
+@pytest.mark.parametrize("setting, fast, on_one_node", [
+    ("board", "auto", True), ("mpi", "auto", False),
+    ("auto", "auto", native._native is not None or not persistent_collectives()),
+    ("auto", "0", not persistent_collectives())])
+def test_the_setting_chooses_the_board_where_every_pe_is_on_one_node(setting, fast, on_one_node):
+    """auto: the board where its steps run in C, or where MPI has no persistent
+    allreduce; never where some PE is on another node."""
     for node_split, expected in ((None, on_one_node), (1, False)):   # node_split=1: not one node
         heap = SymmetricHeap(world, "16M", backend="host", timeout=10, agreement=setting,
-                             node_split=node_split)
+                             node_split=node_split, native=fast)
         try:
             assert (heap.agreement.board is not None) == expected
             heap.free(heap.malloc(100))

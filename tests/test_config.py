@@ -44,3 +44,21 @@ def test_an_unavailable_test_backend_fails_the_run():
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert "SHMEMVM_TEST_BACKEND=cuda was asked for, but that backend cannot run here" in \
         done.stdout + done.stderr
+
+
+def test_info_command_names_what_it_runs_on():
+    """`python -m shmemvm info` shows the versions a bug report needs."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "shmemvm", "info", "--json"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    data = json.loads(out)
+    versions = data["versions"]
+    assert versions["torch"] and versions["mpi4py"] and versions["python"]
+    assert "triton" in versions and "numpy" in versions
+    assert versions["MPI"] and not versions["MPI"].startswith("unavailable")
+    text = subprocess.run([sys.executable, "-m", "shmemvm", "info"], capture_output=True,
+                          text=True, timeout=120, check=True).stdout
+    assert f"torch {versions['torch']}" in text and "MPI " in text

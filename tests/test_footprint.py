@@ -4,6 +4,12 @@ tensors alive at once keep this PE's open descriptors and shmemvm mappings
 under a bound computed from heap_info()'s heap_size and chunk.
 
     mpirun -n 2 (and -n 4) python -m pytest -q --with-mpi -m mpi tests/test_footprint.py
+
+The figures behind it (descriptors, mappings and physical bytes per requested
+byte, against one segment per allocation and a bump allocator) are measured by
+benchmarks/footprint.py, from a checkout's root:
+
+    mpirun -n 2 python -m benchmarks footprint --json PATH
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def test_sync_argument_errors(mheap):
         h.test_all(h.zeros((2,), torch.int32), "eq", 2 ** 40)
     with pytest.raises(TypeError, match="1-D symmetric tensor"):
         h.test_all([0, 0], "eq", 0)
-    with pytest.raises(shmemvm.FreedTensorError, match="ivars"):
+    with pytest.raises(shmemvm.NotSymmetricError, match="ivars"):
         h.test_all(torch.zeros(4, dtype=torch.int64), "eq", 0)
     with pytest.raises(ValueError, match="timeout"):
         h.wait_until_all(flags, "eq", 0, timeout=-1)

@@ -19,7 +19,8 @@ import torch
 from mpi4py import MPI
 
 import shmemvm
-from shmemvm import (FreedTensorError, HeapExhaustedError, ShmemError, SymmetricHeap,
+from shmemvm import (FreedTensorError, HeapExhaustedError, NotSymmetricError, ShmemError,
+                     SymmetricHeap,
                      SymmetryError)
 
 pytestmark = pytest.mark.mpi
@@ -157,7 +158,7 @@ def test_realloc_bad_arguments(heap):
     raises_everywhere(heap, lambda: heap.realloc(x, 8.0), TypeError, r"nbytes must be an int")
     raises_everywhere(heap, lambda: heap.realloc(x, 1 << 63), HeapExhaustedError,
                       r"exceeds the whole heap")
-    raises_everywhere(heap, lambda: heap.realloc(torch.zeros(16), 64), FreedTensorError,
+    raises_everywhere(heap, lambda: heap.realloc(torch.zeros(16), 64), NotSymmetricError,
                       r"not in this heap")
     raises_everywhere(heap, lambda: heap.realloc([0.0] * 16, 64), TypeError,
                       r"expected a torch.Tensor")
@@ -172,13 +173,18 @@ def test_realloc_bad_arguments(heap):
 
 
 def test_free_bad_arguments(heap):
-    raises_everywhere(heap, lambda: heap.free(torch.zeros(3)), FreedTensorError, r"not in this heap")
+    # never symmetric: NotSymmetricError, not FreedTensorError (nothing was freed)
+    for never in (lambda: heap.free(torch.zeros(3)), lambda: heap.put(torch.zeros(3), torch.ones(3), 0)):
+        with pytest.raises(NotSymmetricError) as info:
+            never()
+        assert not isinstance(info.value, FreedTensorError)
+    raises_everywhere(heap, lambda: heap.free(torch.zeros(3)), NotSymmetricError, r"not in this heap")
     raises_everywhere(heap, lambda: heap.free(3), TypeError, r"expected a torch.Tensor, got int")
     raises_everywhere(heap, lambda: heap.free(None), TypeError, r"expected a torch.Tensor")
     other = SymmetricHeap(MPI.COMM_WORLD, heap_size="1M", backend="host", timeout=30)
     try:
         foreign = other.malloc(64)
-        raises_everywhere(heap, lambda: heap.free(foreign), FreedTensorError, r"not in this heap")
+        raises_everywhere(heap, lambda: heap.free(foreign), NotSymmetricError, r"not in this heap")
         other.free(foreign)
     finally:
         other.finalize()
@@ -299,8 +305,8 @@ def test_non_symmetric_tensors_refused(heap):
                  lambda: heap.get(torch.empty(16), plain, pe),
                  lambda: heap.ptr(plain, pe),
                  lambda: heap.put(torch.zeros(4, 4).t(), torch.ones(4, 4), pe)):
-        raises_everywhere(heap, call, FreedTensorError, r"must be a live symmetric tensor.*"
-                                                        r"not in this heap")
+        raises_everywhere(heap, call, NotSymmetricError, r"must be a live symmetric tensor.*"
+                                                         r"not in this heap")
     # a tensor over heap memory that is not the allocation's own (made from a raw
     # address): refused even though its address is inside the heap
     raw = heap.backend.tensor(x.data_ptr(), (16,), torch.float32)

@@ -60,7 +60,7 @@ def put_get(src, dst, back, n, me, peer, heap_bases, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     sv.put(src + offs, dst + offs, me, peer, heap_bases, mask=mask)
-    sv.get(dst + offs, back + offs, peer, me, heap_bases, mask=mask)
+    sv.get(dst + offs, back + offs, me, peer, heap_bases, mask=mask)
 
 
 @triton.jit

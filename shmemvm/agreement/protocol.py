@@ -61,6 +61,7 @@ class Phase(enum.IntEnum):
     UNMAPPED = 115              # trim, free of imported memory: every PE could unmap what it released
     INIT_ANCHOR = 116           # init: every PE made its anchor and mapped its peers' (anchor.py)
     INIT_BOARD = 117            # init (SHMEMVM_AGREEMENT=auto): every PE made the agreement's board
+    INIT_NATIVE = 118           # init: every PE has the compiled fast paths (SHMEMVM_NATIVE)
     COLLECT_SIZES = 120         # collect: every PE's number of elements
     COLLECT_COPIED = 121
     ALLTOALLS_COPIED = 122

@@ -21,7 +21,7 @@ import os
 
 from mpi4py import MPI
 
-from .. import thread_levels
+from .. import native, thread_levels
 from ..agreement.agreement import Agreement
 from ..agreement.deadline import DEFAULT_TIMEOUT, duplicate, parse_timeout, persistent_collectives
 from ..agreement.protocol import Call, Phase
@@ -44,21 +44,22 @@ log = logging.getLogger("shmemvm")
 
 def open_heap(core: HeapCore, comm: MPI.Comm | None, heap_size, backend, *, timeout=None,
               node_split=None, va_factor=None, thread_level=None, agreement=None,
-              anchor=None) -> None:
+              anchor=None, native=None) -> None:
     """Build `core` (collective over `comm`, default COMM_WORLD). On any failure
     what was made is released (teardown) and the error raised."""
     if setting("SHMEMVM_DEBUG") not in ("", "0"):
         log.setLevel(logging.DEBUG)
     try:
         core.thread_level = thread_levels.provide(thread_level)
-        _build(core, comm, heap_size, backend, timeout, node_split, va_factor, agreement, anchor)
+        _build(core, comm, heap_size, backend, timeout, node_split, va_factor, agreement, anchor,
+               native)
     except BaseException:
         teardown(core)
         raise
 
 
 def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_factor,
-           transport, anchor) -> None:
+           transport, anchor, fast) -> None:
     call = Call(Phase.INIT, text="init")
     try:
         core.timeout = parse_timeout(timeout)
@@ -76,6 +77,10 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
         anchor = anchor_setting(anchor)
     except ValueError as exc:
         call.error, anchor = call.error or exc, 0
+    try:
+        fast = native.wanted(fast)
+    except ValueError as exc:
+        call.error, fast = call.error or exc, False
     core.comm = duplicate(comm if comm is not None else MPI.COMM_WORLD, core.timeout)
     core.my_pe = core.comm.Get_rank()
     core.n_pes = core.comm.Get_size()
@@ -113,8 +118,13 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
         core.peers = PeerTable(core.backend, core.local.va_size, sorted(core.peer_pids))
     except Exception as exc:  # no address space: the others must not wait in the window
         failure = exc
+    # the compiled paths where every PE has them (a PE without: every PE goes without),
+    # voted on before the board, which they make worth making
+    core.native = core.agreement.all_ok(fast, call.step(Phase.INIT_NATIVE, "the compiled paths"))
     board = _make_board(core, call, transport, failure)
     if board is not None:
+        if core.native:
+            board.use_native()
         core.agreement.use_board(board)
     core.exchange = Exchange(core.channel, core.my_pe, core.peer_paths, core.peer_pids,
                              core.timeout)
@@ -124,7 +134,7 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
                                                        len(core.node_pes)))
     core.window = _open_window(core)
     core.routes = Routes(core.my_pe, core.n_pes, core.peer_pids,
-                         mpi_memory=core.backend.mpi_accessible)
+                         mpi_memory=core.backend.mpi_accessible, native=core.native)
     core.agreement.collective(call.step(Phase.INIT_READY, "peers ready"))
     core.agreement.initialized = True
     if profile.ENABLED:   # SHMEMVM_PROFILE=1: time every step (profile.py)
@@ -135,13 +145,16 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
 
 def _make_board(core: HeapCore, call: Call, transport: str, failure: Exception | None):
     """The agreement's shared-memory board, where every PE is on this node and
-    the setting asks for one (auto: where MPI has no persistent collectives).
-    Every PE decides alike (the same PEs, the same setting: compared at init,
-    the same MPI), so all or none make one. Also the vote on `failure` (a PE
-    that could not reserve its peers' windows): init then fails everywhere."""
+    the setting asks for one (auto: where every PE has the compiled piece, whose
+    board steps beat an MPI allreduce, or where MPI has no persistent
+    collectives). Every PE decides alike (the same PEs, the same setting:
+    compared at init, the same MPI, the native vote), so all or none make one.
+    Also the vote on `failure` (a PE that could not reserve its peers'
+    windows): init then fails everywhere."""
     board = board_failure = None
     tried = 1 < core.n_pes == len(core.node_pes) and (
-        transport == "board" or (transport == "auto" and not persistent_collectives()))
+        transport == "board" or (transport == "auto" and (
+            core.native or not persistent_collectives())))
     if tried:
         try:
             board = core.agreement.make_board()

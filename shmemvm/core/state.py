@@ -32,7 +32,7 @@ from .. import _args
 from ..agreement.agreement import Agreement
 from ..agreement.protocol import Call, Outcome
 from ..backends.base import VMMBackend
-from ..errors import FreedTensorError, ShmemError, UnsupportedError
+from ..errors import NotSymmetricError, ShmemError, UnsupportedError
 from ..memory.buddy import Block, Segment
 from ..memory.vmm import VMemPow2Allocator
 from ..node.anchor import Anchor
@@ -107,6 +107,8 @@ class HeapCore:
         #: per-heap state of the routines, by key, in the order made (feature())
         self._features: dict[str, Any] = {}
         self._bases: torch.Tensor | None = None   # heap_bases(), made once
+        #: every PE uses the compiled fast paths (native/; voted on at init)
+        self.native = False
 
     # -- what the heap is ---------------------------------------------------------------
     @property
@@ -208,14 +210,15 @@ class HeapCore:
         return _args.pe(pe, self.n_pes)
 
     def symmetric(self, tensor: torch.Tensor, role: str) -> Block:
-        """The live block `tensor` views; FreedTensorError naming its `role`
-        otherwise, ShmemError/PeerTimeoutError where the heap is unusable."""
+        """The live block `tensor` views; FreedTensorError (freed) or
+        NotSymmetricError (never this heap's) naming its `role` otherwise,
+        ShmemError/PeerTimeoutError where the heap is unusable."""
         if self.closed or self.broken:
             self.check_usable()
         try:
             return self.local.block_of(tensor)
-        except FreedTensorError as exc:
-            raise FreedTensorError(f"the {role} must be a live symmetric tensor: {exc}") from None
+        except NotSymmetricError as exc:   # the same kind, naming the role
+            raise type(exc)(f"the {role} must be a live symmetric tensor: {exc}") from None
 
     #: the default context's PE numbers are the heap's own: checked, not mapped
     world_pe = check_pe

@@ -27,7 +27,7 @@ import torch
 from .. import _args
 from ..backends import VMMBackend, create_backend
 from ..config import parse_size, setting
-from ..errors import Attempts, FreedTensorError, ShmemError
+from ..errors import Attempts, FreedTensorError, NotSymmetricError, ShmemError
 from . import ownership
 from .buddy import Block, Pow2Allocator, Segment, format_bytes, is_pow2, next_pow2
 from .limits import naming_limits
@@ -161,7 +161,7 @@ class VMemPow2Allocator:
                 return False
             try:
                 self.block_of(tensor)
-            except FreedTensorError:
+            except NotSymmetricError:
                 return False
             return True
 
@@ -262,7 +262,8 @@ class VMemPow2Allocator:
 
     # -- lookups -------------------------------------------------------------
     def block_of(self, tensor: torch.Tensor) -> Block:
-        """The live block `tensor` views, or FreedTensorError.
+        """The live block `tensor` views; FreedTensorError for a tensor of a
+        block freed since, NotSymmetricError for one that never was this heap's.
 
         A tensor counts as ours when its storage is the storage we created for
         a still-live block: a freed block's old views fail even while they keep
@@ -288,7 +289,11 @@ class VMemPow2Allocator:
                 raise FreedTensorError(
                     f"tensor at {tensor.data_ptr():#x} views heap offset {offset:#x}, which is "
                     f"not a live allocation (freed, or not made by this heap)")
-            raise FreedTensorError(
+            if storage.nbytes() == 0:   # free() empties a tensor; a view of it is empty too
+                raise FreedTensorError(
+                    "this tensor has no memory: free() or realloc() left it (or the tensor it "
+                    "is a view of) empty, or it never was a symmetric tensor")
+            raise NotSymmetricError(
                 f"tensor at {tensor.data_ptr():#x} on {tensor.device} is not in this heap "
                 f"({self.base:#x}..{self.base + self.va_size:#x} on {self.device})")
         return record, storage

@@ -26,7 +26,7 @@ from .. import _args
 from ..agreement.protocol import Call, Phase
 from ..core import sharing
 from ..core.state import HeapCore
-from ..errors import FreedTensorError, ShmemError
+from ..errors import NotSymmetricError, ShmemError
 from ..memory.buddy import Block
 
 #: malloc_with_hints' hints (OpenSHMEM 1.5 values): accepted and recorded, no effect yet
@@ -331,7 +331,7 @@ def release(heap: HeapCore, find: Callable[[], torch.Tensor], text: str) -> None
         with heap.lock:
             try:
                 retirement = heap.local.retire(find())
-            except (TypeError, ValueError, FreedTensorError) as exc:
+            except (TypeError, ValueError, NotSymmetricError) as exc:
                 call = Call(Phase.FREE, (), text, exc)
             else:
                 offset = retirement.block.offset
@@ -388,7 +388,7 @@ def realloc(heap: HeapCore, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
                 (count,), new_bytes = _args.tensor_nbytes(_args.elements_of(nbytes, dtype), dtype)
                 call.args = (block.offset, new_bytes, dtype)
                 call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
-            except (TypeError, ValueError, FreedTensorError) as exc:
+            except (TypeError, ValueError, NotSymmetricError) as exc:
                 call.error = exc
             heap.quiet_all()
             alone_everywhere = heap.agree(

@@ -33,7 +33,7 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
 from ownership_vmem import Report, raises  # noqa: E402  (this directory)
-from shmemvm import FreedTensorError, HeapExhaustedError, ShmemError, SymmetricHeap  # noqa: E402
+from shmemvm import HeapExhaustedError, NotSymmetricError, ShmemError, SymmetricHeap  # noqa: E402
 from util import open_fds, shmemvm_mappings  # noqa: E402
 
 world = MPI.COMM_WORLD
@@ -149,10 +149,11 @@ def outlive(report: Report) -> None:
     zeros = torch.zeros(100)
     report.check("put to a tensor of the finalized heap raises",
                  raises(lambda: h1.put(x, zeros, me), ShmemError) is not None)
-    report.check("the new heap refuses the old heap's tensor (FreedTensorError)",
-                 raises(lambda: h2.put(x, zeros, me), FreedTensorError) == "FreedTensorError")
-    report.check("the new heap refuses the old heap's ptr view (FreedTensorError)",
-                 raises(lambda: h2.get(zeros, remote, me), FreedTensorError) == "FreedTensorError")
+    report.check("the new heap refuses the old heap's tensor (NotSymmetricError)",
+                 raises(lambda: h2.put(x, zeros, me), NotSymmetricError) == "NotSymmetricError")
+    report.check("the new heap refuses the old heap's ptr view (NotSymmetricError)",
+                 raises(lambda: h2.get(zeros, remote, me), NotSymmetricError)
+                 == "NotSymmetricError")
     report.check("ptr() of the old heap's tensor raises",
                  raises(lambda: h2.ptr(x, right), ShmemError) is not None)
 

@@ -21,17 +21,23 @@ import triton_allreduce  # noqa: E402
 
 
 @triton.jit
-def every_function(x, y, c, sig, out, heap_bases, me, pe, n, value, BLOCK: tl.constexpr):
+def every_function(x, y, c, sig, out, status, heap_bases, me, pe, n, value, max_polls,
+                   BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out + offs, sv.load(x + offs, me, pe, heap_bases, mask=mask), mask=mask)
     sv.store(y + offs, offs.to(tl.float32), me, pe, heap_bases, mask=mask)
-    sv.get(x + offs, y + offs, pe, me, heap_bases, mask=mask)
+    sv.get(x + offs, y + offs, me, pe, heap_bases, mask=mask)
     sv.put(x + offs, y + offs, me, pe, heap_bases, mask=mask)
+    sv.copy(x + offs, y + offs, pe, me, me, heap_bases, mask)
+    sv.copy(x + offs, y + offs, me, pe, me, heap_bases, mask=mask, other=0.0,
+            load_cache_modifier=".cg", store_cache_modifier=".wt", hint=BLOCK)
     one = tl.full((), 1, tl.int64)
     sv.atomic_add(c, one, me, pe, heap_bases, scope="sys")
+    sv.atomic_add(c + offs, one, me, pe, heap_bases, mask, "relaxed", "sys", BLOCK)
     sv.atomic_sub(c, one, me, pe, heap_bases, sem="release", scope="sys")
     sv.atomic_cas(c, 1, 2, me, pe, heap_bases, sem="acquire", scope="sys")
+    sv.atomic_cas(c + offs, offs * 0, offs, me, pe, heap_bases, "acq_rel", "sys", BLOCK)
     sv.atomic_xchg(c, one, me, pe, heap_bases)
     sv.atomic_and(c + offs, one, me, pe, heap_bases, mask=mask)
     sv.atomic_or(c, one, me, pe, heap_bases, scope="gpu")
@@ -42,14 +48,40 @@ def every_function(x, y, c, sig, out, heap_bases, me, pe, n, value, BLOCK: tl.co
     sv.signal_add(sig, value, me, pe, heap_bases)
     seen = sv.signal_wait_until(sig, sv.CMP_GE, value)
     seen += sv.signal_wait_until(sig, sv.CMP_LT, value, 100)
+    seen += sv.signal_wait_until(sig, sv.CMP_EQ, value, max_polls, status)
     ok = sv.signal_test(sig, sv.CMP_NE, value)
     tl.store(c + 1, seen + ok.to(tl.int64))
 
 
+@triton.jit
+def cache_modifiers(x, y, heap_bases, me, pe, n, LOAD: tl.constexpr, STORE: tl.constexpr,
+                    VOLATILE: tl.constexpr, BLOCK: tl.constexpr):
+    """Iris's newer parameters in Iris's positions, one modifier pair a compile."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    v = sv.load(x + offs, me, pe, heap_bases, mask, 0.0, LOAD, VOLATILE, BLOCK)
+    sv.store(y + offs, v, me, pe, heap_bases, mask, BLOCK, STORE)
+    sv.get(x + offs, y + offs, me, pe, heap_bases, mask, 0.0, LOAD, STORE, BLOCK)
+    sv.put(x + offs, y + offs, me, pe, heap_bases, mask, 0.0, LOAD, STORE, BLOCK)
+    sv.copy(x + offs, y + offs, pe, me, me, heap_bases, mask, 0.0, LOAD, STORE, BLOCK)
+
+
+#: every load modifier and every store modifier at least once
+MODIFIERS = [(None, None, False), (".ca", ".wb", True), (".cg", ".cg", True),
+             (".cv", ".cs", True), (".cg", ".wt", False), ("", "", False)]
+
+
 def kernels():
     yield every_function, {"x": "*fp32", "y": "*fp32", "c": "*i64", "sig": "*i64",
-                           "out": "*fp32", "heap_bases": "*i64", "me": "i32", "pe": "i32",
-                           "n": "i32", "value": "i64", "BLOCK": "constexpr"}, {"BLOCK": 256}
+                           "out": "*fp32", "status": "*i32", "heap_bases": "*i64", "me": "i32",
+                           "pe": "i32", "n": "i32", "value": "i64", "max_polls": "i32",
+                           "BLOCK": "constexpr"}, {"BLOCK": 256}
+    for load, store, volatile in MODIFIERS:
+        yield cache_modifiers, {"x": "*fp32", "y": "*fp32", "heap_bases": "*i64", "me": "i32",
+                                "pe": "i32", "n": "i32", "LOAD": "constexpr",
+                                "STORE": "constexpr", "VOLATILE": "constexpr",
+                                "BLOCK": "constexpr"}, {
+            "LOAD": load, "STORE": store, "VOLATILE": volatile, "BLOCK": 128}
     for bits in ("i32", "i64"):
         for op in device_atomics.OPERATIONS.values():
             yield device_atomics._atomic, {

@@ -1,0 +1,355 @@
+/* shmemvm.native._native: the few things Python cannot do fast enough on
+ * memory the node's PEs share (measured: docs/performance.md).
+ *
+ *   atomic(address, word, op, value, cond)  one atomic read-modify-write, with
+ *       the CPU's atomic instructions (sequentially consistent), on a word of
+ *       1, 2, 4 or 8 bytes (signed, unsigned) or a float32/float64 (fetch,
+ *       set, swap only); returns the value before.
+ *   load(address, word)                     an atomic read (acquire).
+ *   wait(address, word, cmp, value, spins)  poll that read until the
+ *       comparison holds, at most `spins` times; returns (held, last value).
+ *   copy(dst, src, nbytes)                  memcpy between addresses.
+ *   board_step(...)                         one step of the agreement's
+ *       shared-memory board (agreement/board.py has the layout and protocol).
+ *
+ * Every function takes plain integers (addresses) and keeps no state: the
+ * Python side checks every argument first (bounds, alignment, the live block)
+ * and decides when to call. The GIL is released only around waits.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <sched.h>
+
+/* word kinds: the code of each, as the Python side numbers them */
+enum { W_I8, W_U8, W_I16, W_U16, W_I32, W_U32, W_I64, W_U64, W_F32, W_F64, W_COUNT };
+/* operations */
+enum { OP_FETCH, OP_SET, OP_ADD, OP_AND, OP_OR, OP_XOR, OP_CAS, OP_COUNT };
+/* comparisons of wait() */
+enum { CMP_EQ, CMP_NE, CMP_GT, CMP_GE, CMP_LT, CMP_LE };
+
+#define SEQ_CST __ATOMIC_SEQ_CST
+
+/* One atomic operation on an integer word of type T; old value in *old. */
+#define APPLY_INT(T, ptr, op, v, c, old)                                           \
+    do {                                                                            \
+        T *p_ = (T *)(ptr), v_ = (T)(v), c_ = (T)(c);                                \
+        switch (op) {                                                               \
+        case OP_FETCH: *(old) = __atomic_load_n(p_, SEQ_CST); break;                \
+        case OP_SET:   *(old) = __atomic_exchange_n(p_, v_, SEQ_CST); break;        \
+        case OP_ADD:   *(old) = __atomic_fetch_add(p_, v_, SEQ_CST); break;         \
+        case OP_AND:   *(old) = __atomic_fetch_and(p_, v_, SEQ_CST); break;         \
+        case OP_OR:    *(old) = __atomic_fetch_or(p_, v_, SEQ_CST); break;          \
+        case OP_XOR:   *(old) = __atomic_fetch_xor(p_, v_, SEQ_CST); break;         \
+        default: {     /* OP_CAS: the old value whether or not it swapped */        \
+            T expected_ = c_;                                                       \
+            __atomic_compare_exchange_n(p_, &expected_, v_, 0, SEQ_CST, SEQ_CST);    \
+            *(old) = expected_;                                                     \
+        }                                                                           \
+        }                                                                           \
+    } while (0)
+
+static int word_size(int word) {
+    static const int sizes[W_COUNT] = {1, 1, 2, 2, 4, 4, 8, 8, 4, 8};
+    return (word >= 0 && word < W_COUNT) ? sizes[word] : 0;
+}
+
+static int is_signed(int word) {
+    return word == W_I8 || word == W_I16 || word == W_I32 || word == W_I64;
+}
+
+/* A Python int as the bit pattern of a `word` (the caller checked the range). */
+static int to_bits(PyObject *value, int word, uint64_t *bits) {
+    if (word == W_F32 || word == W_F64) {
+        double d = PyFloat_AsDouble(value);
+        if (d == -1.0 && PyErr_Occurred()) return -1;
+        if (word == W_F32) { float f = (float)d; uint32_t u; memcpy(&u, &f, 4); *bits = u; }
+        else { memcpy(bits, &d, 8); }
+        return 0;
+    }
+    if (is_signed(word)) {
+        long long v = PyLong_AsLongLong(value);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        *bits = (uint64_t)v;
+    } else {
+        unsigned long long v = PyLong_AsUnsignedLongLong(value);
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        *bits = (uint64_t)v;
+    }
+    return 0;
+}
+
+/* The bit pattern of a `word` as a Python number. */
+static PyObject *from_bits(uint64_t bits, int word) {
+    switch (word) {
+    case W_I8:  return PyLong_FromLong((int8_t)bits);
+    case W_U8:  return PyLong_FromUnsignedLong((uint8_t)bits);
+    case W_I16: return PyLong_FromLong((int16_t)bits);
+    case W_U16: return PyLong_FromUnsignedLong((uint16_t)bits);
+    case W_I32: return PyLong_FromLong((int32_t)bits);
+    case W_U32: return PyLong_FromUnsignedLong((uint32_t)bits);
+    case W_I64: return PyLong_FromLongLong((int64_t)bits);
+    case W_U64: return PyLong_FromUnsignedLongLong(bits);
+    case W_F32: { uint32_t u = (uint32_t)bits; float f; memcpy(&f, &u, 4); return PyFloat_FromDouble(f); }
+    default:    { double d; memcpy(&d, &bits, 8); return PyFloat_FromDouble(d); }
+    }
+}
+
+/* The operation on the word at `address`; 0, or -1 with a Python error set. */
+static int apply(uintptr_t address, int word, int op, uint64_t v, uint64_t c, uint64_t *old) {
+    void *ptr = (void *)address;
+    switch (word) {
+    case W_I8: case W_U8:   { uint8_t o;  APPLY_INT(uint8_t, ptr, op, v, c, &o);  *old = o; return 0; }
+    case W_I16: case W_U16: { uint16_t o; APPLY_INT(uint16_t, ptr, op, v, c, &o); *old = o; return 0; }
+    case W_I32: case W_U32: { uint32_t o; APPLY_INT(uint32_t, ptr, op, v, c, &o); *old = o; return 0; }
+    case W_I64: case W_U64: { uint64_t o; APPLY_INT(uint64_t, ptr, op, v, c, &o); *old = o; return 0; }
+    case W_F32:
+        if (op == OP_FETCH) { *old = __atomic_load_n((uint32_t *)ptr, SEQ_CST); return 0; }
+        if (op == OP_SET) { *old = __atomic_exchange_n((uint32_t *)ptr, (uint32_t)v, SEQ_CST); return 0; }
+        break;
+    case W_F64:
+        if (op == OP_FETCH) { *old = __atomic_load_n((uint64_t *)ptr, SEQ_CST); return 0; }
+        if (op == OP_SET) { *old = __atomic_exchange_n((uint64_t *)ptr, v, SEQ_CST); return 0; }
+        break;
+    }
+    PyErr_Format(PyExc_ValueError, "atomic: operation %d does not apply to word kind %d", op, word);
+    return -1;
+}
+
+static int parse_address(PyObject *obj, uintptr_t *address, int size) {
+    unsigned long long a = PyLong_AsUnsignedLongLong(obj);
+    if (a == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    if (a == 0 || (size && a % (unsigned long long)size)) {
+        PyErr_Format(PyExc_ValueError, "address %#llx is null or not aligned to %d bytes", a, size);
+        return -1;
+    }
+    *address = (uintptr_t)a;
+    return 0;
+}
+
+/* atomic(address, word, op, value, cond) -> the value before */
+static PyObject *native_atomic(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "atomic(address, word, op, value, cond)");
+        return NULL;
+    }
+    int word = (int)PyLong_AsLong(args[1]), op = (int)PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    int size = word_size(word);
+    if (!size || op < 0 || op >= OP_COUNT) {
+        PyErr_Format(PyExc_ValueError, "atomic: bad word kind %d or operation %d", word, op);
+        return NULL;
+    }
+    uintptr_t address;
+    uint64_t v = 0, c = 0, old = 0;
+    if (parse_address(args[0], &address, size) < 0) return NULL;
+    if (op != OP_FETCH && to_bits(args[3], word, &v) < 0) return NULL;
+    if (op == OP_CAS && to_bits(args[4], word, &c) < 0) return NULL;
+    if (apply(address, word, op, v, c, &old) < 0) return NULL;
+    return from_bits(old, word);
+}
+
+static uint64_t load_bits(uintptr_t address, int size) {
+    switch (size) {
+    case 1: return __atomic_load_n((uint8_t *)address, __ATOMIC_ACQUIRE);
+    case 2: return __atomic_load_n((uint16_t *)address, __ATOMIC_ACQUIRE);
+    case 4: return __atomic_load_n((uint32_t *)address, __ATOMIC_ACQUIRE);
+    default: return __atomic_load_n((uint64_t *)address, __ATOMIC_ACQUIRE);
+    }
+}
+
+/* load(address, word) -> the value, read atomically (acquire) */
+static PyObject *native_load(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "load(address, word)");
+        return NULL;
+    }
+    int word = (int)PyLong_AsLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    int size = word_size(word);
+    uintptr_t address;
+    if (!size) { PyErr_Format(PyExc_ValueError, "load: bad word kind %d", word); return NULL; }
+    if (parse_address(args[0], &address, size) < 0) return NULL;
+    return from_bits(load_bits(address, size), word);
+}
+
+/* The comparison `current cmp value` of two patterns of a word kind. */
+static int holds(uint64_t current, uint64_t value, int word, int cmp) {
+    int order;   /* -1, 0, 1 */
+    if (word == W_F32 || word == W_F64) {
+        double a, b;
+        if (word == W_F32) { float fa, fb; uint32_t ua = (uint32_t)current, ub = (uint32_t)value;
+                             memcpy(&fa, &ua, 4); memcpy(&fb, &ub, 4); a = fa; b = fb; }
+        else { memcpy(&a, &current, 8); memcpy(&b, &value, 8); }
+        if (a != a || b != b) return cmp == CMP_NE;   /* NaN compares unequal, unordered */
+        order = (a > b) - (a < b);
+    } else if (is_signed(word)) {
+        int shift = 64 - 8 * word_size(word);
+        int64_t a = (int64_t)(current << shift) >> shift, b = (int64_t)(value << shift) >> shift;
+        order = (a > b) - (a < b);
+    } else {
+        order = (current > value) - (current < value);
+    }
+    switch (cmp) {
+    case CMP_EQ: return order == 0;
+    case CMP_NE: return order != 0;
+    case CMP_GT: return order > 0;
+    case CMP_GE: return order >= 0;
+    case CMP_LT: return order < 0;
+    default:     return order <= 0;
+    }
+}
+
+/* wait(address, word, cmp, value, spins) -> (held, last value): polls without
+ * the GIL, yielding the core between polls after the first few */
+static PyObject *native_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "wait(address, word, cmp, value, spins)");
+        return NULL;
+    }
+    int word = (int)PyLong_AsLong(args[1]), cmp = (int)PyLong_AsLong(args[2]);
+    long long spins = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    int size = word_size(word);
+    uintptr_t address;
+    uint64_t value, current = 0;
+    int ok = 0;
+    if (!size || cmp < CMP_EQ || cmp > CMP_LE) {
+        PyErr_Format(PyExc_ValueError, "wait: bad word kind %d or comparison %d", word, cmp);
+        return NULL;
+    }
+    if (parse_address(args[0], &address, size) < 0 || to_bits(args[3], word, &value) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (long long i = 0; i < spins; i++) {
+        current = load_bits(address, size);
+        if ((ok = holds(current, value, word, cmp))) break;
+        if (i >= 64) sched_yield();
+    }
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(NN)", PyBool_FromLong(ok), from_bits(current, word));
+}
+
+/* copy(dst, src, nbytes) */
+static PyObject *native_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "copy(dst, src, nbytes)");
+        return NULL;
+    }
+    uintptr_t dst, src;
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n < 0 && PyErr_Occurred()) return NULL;
+    if (parse_address(args[0], &dst, 0) < 0 || parse_address(args[1], &src, 0) < 0) return NULL;
+    if (n > 0) memmove((void *)dst, (const void *)src, (size_t)n);
+    Py_RETURN_NONE;
+}
+
+/* -- the agreement's board ------------------------------------------------------------
+ * Layout (agreement/board.py): two banks of one slot per PE; a slot is the
+ * step number (one int64 word), the vector (`words` int64), then its CRC-32
+ * (one word). A writer stores the vector and the CRC, then the step number
+ * last with release order; a reader takes a slot once its step word is the
+ * step it waits for (acquire) and the CRC and the step number inside the
+ * vector match: the same test the Python board makes, so PEs may mix the two.
+ */
+static uint32_t crc_table[256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static uint32_t crc32_of(const unsigned char *data, size_t n) {   /* zlib's crc32 */
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) c = crc_table[(c ^ data[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* board_write(slot_address, vector_bytes, seq): this PE's slot of a step */
+static PyObject *native_board_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "board_write(slot, vector, seq)");
+        return NULL;
+    }
+    uintptr_t slot;
+    Py_buffer vector;
+    long long seq = PyLong_AsLongLong(args[2]);
+    if (seq == -1 && PyErr_Occurred()) return NULL;
+    if (parse_address(args[0], &slot, 8) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &vector, PyBUF_SIMPLE) < 0) return NULL;
+    int64_t *words = (int64_t *)slot;
+    size_t n = (size_t)vector.len / 8;
+    memcpy(words + 1, vector.buf, n * 8);
+    __atomic_store_n(words + 1 + n, (int64_t)crc32_of(vector.buf, n * 8), __ATOMIC_RELAXED);
+    __atomic_store_n(words, (int64_t)seq, __ATOMIC_RELEASE);   /* last: readers poll it */
+    PyBuffer_Release(&vector);
+    Py_RETURN_NONE;
+}
+
+/* board_read(slot_address, words, seq, seq_word, spins, out) -> whether `out`
+ * (a writable buffer of `words` int64) now holds the slot's vector of step
+ * `seq`; polls at most `spins` times without the GIL */
+static PyObject *native_board_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "board_read(slot, words, seq, seq_word, spins, out)");
+        return NULL;
+    }
+    uintptr_t slot;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]), seq_word = PyLong_AsSsize_t(args[3]);
+    long long seq = PyLong_AsLongLong(args[2]), spins = PyLong_AsLongLong(args[4]);
+    Py_buffer out;
+    int ok = 0;
+    if (PyErr_Occurred()) return NULL;
+    if (parse_address(args[0], &slot, 8) < 0) return NULL;
+    if (PyObject_GetBuffer(args[5], &out, PyBUF_WRITABLE) < 0) return NULL;
+    if (out.len < n * 8 || seq_word < 0 || seq_word >= n) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "board_read: buffer or seq_word out of range");
+        return NULL;
+    }
+    int64_t *words = (int64_t *)slot, *dst = (int64_t *)out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (long long i = 0; i < spins && !ok; i++) {
+        if (__atomic_load_n(words, __ATOMIC_ACQUIRE) == seq) {
+            memcpy(dst, words + 1, (size_t)n * 8);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            int64_t check = __atomic_load_n(words + 1 + n, __ATOMIC_RELAXED);
+            ok = dst[seq_word] == seq && check == (int64_t)crc32_of((unsigned char *)dst, (size_t)n * 8);
+        }
+        if (!ok && i >= 64) sched_yield();
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&out);
+    return PyBool_FromLong(ok);
+}
+
+static PyMethodDef methods[] = {
+    {"atomic", (PyCFunction)(void (*)(void))native_atomic, METH_FASTCALL,
+     "atomic(address, word, op, value, cond) -> the value before"},
+    {"load", (PyCFunction)(void (*)(void))native_load, METH_FASTCALL,
+     "load(address, word) -> the value (an atomic read)"},
+    {"wait", (PyCFunction)(void (*)(void))native_wait, METH_FASTCALL,
+     "wait(address, word, cmp, value, spins) -> (held, last value)"},
+    {"copy", (PyCFunction)(void (*)(void))native_copy, METH_FASTCALL,
+     "copy(dst, src, nbytes)"},
+    {"board_write", (PyCFunction)(void (*)(void))native_board_write, METH_FASTCALL,
+     "board_write(slot, vector, seq)"},
+    {"board_read", (PyCFunction)(void (*)(void))native_board_read, METH_FASTCALL,
+     "board_read(slot, words, seq, seq_word, spins, out) -> bool"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "CPU atomics, waits, copies and the board's steps on shared memory (see the source).",
+    -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    crc_init();
+    return PyModule_Create(&module);
+}
