@@ -13,7 +13,11 @@ atomics on node memory, a compiled fast path) is a change to apply() alone.
 One path per heap (transport/route.py, AtomicPath), so that every atomic on a
 word is atomic with respect to every other, from every PE:
 
-- host heaps: every atomic goes through the heap's MPI dynamic window
+- host heaps whose PEs all share one node, where every PE has the compiled
+  piece (native/): the CPU's own atomic instruction (sequentially consistent)
+  on the target PE's copy through its mapping; every PE applies them to the
+  same physical memory, and no other path touches such a heap's words;
+- other host heaps: every atomic goes through the heap's MPI dynamic window
   (transport/offnode.py), to PEs on this node as well as to PEs on other
   nodes, with the word's MPI datatype: MPI_Fetch_and_op, MPI_Compare_and_swap
   and MPI_Accumulate are atomic only with respect to each other. Each call is
@@ -55,11 +59,12 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
-from .. import _docs
+from .. import _docs, native
 from ..core.state import Context, HeapCore
 from ..errors import UnsupportedError
 from ..memory.buddy import Block
 from ..transport.completion import CompletionTracker
+from ..transport.route import AtomicPath
 from . import words
 from .words import Word
 
@@ -103,7 +108,10 @@ def prepare(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, w
         raise ValueError(f"{what}: the {role} at {where.data_ptr():#x} is not aligned to its "
                          f"{word.size}-byte element size; use an element of memory allocated "
                          f"with that element type")
-    if heap.routes.atomic_by_kernel(pe):
+    if heap.routes.atomics is AtomicPath.CPU:
+        if pe != heap.my_pe:
+            heap.peers.check(pe, block.segment)
+    elif heap.routes.atomic_by_kernel(pe):
         if word.size not in (4, 8):
             raise UnsupportedError(f"{what}: on a {heap.backend.name} heap atomics run as "
                                    f"Triton kernels, whose atomics are 32- and 64-bit; the "
@@ -156,6 +164,12 @@ def apply(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, val
     value = word.value(value, what)
     if op == "cas":
         cond = word.value(cond, what, "cond")
+    if heap.routes.atomics is AtomicPath.CPU:
+        old = _by_cpu(heap, word, where, pe, op, value, cond, count)
+        if into is not None:
+            into.copy_(torch.frombuffer(word.buffer([old]), dtype=torch.uint8))
+            return None
+        return old
     if heap.routes.atomic_by_kernel(pe):
         old = _by_kernel(heap, word, where, pe, op, value, cond, count, what)
         if into is not None:
@@ -196,6 +210,24 @@ def apply(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, val
         return None
     window.finish(request, pe, what)
     return result[0] if count == 1 else result.tolist()
+
+
+#: apply()'s operation -> the compiled piece's (native/)
+_NATIVE_OPS = {"fetch": native.FETCH, "set": native.SET, "swap": native.SET, "add": native.ADD,
+               "and": native.AND, "or": native.OR, "xor": native.XOR, "cas": native.CAS}
+
+
+def _by_cpu(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, value, cond,
+            count: int):
+    """apply() on a host heap whose PEs all share this node (transport/route.py's
+    CPU path): the CPU's atomic instruction on PE `pe`'s copy, mapped here
+    (checked by prepare()). A vector read (waits) reads word by word, each
+    atomically. Complete at the target on return: it is this PE's own store."""
+    offset = where.data_ptr() - heap.local.base
+    address = (heap.local.base if pe == heap.my_pe else heap.peers.windows[pe]) + offset
+    if count != 1:
+        return [native.load(address + i * word.size, word.code) for i in range(count)]
+    return native.atomic(address, word.code, _NATIVE_OPS[op], value, cond)
 
 
 def _by_kernel(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, value, cond,

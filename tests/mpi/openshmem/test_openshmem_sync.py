@@ -95,9 +95,11 @@ def test_uint64_values_beyond_int64(mheap):
 def test_wait_until_all_sees_atomic_sets_from_every_other_pe(mheap):
     h, me, n = mheap, mheap.my_pe, mheap.n_pes
     flags = h.zeros((n,), torch.int64)
-    h.barrier_all()
     mine = [1 if i == me else 0 for i in range(n)]       # nobody writes my own slot
+    # zeros() is zero everywhere before any PE returns, and nobody sets before the
+    # barrier: after it, a peer's set may land at once (CPU atomics need no progress)
     assert not h.test_all(flags, "ne", 0, status=mine)
+    h.barrier_all()
     for pe in range(n):
         if pe != me:
             h.atomic_set(flags[me], me + 1, pe)
