@@ -10,18 +10,17 @@ plain bump allocator measured in the same run.
     activations freed during backward, gradients), at the peak.
 
     python benchmarks/bench_alloc.py --quick
-    python benchmarks/bench_alloc.py --json results.json
+    python benchmarks/bench_alloc.py --json benchmarks/out/alloc.json
 
-Every result is also a JSON record:
-    {name, params, value, unit, baseline_name, baseline_value, ratio}
-with ratio = value / baseline_value.
+--json writes the result in the one format (benchmarks/schema.py): every figure's
+median, min, max, quartiles and sample count beside its baseline's, measured in
+the same run, and the ratio of the medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import platform
@@ -34,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
+from benchmarks import schema  # noqa: E402
 from shmemvm import VMemPow2Allocator  # noqa: E402
 
 ALIGN = 64
@@ -121,13 +121,13 @@ def _percentile(samples: list[float], q: float) -> float:
 
 
 def bench_latency(live_counts, nbytes: int, iters: int, repeats: int, seed: int) -> dict:
-    """{allocator: {N: (median_us, p90_us)}}, the best median of `repeats` runs."""
-    results: dict[str, dict[int, tuple[float, float]]] = {"vmem": {}, "bump": {}}
+    """{allocator: {N: per-pair microseconds}}, the samples of `repeats` runs pooled."""
+    results: dict[str, dict[int, list[float]]] = {"vmem": {}, "bump": {}}
     for n in live_counts:
         sizes = _live_sizes(n, random.Random(seed + n))
         held_bytes = sum(sizes)
         for name in ("vmem", "bump"):
-            best = None
+            pooled: list[float] = []
             for _ in range(repeats):
                 if name == "vmem":
                     alloc = VMemPow2Allocator(max(64 << 20, 4 * held_bytes), backend="host")
@@ -142,10 +142,8 @@ def bench_latency(live_counts, nbytes: int, iters: int, repeats: int, seed: int)
                     assert alloc.stats()["live_allocations"] == n
                     alloc.close()
                 del held
-                med, p90 = statistics.median(samples), _percentile(samples, 0.9)
-                if best is None or med < best[0]:
-                    best = (med, p90)
-            results[name][n] = best
+                pooled += samples
+            results[name][n] = pooled
     return results
 
 
@@ -320,24 +318,32 @@ def bench_footprint(steps: int, granularities: list[int], model: dict) -> list[d
 # main
 # ---------------------------------------------------------------------------
 
-def record(name, params, value, unit, baseline_name, baseline_value) -> dict:
-    ratio = value / baseline_value if baseline_value else None
-    return dict(name=name, params=params, value=value, unit=unit,
-                baseline_name=baseline_name, baseline_value=baseline_value, ratio=ratio)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", metavar="PATH", help="write the records as a JSON list here")
+    ap.add_argument("--json", metavar="PATH",
+                    help="write the result (benchmarks/schema.py) here; into benchmarks/results/ "
+                         "only from a clean tree")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="store into benchmarks/results/ from a tree that differs from its "
+                         "commit (recorded in the result)")
     ap.add_argument("--quick", action="store_true", help="short run (fewer iterations)")
     ap.add_argument("--live", default="10,100,1000,10000",
                     help="numbers of other live allocations (comma separated)")
     ap.add_argument("--size", type=int, default=256, help="bytes per timed allocation")
     ap.add_argument("--iters", type=int, help="timed allocate+free pairs per measurement")
-    ap.add_argument("--repeats", type=int, help="measurements per point (best median kept)")
+    ap.add_argument("--repeats", type=int, help="measurements per point (their samples pooled)")
     ap.add_argument("--steps", type=int, help="training steps in the footprint workload")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    try:   # before measuring: may the result go where --json says?
+        run = schema.Run("alloc", schema.command(None, "benchmarks/bench_alloc.py",
+                                                 list(sys.argv[1:] if argv is None else argv)),
+                         method="one sample per allocate+free pair (perf_counter_ns), the "
+                                "samples of every repeat pooled; figures are medians, ratios "
+                                "median over median; footprint figures are deterministic (one "
+                                "sample)", path=args.json, allow_dirty=args.allow_dirty)
+    except schema.DirtyTreeError as exc:
+        ap.error(str(exc))
 
     iters = args.iters or (2000 if args.quick else 20000)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -345,31 +351,34 @@ def main(argv=None) -> int:
     live_counts = [int(x) for x in args.live.split(",")]
     model = (dict(vocab=4000, d=256, layers=2, heads=4, ff=1024, seq=64, batch=4) if args.quick
              else dict(vocab=8000, d=384, layers=4, heads=6, ff=1536, seq=128, batch=8))
-    records = []
+    records = run.measurements
     print(f"shmemvm allocator benchmark ({'quick' if args.quick else 'full'}; python "
           f"{platform.python_version()}, torch {torch.__version__}, {platform.machine()})")
 
     # (a)
     lat = bench_latency(live_counts, args.size, iters, repeats, args.seed)
     base_n = live_counts[0]
-    print(f"\n(a) allocate+free latency, {args.size}-byte tensor, {iters} pairs, "
-          f"best of {repeats}; microseconds")
+    print(f"\n(a) allocate+free latency, {args.size}-byte tensor, {iters} pairs x "
+          f"{repeats} repeats; microseconds")
     header = (f"{'live N':>7} | {'vmem med':>9} {'vmem p90':>9} {'growth':>7} | "
               f"{'bump med':>9} {'bump p90':>9} {'growth':>7} | {'vmem/bump':>9}")
     print(header)
     print("-" * len(header))
+    med = {k: {n: statistics.median(v) for n, v in by_n.items()} for k, by_n in lat.items()}
+    p90 = {k: {n: _percentile(v, 0.9) for n, v in by_n.items()} for k, by_n in lat.items()}
     for n in live_counts:
-        vm, vp = lat["vmem"][n]
-        bm, bp = lat["bump"][n]
-        vg, bg = vm / lat["vmem"][base_n][0], bm / lat["bump"][base_n][0]
+        vm, vp = med["vmem"][n], p90["vmem"][n]
+        bm, bp = med["bump"][n], p90["bump"][n]
+        vg, bg = vm / med["vmem"][base_n], bm / med["bump"][base_n]
         print(f"{n:>7} | {vm:>9.2f} {vp:>9.2f} {vg:>7.2f} | {bm:>9.2f} {bp:>9.2f} {bg:>7.2f} | "
               f"{vm / bm:>9.2f}")
         params = dict(allocator="VMemPow2Allocator(host)", size_bytes=args.size, live=n,
-                      iters=iters, repeats=repeats)
-        records.append(record("alloc_free_latency_median", params, vm, "us", "bump", bm))
-        records.append(record("alloc_free_latency_p90", params, vp, "us", "bump", bp))
-        records.append(record(f"alloc_free_latency_growth_vs_{base_n}", params, vg, "x",
-                              "bump", bg))
+                      iters=iters, repeats=repeats, p90_us=schema.sig(vp),
+                      baseline_p90_us=schema.sig(bp), bump_growth_vs_base=schema.sig(bg))
+        run.add("alloc_free_latency", params, "us", lat["vmem"][n], "bump", lat["bump"][n],
+                "lower")
+        run.add(f"alloc_free_latency_vs_{base_n}_live", params, "us", lat["vmem"][n],
+                f"VMemPow2Allocator with {base_n} live", lat["vmem"][base_n], "lower")
 
     # (b)
     grans = [64 << 10, 2 << 20]
@@ -397,18 +406,20 @@ def main(argv=None) -> int:
                       steps=steps, requests=row["count"], peak_requested=row["peak_requested"],
                       peak_physical=row["peak_physical"], baseline_peak_physical=b["peak_physical"],
                       **model)
-        records.append(record("mapped_per_requested_byte_peak", params, ratio, "bytes/byte",
-                              "bump_arena", bump_ratio))
-        records.append(record("block_bytes_per_requested_byte_peak", params, blocks_ratio,
-                              "bytes/byte", "bump_arena", bump_ratio))
+        run.add("mapped_per_requested_byte_peak", params, "bytes/byte", [ratio], "bump_arena",
+                [bump_ratio], "lower")
+        run.add("block_bytes_per_requested_byte_peak", params, "bytes/byte", [blocks_ratio],
+                "bump_arena", [bump_ratio], "lower")
     print("\n    vmem: peak of stats()['mapped'] (live + cached segments) / peak live requested "
           "bytes;\n    live blocks only: peak of stats()['used'] (power-of-two rounding, no cache) / "
           "the same;\n    bump: high-water mark of the pointer / the same peak.")
 
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=2)
-        print(f"\nwrote {len(records)} records to {args.json}")
+        run.settings = {"quick": args.quick, "size_bytes": args.size, "iters": iters,
+                        "repeats": repeats, "live": live_counts, "steps": steps, "model": model,
+                        "seed": args.seed}
+        run.write()
+        print(f"\nwrote {len(records)} measurements to {args.json}")
     return 0
 
 

@@ -26,19 +26,18 @@ What it measures, every figure beside a baseline taken in the same run
 - device memory (torch.cuda.mem_get_info) before SymmetricHeap init and after
   finalize(), on each PE's GPU.
 
-PE 0 writes the records ({name, params, value, unit, baseline_name,
-baseline_value, ratio}, ratio = value / baseline_value) to --out after each
-phase, so a run cut short still leaves what it measured.
+PE 0 writes the result (benchmarks/schema.py: every figure's median, min, max,
+quartiles and sample count, its baseline's, and the ratio of the medians) to
+--out after each phase, so a run cut short still leaves what it measured.
+Into benchmarks/results/ only from a clean tree (or with --allow-dirty).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -54,6 +53,7 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shmemvm  # noqa: E402
+from benchmarks import schema  # noqa: E402
 from shmemvm import SymmetricHeap  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -81,36 +81,54 @@ def log(message: str) -> None:
 
 
 class Run:
-    def __init__(self, args):
+    """The result being made (benchmarks/schema.py); PE 0 holds and writes it.
+
+    Made on every PE at the same point: PE 0 checks where args.out lies before
+    anything is measured (benchmarks/results/ only from a clean tree, or with
+    --allow-dirty), and every PE stops alike if it may not go there."""
+
+    def __init__(self, args, benchmark: str, method: str):
         self.args = args
         self.records: list[dict] = []
         self.meta: dict = {}
         self.errors: list[str] = []
-        self.fresh_malloc_us: dict[int, float] = {}
+        self.fresh_malloc_us: dict[int, list[float]] = {}   # samples of each size
+        self.result, refused = None, None
+        if rank == 0:
+            program = os.path.relpath(os.path.abspath(sys.argv[0]), schema.ROOT)
+            try:
+                self.result = schema.Run(benchmark, schema.command(n_pes, program, sys.argv[1:]),
+                                         method=method, path=args.out,
+                                         allow_dirty=getattr(args, "allow_dirty", False))
+            except schema.DirtyTreeError as exc:
+                refused = str(exc)
+        refused = comm.bcast(refused, root=0)
+        if refused:
+            if rank == 0:
+                print(f"{sys.argv[0]}: {refused}", file=sys.stderr)
+            raise SystemExit(2)
 
-    def record(self, name, params, value, unit, baseline_name, baseline_value):
-        entry = {
-            "name": name, "params": {"n_pes": n_pes, **params},
-            "value": value if unit == "bytes" else _round(value),
-            "unit": unit, "baseline_name": baseline_name,
-            "baseline_value": baseline_value if unit == "bytes" else _round(baseline_value),
-            "ratio": _round(value / baseline_value) if value is not None and baseline_value
-            else None,
-        }
+    def record(self, name, params, samples, unit, baseline_name=None, baseline_samples=None,
+               better=None):
+        """A measurement of `samples` (in `unit`) beside its baseline's samples,
+        measured in the same run; the ratio compares the medians."""
+        params = {"n_pes": n_pes, **params}
+        if baseline_name is not None and not baseline_samples:
+            params["baseline_missing"] = baseline_name   # e.g. why NVSHMEM4Py is not there
+        entry = schema.measurement(name, params, unit, samples, baseline_name, baseline_samples,
+                                   better)
         self.records.append(entry)
         return entry
 
     def dump(self):
         if rank != 0:
             return
-        out = self.args.out
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        body = {"meta": {**self.meta, "errors": self.errors}, "records": self.records}
-        tmp = out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(body, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, out)
+        result = self.result
+        result.settings = {**self.meta, "environment": schema.environment(
+            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")}
+        result.measurements = self.records
+        result.notes = [f"error: {e}" for e in self.errors]
+        result.write()
 
 
 # -- timing ----------------------------------------------------------------------
@@ -167,7 +185,11 @@ def rested():
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cuda")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="the result (default: benchmarks/results/"
+                    "gpu-2xh200.json; --backend host: benchmarks/out/gpu-dryrun-host.json)")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="store into benchmarks/results/ from a tree that differs from its "
+                         "commit (recorded in the result)")
     ap.add_argument("--quick", action="store_true", help="small sizes, few iterations")
     ap.add_argument("--heap-size", default=None)
     ap.add_argument("--max-size", default=None, help="largest put/get size (default 1G)")
@@ -182,11 +204,14 @@ def main() -> int:
     gpu = args.backend == "cuda"
     if args.out is None:
         args.out = ("benchmarks/results/gpu-2xh200.json" if gpu
-                    else f"benchmarks/results/gpu-dryrun-{args.backend}.json")
+                    else f"benchmarks/out/gpu-dryrun-{args.backend}.json")
     max_size = shmemvm.config.parse_size(args.max_size or ("4M" if args.quick else "1G"))
     heap_size = args.heap_size or ("64M" if args.quick else "4G")
     trials = args.trials or (2 if args.quick else 5)
-    run = Run(args)
+    run = Run(args, "gpu", "blocking ops: perf_counter around N calls (each call "
+              "synchronizes), one sample a trial, subject and baselines interleaved in every "
+              "trial; latency: one sample a call; pipelined (params): CUDA events around N "
+              "back-to-back copies; every figure is a median, ratios median over median")
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, rank)
     local_rank = node.Get_rank()
@@ -206,16 +231,7 @@ def main() -> int:
     run.meta = {
         "what": "shmemvm SymmetricHeap on 2 PEs, PE 0 -> PE 1 (one GPU each)",
         "backend": args.backend, "heap_size": heap_size, "quick": args.quick,
-        "trials": trials, "devices": devices,
-        "python": platform.python_version(), "torch": torch.__version__,
-        "mpi": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
-        "code": git_commit(),
-        "host": platform.node(), "kernel": platform.release(),
-        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-                                               "NVSHMEM_DISABLE_NVLS", "TORCH_SYMMMEM")},
-        "timing": "blocking ops: perf_counter around N calls (each call synchronizes), median "
-                  "of the trials, subject and baselines interleaved in every trial; pipelined: "
-                  "CUDA events around N back-to-back copies",
+        "trials": trials, "devices": devices, "n_pes": n_pes,
     }
     if gpu:
         run.meta["gpu"] = torch.cuda.get_device_name(dev)
@@ -304,8 +320,8 @@ def main() -> int:
                 run.record("device_memory_after_finalize",
                            {"pe": pe, "device": device, "used_with_heap_bytes": during,
                             "delta_bytes": after - before, "heap_size": heap_size},
-                           float(after), "bytes", "device memory used before SymmetricHeap init",
-                           float(before))
+                           [after], "bytes", "device memory used before SymmetricHeap init",
+                           [before], "lower")
                 log(f"PE {pe} {device}: used before {before / MiB:.1f} MiB, with heap "
                     f"{during / MiB:.1f} MiB, after finalize {after / MiB:.1f} MiB "
                     f"(delta {(after - before) / MiB:+.2f} MiB)")
@@ -325,20 +341,6 @@ def main() -> int:
         print_table(run)
         log(f"wrote {args.out}")
     return 0
-
-
-def git_commit() -> str:
-    """The commit measured, '+dirty' where the working tree differs from it."""
-    import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (no git)"
-    return (head + ("+dirty" if dirty else "")) if head else "unknown (not a git checkout)"
 
 
 def device_used(dev) -> int:
@@ -460,16 +462,18 @@ def bandwidth(run, heap, x, src, landing, symm, inproc, dev, sync, max_size, tri
                     samples[name].append(per_call_events(fn, iters))
         med = {name: statistics.median(v) for name, v in samples.items() if v}
         gbps = {name: n / t / 1e9 for name, t in med.items()}
+        trial_gbps = {name: [n / t / 1e9 for t in v] for name, v in samples.items() if v}
         for op in ("put", "get"):
             if f"raw_{op}" in gbps:
                 base_name, base = ("raw peer copy: copy_ through a torch.distributed."
-                                   "_symmetric_memory peer buffer + stream synchronize"), gbps[f"raw_{op}"]
+                                   "_symmetric_memory peer buffer + stream synchronize"), \
+                    trial_gbps[f"raw_{op}"]
             elif f"inproc_{op}" in gbps:
                 base_name, base = ("in-process cuda:0<->cuda:1 copy_ (cudaMemcpyPeer semantics) "
-                                   "+ synchronize"), gbps[f"inproc_{op}"]
+                                   "+ synchronize"), trial_gbps[f"inproc_{op}"]
             else:
                 base_name, base = ("copy_ through heap.ptr() (the same mapping, no put call) "
-                                   "+ synchronize"), gbps[f"ptr_{op}"]
+                                   "+ synchronize"), trial_gbps[f"ptr_{op}"]
             params = {"bytes": n, "size": fmt_size(n), "direction": "PE 0 -> PE 1" if op == "put"
                       else "PE 1 -> PE 0", "blocking": True, "iterations": iters,
                       "trials": trials}
@@ -477,7 +481,8 @@ def bandwidth(run, heap, x, src, landing, symm, inproc, dev, sync, max_size, tri
                 if key != op and op in key.split("_"):
                     params[f"{key}_GBps"] = _round(value)
             params["us_per_call"] = _round(med[op] * 1e6)
-            run.record(f"{op}_bandwidth", params, gbps[op], "GB/s", base_name, base)
+            run.record(f"{op}_bandwidth", params, trial_gbps[op], "GB/s", base_name, base,
+                       "higher")
         log(f"{fmt_size(n):>8}: " + "  ".join(f"{k} {v:7.1f}" for k, v in gbps.items()) + " GB/s")
         rested()
 
@@ -526,12 +531,14 @@ def latency(run, heap, x, src, landing, symm, sync, trials, quick):
                 samples[name].extend(each_call(fn, chunk))
         us = {name: statistics.median(v) * 1e6 for name, v in samples.items()}
         p99 = {name: p(v, 0.99) * 1e6 for name, v in samples.items()}
+        per_call_us = {name: [t * 1e6 for t in v] for name, v in samples.items()}
         for op in ("put", "get"):
             if f"raw_{op}" in us:
                 base_name, base = ("raw peer copy (copy_ through a torch symm-mem peer buffer) "
-                                   "+ stream synchronize"), us[f"raw_{op}"]
+                                   "+ stream synchronize"), per_call_us[f"raw_{op}"]
             elif op == "put":
-                base_name, base = "copy_ through heap.ptr() + synchronize", us["ptr_put"]
+                base_name, base = ("copy_ through heap.ptr() + synchronize",
+                                   per_call_us["ptr_put"])
             else:
                 base_name, base = None, None
             params = {"bytes": n, "blocking": True, "calls": len(samples[op]),
@@ -539,7 +546,7 @@ def latency(run, heap, x, src, landing, symm, sync, trials, quick):
             for key in us:
                 if key != op:
                     params[f"{key}_us"] = _round(us[key])
-            run.record(f"{op}_latency", params, us[op], "us", base_name, base)
+            run.record(f"{op}_latency", params, per_call_us[op], "us", base_name, base, "lower")
         log(f"latency {n:>5} B: " + "  ".join(f"{k} {v:6.1f}" for k, v in us.items()) + " us")
         rested()
 
@@ -619,16 +626,20 @@ def malloc_latency(run, heap, max_size, quick, sync):
                       "raw_export_fd_us": _round(mine["export"])}
             run.record("malloc_latency_cached", {**common, "calls": len(cached) - 1,
                        "slowest_pe_us": _round(slowest["cached"]), "statistic": "median, PE 0"},
-                       mine["cached"], "us", raw_name, mine["raw"])
+                       _us(cached[1:]), "us", raw_name, _us(raw), "lower")
             run.record("malloc_latency_fresh_segment", {**common, "calls": len(fresh),
                        "slowest_pe_us": _round(slowest["fresh"]), "statistic": "median, PE 0",
                        "includes": "create+map+set_access, export fd, SCM_RIGHTS pass, peer "
                                    "import+map+set_access, 2-3 allreduces"},
-                       mine["fresh"], "us", raw_name, mine["raw"])
-            run.fresh_malloc_us[n] = mine["fresh"]
+                       _us(fresh), "us", raw_name, _us(raw), "lower")
+            run.fresh_malloc_us[n] = _us(fresh)
             log(f"malloc {fmt_size(n):>8}: cached {mine['cached']:8.1f} us, fresh "
                 f"{mine['fresh']:9.1f} us, raw driver {mine['raw']:8.1f} us "
                 f"(make {mine['make']:.1f}, undo {mine['undo']:.1f}, export {mine['export']:.1f})")
+
+
+def _us(seconds: list[float]) -> list[float]:
+    return [t * 1e6 for t in seconds]
 
 
 def symm_latency(run, symm, quick):
@@ -655,27 +666,29 @@ def symm_latency(run, symm, quick):
         med = statistics.median(total) * 1e6
         slowest = comm.allreduce(med, op=MPI.MAX)
         if rank == 0:
-            base = fresh.get(n)
+            base = fresh.get(n)   # shmemvm's fresh-malloc samples of this size (PE 0)
             run.record("torch_symm_mem_empty_rendezvous_latency",
                        {"bytes": n, "size": fmt_size(n), "calls": len(total),
                         "empty_us": _round(statistics.median(empty_t) * 1e6),
                         "rendezvous_us": _round(statistics.median(rdv_t) * 1e6),
                         "slowest_pe_us": _round(slowest), "symm_mem_backend": symm.backend_name,
                         "statistic": "median, PE 0"},
-                       med, "us", "shmemvm collective malloc of a fresh segment (same size)", base)
+                       [t * 1e6 for t in total], "us",
+                       "shmemvm collective malloc of a fresh segment (same size)", base, "lower")
             log(f"torch symm-mem {fmt_size(n):>8}: empty+rendezvous {med:9.1f} us "
-                f"(shmemvm fresh malloc {base or float('nan'):9.1f} us)")
+                f"(shmemvm fresh malloc "
+                f"{statistics.median(base) if base else float('nan'):9.1f} us)")
 
 
 def print_table(run):
     rows = run.records
-    print("\n| name | params | value | unit | baseline | ratio |")
+    print("\n| name | params | median | unit | baseline median | ratio |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         pr = r["params"]
         key = pr.get("size") or (f"{pr['bytes']} B" if "bytes" in pr else f"PE {pr.get('pe')}")
-        print(f"| {r['name']} | {key} | {r['value']} | {r['unit']} | {r['baseline_value']} | "
-              f"{r['ratio']} |")
+        print(f"| {r['name']} | {key} | {schema.median(r)} | {r['unit']} | "
+              f"{schema.baseline_median(r)} | {r['ratio']} |")
     if run.errors:
         print("errors:", *run.errors, sep="\n  ")
 

@@ -19,9 +19,9 @@ Every figure beside its baseline, measured in the same run:
 - host atomic latency on device memory: heap.atomic_fetch_add on the peer
   and on this PE (one kernel + .item() per call), median and p99.
 
-PE 0 writes the records ({name, params, value, unit, baseline_name,
-baseline_value, ratio}, as bench_gpu.py) to --out after each phase. Runs in
-about 1-2 minutes.
+PE 0 writes the result (benchmarks/schema.py, as bench_gpu.py: every figure's
+median, min, max, quartiles and count beside its baseline's, ratios median over
+median) to --out after each phase. Runs in about 1-2 minutes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -49,7 +48,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import shmemvm  # noqa: E402
-from bench_gpu import Run, TorchSymm, git_commit, log, per_call_events  # noqa: E402
+from bench_gpu import Run, TorchSymm, log, per_call_events  # noqa: E402
 from shmemvm import triton as sv  # noqa: E402
 from shmemvm.device.allreduce import DeviceAllReduce  # noqa: E402
 from triton_allreduce import OneShotAllReduce  # noqa: E402
@@ -152,19 +151,22 @@ def all_reduce(run, heap, symm, sizes, dev):
             device_reduce.synchronize()
             correct[algorithm] = bool(torch.equal(d, expected))
         ours = times[OURS]
-        torch_times = [times[k] for k in TORCH if times[k] is not None]
         baselines = dict(times)
-        if torch_times:
-            baselines["best of torch symm_mem one-shot/two-shot"] = min(torch_times)
+        best_torch = min((k for k in TORCH if times[k] is not None), key=lambda k: times[k],
+                         default=None)
+        if best_torch is not None:   # the faster of torch's two, by median
+            baselines["best of torch symm_mem one-shot/two-shot"] = times[best_torch]
+            samples["best of torch symm_mem one-shot/two-shot"] = samples[best_torch]
+        gbps = {name: [nbytes / t / 1e9 for t in v] for name, v in samples.items()}
         for name, value in baselines.items():
             if name == OURS or ours is None or value is None:
                 continue
             run.record("all_reduce float32 sum", {"bytes": nbytes, "iters": iters,
-                                                   "trials": TRIALS, "statistic": "median of "
-                                                   "the trials' mean time per call",
+                                                   "trials": TRIALS, "statistic": "one sample "
+                                                   "a trial: its mean time per call",
                                                    "correct": correct, "us": ours * 1e6,
                                                    "baseline_us": value * 1e6},
-                       nbytes / ours / 1e9, "GB/s (algbw)", name, nbytes / value / 1e9)
+                       gbps[OURS], "GB/s (algbw)", name, gbps[name], "higher")
         log(f"all_reduce {nbytes:>10} B: " + ", ".join(
             f"{k}={v * 1e6:.1f}us" if v else f"{k}=n/a" for k, v in times.items())
             + f"; correct {correct}")
@@ -195,10 +197,11 @@ def remote_stores(run, heap, sizes, dev):
         engine()
         t_engine = events(engine, iters) if rank == 0 else (events(lambda: None, 1), None)[1]
         if rank == 0:
+            # one sample each: the mean over `iters` back-to-back calls
             run.record("remote store bandwidth, PE 0 -> PE 1", {"bytes": nbytes, "iters": iters,
                                                                "words": words},
-                       nbytes / t_kernel / 1e9, "GB/s", "copy engine (copy_ into heap.ptr view)",
-                       nbytes / t_engine / 1e9)
+                       [nbytes / t_kernel / 1e9], "GB/s", "copy engine (copy_ into heap.ptr view)",
+                       [nbytes / t_engine / 1e9], "higher")
             log(f"remote store {nbytes:>10} B: kernel {nbytes / t_kernel / 1e9:.1f} GB/s, "
                 f"copy engine {nbytes / t_engine / 1e9:.1f} GB/s")
         heap.barrier_all()
@@ -228,8 +231,8 @@ def atomic_latency(run, heap, iters: int):
                 counter[1].item()
                 reads.append(time.perf_counter() - t0)
             run.record(f"host atomic_fetch_add latency on device memory ({name})",
-                       {"iters": iters, "p99_us": p99 * 1e6}, median * 1e6, "us",
-                       "one-element .item() of device memory", statistics.median(reads) * 1e6)
+                       {"iters": iters, "p99_us": p99 * 1e6}, [t * 1e6 for t in samples], "us",
+                       "one-element .item() of device memory", [t * 1e6 for t in reads], "lower")
             log(f"atomic_fetch_add ({name}): median {median * 1e6:.1f} us, p99 {p99 * 1e6:.1f} us")
         heap.barrier_all()
     run.dump()
@@ -238,6 +241,9 @@ def atomic_latency(run, heap, iters: int):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/triton-2xh200.json")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="store into benchmarks/results/ from a tree that differs from its "
+                         "commit (recorded in the result)")
     ap.add_argument("--max-size", default="256M")
     ap.add_argument("--master-port", default=os.environ.get("MASTER_PORT", "29541"))
     args = ap.parse_args()
@@ -247,20 +253,16 @@ def main() -> int:
     if not torch.cuda.is_available():
         log("no CUDA device: nothing to measure")
         return 3
-    run = Run(args)
+    run = Run(args, "triton", "CUDA events around back-to-back calls after an MPI barrier; "
+              "collectives: the slower PE's time; all-reduce: one sample a round, every library "
+              "once a round; host atomics: one sample a call; every figure is a median, ratios "
+              "shmemvm median / baseline median (GB/s: higher is better; us: lower is better)")
     max_size = shmemvm.config.parse_size(args.max_size)
     heap = shmemvm.init(heap_size="2G", backend="cuda")
     dev = heap.device
     torch.cuda.set_device(dev)
-    run.meta = {"what": "shmemvm.triton on 2 PEs (one GPU each)", "code": git_commit(),
-                "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-                "triton": triton.__version__, "python": platform.python_version(),
-                "host": platform.node(),
-                "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS",
-                                                       "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
-                "timing": "CUDA events around back-to-back calls after an MPI barrier; "
-                          "collectives: the slower PE's time; ratio = shmemvm / baseline "
-                          "(GB/s: higher is better; us: lower is better)"}
+    run.meta = {"what": "shmemvm.triton on 2 PEs (one GPU each)", "n_pes": n_pes,
+                "gpu": torch.cuda.get_device_name(dev), "max_size": max_size}
     symm = TorchSymm(dev, args.master_port, 4 * KiB)
     try:
         sizes = []

@@ -8,10 +8,11 @@
 Both libraries live in the same two processes (NVSHMEM4Py: `nvshmem4py-cu13`,
 `import nvshmem.core`, initialised over MPI on COMM_WORLD with a cuda.core
 Device; shmemvm: a SymmetricHeap on the CUDA backend). Every figure is one
-record {name, params, value, unit, baseline_name, baseline_value, ratio} with
-shmemvm as the value, NVSHMEM4Py as the baseline and ratio = shmemvm /
-NVSHMEM4Py (times: smaller is better; GB/s: larger is better), the goal of
-issue 15 in params["goal"]. Sections, in this order (the riskiest last):
+measurement of the one result format (benchmarks/schema.py): shmemvm's samples
+as the value, NVSHMEM4Py's as the baseline, both with their median, min, max,
+quartiles and count, and ratio = shmemvm's median / NVSHMEM4Py's median (times:
+smaller is better; GB/s: larger is better), the goal of issue 15 in
+params["goal"]. Sections, in this order (the riskiest last):
 
 1. cached allocate + free of 1 KiB, a pair of collectives on both sides
    (shmemvm malloc+free of a cached size; nvshmem.core.tensor + free_tensor,
@@ -39,7 +40,10 @@ issue 15 in params["goal"]. Sections, in this order (the riskiest last):
    each call added; the calls that added memory are NVSHMEM's new-memory case
    (not every call past NVSHMEM_SYMMETRIC_SIZE is one: a call that fits in the
    granule the previous one mapped maps nothing). Record 4b compares shmemvm's fresh
-   allocation with these.
+   allocations with these, median with median: at 64 MiB each growth event is
+   one sample (a call that grew the heap by a granule; before, the slowest of
+   them was compared with our median), at 1 GiB each event's time per GiB of
+   memory it added.
 
 Robustness: every section runs in try/except, its errors (every PE's) go
 into the JSON's meta.errors; PE 0 rewrites the JSON after every section; a
@@ -55,7 +59,6 @@ import faulthandler
 import gc
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -72,7 +75,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import shmemvm  # noqa: E402
-from bench_gpu import Run, _round, fmt_size, git_commit, log, rest, rested  # noqa: E402
+from benchmarks import schema  # noqa: E402
+from bench_gpu import Run, _round, fmt_size, log, rest, rested  # noqa: E402
 from shmemvm import SymmetricHeap  # noqa: E402
 from shmemvm.core import profile  # noqa: E402
 
@@ -106,6 +110,10 @@ def slowest(seconds: float) -> float:
 
 def median_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
+
+
+def _us(samples: list[float]) -> list[float]:
+    return [t * 1e6 for t in samples]
 
 
 def p99_us(samples: list[float]) -> float:
@@ -266,7 +274,7 @@ def cached_alloc_free(bench: Bench) -> None:
                 nv.free(nv.tensor(size))
             theirs.append(slowest((time.perf_counter() - t0) / pairs))
     value = median_us(ours)
-    base_name, base = bench.baseline(median_us(theirs) if theirs else None)
+    base_name, base = bench.baseline(_us(theirs) if theirs else None)
     if rank == 0:
         run.record("alloc_free_cached", {
             "bytes": size, "size": fmt_size(size), "pairs_per_trial": pairs, "trials": trials,
@@ -277,8 +285,9 @@ def cached_alloc_free(bench: Bench) -> None:
             "nvshmem_call": "nvshmem.core.tensor((1024,), uint8) + free_tensor",
             "trials_us": [_round(t * 1e6) for t in ours],
             "baseline_trials_us": [_round(t * 1e6) for t in theirs],
-            "goal": GOALS["cached_pair"]}, value, "us", base_name, base)
-    log(f"cached 1 KiB alloc+free: shmemvm {value:.1f} us, {NVSHMEM} {base or float('nan'):.1f} us")
+            "goal": GOALS["cached_pair"]}, _us(ours), "us", base_name, base, "lower")
+    log(f"cached 1 KiB alloc+free: shmemvm {value:.1f} us, {NVSHMEM} "
+        f"{median_us(theirs) if theirs else float('nan'):.1f} us")
 
     # shmemvm's cached malloc alone against an MPI.Barrier (issue 15's host goal)
     calls = bench.iters(500, 50)
@@ -304,7 +313,7 @@ def cached_alloc_free(bench: Bench) -> None:
             "backend": bench.args.backend,
             "statistic": "median over trials of the slower PE's mean per call",
             "goal": GOALS["barrier"] if bench.args.backend == "host" else GOALS["none"]},
-            m, "us", "MPI.Barrier on COMM_WORLD (same run)", b)
+            _us(mallocs), "us", "MPI.Barrier on COMM_WORLD (same run)", _us(barriers), "lower")
     log(f"cached 1 KiB malloc {m:.1f} us vs MPI.Barrier {b:.1f} us ({m / b:.1f}x)")
 
 
@@ -351,7 +360,8 @@ def put_latency(bench: Bench) -> None:
                             fn()
                             got.append(clock() - t0)
                 us = {name: median_us(v) for name, v in samples.items()}
-                base_name, base = bench.baseline(us.get(NVSHMEM))
+                base_name, base = bench.baseline(_us(samples[NVSHMEM]) if NVSHMEM in samples
+                                                 else None)
                 run.record("put_latency", {
                     "bytes": n, "size": fmt_size(n), "blocking": True,
                     "direction": "PE 0 -> PE 1", "calls": len(samples["shmemvm"]),
@@ -362,7 +372,7 @@ def put_latency(bench: Bench) -> None:
                     "nvshmem_call": "nvshmem.core.put(dst, src, remote_pe, stream) + stream.sync(); "
                                     "src and dst symmetric tensors of exactly this size",
                     "goal": GOALS["put_8"] if n == 8 else GOALS["none"]},
-                    us["shmemvm"], "us", base_name, base)
+                    _us(samples["shmemvm"]), "us", base_name, base, "lower")
                 log(f"put {fmt_size(n):>6}: " + ", ".join(f"{k} {v:.1f} us" for k, v in us.items()))
             finally:
                 rested()
@@ -432,12 +442,14 @@ def put_bandwidth(bench: Bench) -> None:
                             fn()
                         samples[name].append((time.perf_counter() - t0) / iters)
                 gbps = {name: n / statistics.median(v) / 1e9 for name, v in samples.items()}
-                base_name, base = bench.baseline(gbps.get(NVSHMEM))
+                trial_gbps = {name: [n / t / 1e9 for t in v] for name, v in samples.items()}
+                base_name, base = bench.baseline(trial_gbps.get(NVSHMEM))
                 run.record("put_bandwidth", {
                     "bytes": n, "size": fmt_size(n), "blocking": True, "direction": "PE 0 -> PE 1",
                     "iterations": iters, "trials": trials, "better": "higher",
                     "statistic": "bytes / median over trials of the mean blocking call (PE 0)",
-                    "goal": GOALS["none"]}, gbps["shmemvm"], "GB/s", base_name, base)
+                    "goal": GOALS["none"]}, trial_gbps["shmemvm"], "GB/s", base_name, base,
+                    "higher")
                 log(f"put {fmt_size(n):>7}: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in gbps.items()))
             finally:
                 rested()
@@ -488,7 +500,7 @@ def new_memory(bench: Bench) -> None:
             held.clear()
             heap.trim()
         if ours_held:
-            bench.fresh_held_us[n] = median_us(ours_held)
+            bench.fresh_held_us[n] = _us(ours_held)
         if not all(segments_made):
             bench.local_errors.append(f"PE {rank}: fresh malloc({n}) made no new segment: "
                                       f"{segments_made}")
@@ -507,8 +519,8 @@ def new_memory(bench: Bench) -> None:
                 del y
             theirs, theirs_free = theirs[1:], theirs_free[1:]
         value = median_us(ours)
-        bench.fresh_us[n] = value
-        base_name, base = bench.baseline(median_us(theirs) if theirs else None)
+        bench.fresh_us[n] = _us(ours)
+        base_name, base = bench.baseline(_us(theirs) if theirs else None)
         if rank == 0:
             run.record("alloc_new_memory_vs_nvshmem_premapped", {
                 "bytes": n, "size": fmt_size(n), "calls": len(ours),
@@ -530,9 +542,9 @@ def new_memory(bench: Bench) -> None:
                 "free_us": _round(median_us(ours_free)),
                 "baseline_free_us": _round(median_us(theirs_free)) if theirs_free else None,
                 "goal": GOALS["fresh_64M"] if n == 64 * MiB else GOALS["new_memory"]},
-                value, "us", base_name, base)
+                _us(ours), "us", base_name, base, "lower")
         log(f"new-memory malloc {fmt_size(n):>7}: shmemvm {value:.0f} us; {NVSHMEM} in its "
-            f"pre-mapped heap {base or float('nan'):.0f} us")
+            f"pre-mapped heap {median_us(theirs) if theirs else float('nan'):.0f} us")
 
 
 # -- 5. where shmemvm's time goes ---------------------------------------------------------
@@ -571,7 +583,7 @@ def profile_steps(bench: Bench) -> None:
                         "slowest_pe_total_us": max(e["total"] for e in everyone),
                         "timing": "SHMEMVM_PROFILE-style wrappers (profile.instrumented); each "
                                   "timed step adds ~1 us, so totals run above the plain figures"},
-                        everyone[0]["total"], "us", None, None)
+                        [everyone[0]["total"]], "us")
                     top = {k: v for k, v in everyone[0].items() if "/" not in k}
                     log(f"profile {kind} {fmt_size(n):>7}: " +
                         ", ".join(f"{k} {v:.1f}" for k, v in top.items()) + " us")
@@ -619,20 +631,24 @@ def nvshmem_growth(bench: Bench) -> None:
         if not beyond:
             raise RuntimeError(f"no {fmt_size(n)} allocation lay past NVSHMEM_SYMMETRIC_SIZE")
         if growing:
-            # 64 MiB: the call that grew the heap by a granule; 1 GiB: time per n bytes of
-            # new memory over the calls that grew it (a call that fit in the last granule
-            # mapped nothing and must not count as new memory)
-            value = (max(t for t, _ in growing) if n < granule else
-                     sum(t for t, _ in growing) / (sum(g for _, g in growing) / n))
-            statistic = ("the slowest allocation that grew device memory (a granule)"
+            # Every call that grew device memory is one sample (a call that fit in the
+            # granule the previous one mapped mapped nothing and is no new memory): at
+            # 64 MiB its time, at 1 GiB its time per n bytes of the memory it added.
+            # The comparison is median with median, as everywhere.
+            events = [t if n < granule else t / (g / n) for t, g in growing]
+            statistic = ("each allocation that grew device memory (by a granule) is a sample"
                          if n < granule else
-                         f"time per {fmt_size(n)} of new device memory over the allocations "
-                         f"that grew it")
-        else:   # no measurable growth (no device memory query): the older statistic
-            value = max(beyond) if n < granule else statistics.median(beyond)
+                         f"each allocation that grew device memory is a sample: its time per "
+                         f"{fmt_size(n)} of the memory it added")
+        else:   # no measurable growth (no device memory query): every call past the heap
+            events = beyond
             statistic = "allocations past NVSHMEM_SYMMETRIC_SIZE (growth not measurable)"
         ours = bench.fresh_us.get(n)
-        if rank == 0:
+        if rank == 0 and not ours:   # section 4 did not run: NVSHMEM's growth alone
+            run.record("nvshmem_growth", {"bytes": n, "size": fmt_size(n), "statistic": statistic,
+                                          "nvshmem_times_us": [_round(t * 1e6) for t in times]},
+                       _us(events), "us")
+        elif rank == 0:
             run.record("alloc_new_memory_vs_nvshmem_growth", {
                 "bytes": n, "size": fmt_size(n), "held_allocations": count,
                 "NVSHMEM_SYMMETRIC_SIZE": premapped,
@@ -648,8 +664,10 @@ def nvshmem_growth(bench: Bench) -> None:
                 "device_used_before_bytes": used_before, "device_used_after_bytes": used_after,
                 "device_used_growth_bytes": (used_after - used_before)
                 if used_before is not None and used_after is not None else None,
+                "nvshmem_slowest_growth_us": _round(max(events) * 1e6),
                 "goal": GOALS["fresh_64M"] if n == 64 * MiB else GOALS["new_memory"]},
-                ours, "us", NVSHMEM + " allocation past its pre-mapped heap", value * 1e6)
+                ours, "us", NVSHMEM + " allocation past its pre-mapped heap", _us(events),
+                "lower")
             if bench.fresh_held_us.get(n) is not None:
                 run.record("alloc_new_memory_held_vs_nvshmem_growth", {
                     "bytes": n, "size": fmt_size(n),
@@ -657,8 +675,8 @@ def nvshmem_growth(bench: Bench) -> None:
                                  "are held (section 4's held_samples_us), as NVSHMEM's growth "
                                  "is measured; NVSHMEM4Py: " + statistic,
                     "goal": GOALS["fresh_64M"] if n == 64 * MiB else GOALS["new_memory"]},
-                    bench.fresh_held_us[n], "us", NVSHMEM + " allocation past its pre-mapped heap",
-                    value * 1e6)
+                    bench.fresh_held_us[n], "us",
+                    NVSHMEM + " allocation past its pre-mapped heap", _us(events), "lower")
         log(f"{NVSHMEM} {fmt_size(n)} past its heap: slowest {max(beyond) * 1e6:.0f} us, median "
             f"{median_us(beyond):.0f} us (inside: {median_us(inside) if inside else float('nan'):.0f}"
             f" us); device memory grew by {((used_after or 0) - (used_before or 0)) / MiB:.0f} MiB")
@@ -676,7 +694,11 @@ def device_used() -> int | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cuda", help="cuda (default) or host (shmemvm only)")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="the result (default: benchmarks/results/"
+                    "gpu-vs-nvshmem4py.json; --backend host: benchmarks/out/...)")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="store into benchmarks/results/ from a tree that differs from its "
+                         "commit (recorded in the result)")
     ap.add_argument("--quick", action="store_true", help="few iterations (a check that all runs)")
     ap.add_argument("--heap-size", default=None, help="shmemvm heap (default 4G; host 1G)")
     ap.add_argument("--max-size", default=None,
@@ -701,14 +723,17 @@ def main() -> int:
     faulthandler.dump_traceback_later(args.deadline, exit=True)
     gpu = args.backend == "cuda"
     args.out = args.out or ("benchmarks/results/gpu-vs-nvshmem4py.json" if gpu
-                            else f"benchmarks/results/vs-nvshmem-dryrun-{args.backend}.json")
+                            else f"benchmarks/out/vs-nvshmem-dryrun-{args.backend}.json")
     args.max_size = shmemvm.config.parse_size(args.max_size or ("1G" if gpu else "64M"))
     heap_size = args.heap_size or ("4G" if gpu else "1G")
     # Before nvshmem is imported: its heap, mapped at init, holds section 3's 2 x 1 GiB.
     if "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
         os.environ["NVSHMEM_SYMMETRIC_SIZE"] = args.nvshmem_symmetric_size or "3G"
     sections = {s.strip() for s in args.sections.split(",")}
-    run = Run(args)
+    run = Run(args, "vs-nvshmem", "collectives: perf_counter on every PE, the slower PE's "
+              "figure, one sample a trial (or a call where params say so); puts: PE 0 times "
+              "blocking calls while PE 1 rests; libraries interleaved per trial; every figure "
+              "is a median, ratios shmemvm median / NVSHMEM4Py median")
     bench = Bench(args, run)
     bench.fresh_us = {}
     bench.fresh_held_us = {}
@@ -727,17 +752,9 @@ def main() -> int:
                 "GPU each; ratio = shmemvm / NVSHMEM4Py",
         "backend": args.backend, "heap_size": heap_size, "quick": args.quick,
         "max_size": args.max_size, "max_iters": args.max_iters,
-        "devices": comm.allgather(f"cuda:{local}" if gpu else "cpu"),
-        "python": platform.python_version(), "torch": torch.__version__,
-        "mpi": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
-        "code": git_commit(), "host": platform.node(), "kernel": platform.release(),
-        "cpus": os.cpu_count(), "load_average_1_5_15": list(os.getloadavg()),
-        "env": {k: os.environ.get(k) for k in (
-            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
-            "NVSHMEM_SYMMETRIC_SIZE", "NVSHMEM_DISABLE_CUDA_VMM", "NVSHMEM_CUMEM_GRANULARITY",
-            "SHMEMVM_TIMEOUT", "SHMEMVM_PROFILE")},
-        "timing": "collectives: perf_counter on every PE, the slower PE's figure; puts: PE 0 "
-                  "times blocking calls while PE 1 rests; libraries interleaved per trial",
+        "devices": comm.allgather(f"cuda:{local}" if gpu else "cpu"), "n_pes": n_pes,
+        "nvshmem_env": {k: os.environ.get(k) for k in (
+            "NVSHMEM_SYMMETRIC_SIZE", "NVSHMEM_DISABLE_CUDA_VMM", "NVSHMEM_CUMEM_GRANULARITY")},
         "goals": "issue 15, item 4 (params.goal)",
     }
     if gpu:
@@ -789,12 +806,13 @@ def main() -> int:
 
 
 def print_table(run: Run) -> None:
-    print("\n| name | size | shmemvm | NVSHMEM4Py / baseline | unit | ratio | goal |")
+    print("\n| name | size | shmemvm (median) | NVSHMEM4Py / baseline (median) | unit | ratio "
+          "| goal |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in run.records:
         pr = r["params"]
-        print(f"| {r['name']} | {pr.get('size', '')} | {r['value']} | {r['baseline_value']} | "
-              f"{r['unit']} | {r['ratio']} | {pr.get('goal', '')} |")
+        print(f"| {r['name']} | {pr.get('size', '')} | {schema.median(r)} | "
+              f"{schema.baseline_median(r)} | {r['unit']} | {r['ratio']} | {pr.get('goal', '')} |")
     if run.errors:
         print("errors:", *run.errors, sep="\n  ")
     sys.stdout.flush()

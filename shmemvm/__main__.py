@@ -1,5 +1,6 @@
 """`python -m shmemvm info`: version, what it runs on (Python, torch, MPI, NumPy,
-Triton, the GPU bindings), backends available here, and settings."""
+Triton, the GPU bindings), backends available here, whether the compiled piece
+is built, and settings."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import importlib.metadata
 import json
 import platform
 
-from . import backends, config
+from . import backends, config, native
 from ._version import __version__
 
 #: distributions whose versions `info` shows (None where not installed)
@@ -35,6 +36,7 @@ def info() -> dict:
         "version": __version__,
         "versions": _versions(),
         "backends": {name: backends.available(name) for name in ("host", "cuda", "hip")},
+        "native": native.built(),
         "settings": {name: {"value": config.setting(name), "default": default, "meaning": meaning}
                      for name, (default, meaning) in config.SETTINGS.items()},
     }
@@ -54,6 +56,10 @@ def main(argv=None) -> int:
                                       for name, version in data["versions"].items()))
     print("backends: " + ", ".join(f"{n} ({'available' if ok else 'not available'})"
                                    for n, ok in data["backends"].items()))
+    print("compiled piece (CPU atomics, waits, the board): "
+          + (f"built ({data['native']})" if data["native"] else
+             "not built: the pure Python paths (pip install builds it; a source tree "
+             "on sys.path hides an installed copy)"))
     print("settings (environment variable = value   [default] meaning):")
     for name, entry in data["settings"].items():
         print(f"  {name} = {entry['value']!r:10} [{entry['default']}] {entry['meaning']}")

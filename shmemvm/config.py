@@ -28,8 +28,9 @@ SETTINGS = {
     "SHMEMVM_NODE_SPLIT": ("", "force a node split on one machine: N = PEs per simulated node"),
     "SHMEMVM_AGREEMENT": ("auto", "how collective calls agree: board (through memory the PEs "
                                    "share, where every PE is on one node), mpi (an MPI "
-                                   "allreduce every step), or auto (board where MPI has no "
-                                   "persistent collectives, i.e. before MPI 4.0, else mpi)"),
+                                   "allreduce every step), or auto (board where every PE has "
+                                   "the compiled piece, SHMEMVM_NATIVE, or where MPI has no "
+                                   "persistent collectives, i.e. before MPI 4.0; else mpi)"),
     "SHMEMVM_ANCHOR": ("auto", "device memory each PE keeps exported and mapped by the node's "
                                "other PEs for the heap's life, outside the heap size, because "
                                "the CUDA driver shares fresh memory 5-20x faster then (bytes, "

@@ -55,8 +55,10 @@ class Rc:
             setattr(self, key, value)
 
     def __repr__(self) -> str:
-        return "<shmemvm.rc>"
+        # shmem4py's form, "<module of the class>.rc" (its Rc's module is shmem4py)
+        return f"<{type(self).__module__}.rc>"
 
 
+Rc.__module__ = "shmemvm"   # as shmem4py's Rc says "shmem4py": repr(rc) is "<shmemvm.rc>"
 rc = Rc()
 sys.modules[__name__] = rc  # `from shmemvm import rc` / `import shmemvm.rc` give the object

@@ -1,20 +1,133 @@
 #!/usr/bin/env bash
-# The whole test suite: single-process tests, then the MPI tests at 1, 2 and 4 PEs.
+# The whole test suite, exactly what CI runs (.ci/run) and the README gives:
+#   single     python -m pytest -m "not mpi"                  tests/unit, tests/gpu
+#   n1 n2 n4   mpirun -n N python -m pytest --with-mpi -m mpi tests/mpi, tests/gpu
+#   n4-network tests/mpi/transport/test_multinode.py at -n 4 on two simulated nodes,
+#              with MPICH on its network transport (below)
+# Every phase prints why each test skipped (-rs) and fails when more tests skip than
+# tests/skip_budget allows. A hung test fails alone at pytest-timeout's per-test limit
+# (pyproject.toml); a phase still running after PHASE_LIMIT seconds is stopped, and the
+# tests each rank was running are named. Under mpirun, rank 0 prints to the console and
+# the other ranks write to log files, shown when that rank failed.
 # Usage: tests/run_all.sh [extra pytest args]
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
 export SHMEMVM_TIMEOUT="${SHMEMVM_TIMEOUT:-30}"
 MPIRUN="${MPIRUN:-mpirun}"
+# well above the per-test limit (300 s): it stops only a phase that hangs as a whole
+PHASE_LIMIT="${PHASE_LIMIT:-1800}"
+BUDGET=tests/skip_budget
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/shmemvm-tests.XXXXXX")
 status=0
+summary=()
+
+budget_of() {  # the skip budget of phase $1
+    awk -v phase="$1" '$1 == phase { print $2; found = 1 } END { exit !found }' "$BUDGET" || {
+        echo "run_all.sh: $BUDGET has no line for phase $1" >&2
+        exit 2
+    }
+}
+
+cpu_seconds() {  # user + system seconds of this shell's finished children, from `times`
+    awk 'END { t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] }
+               printf "%d", t }' "$LOGS/times"
+}
+
+# Run phase $1 (ranks: $2, 0 for one process) with the command after them; check its
+# status and its skips against the budget, and say what ran when it was stopped.
+phase() {
+    local name=$1 ranks=$2 dir="$LOGS/$1" start=$SECONDS cpu rc=0 budget skips=0 progress log n
+    times > "$LOGS/times"   # here, not in $(...): a subshell's children are not ours
+    cpu=$(cpu_seconds)
+    shift 2
+    budget=$(budget_of "$name") || exit 2
+    mkdir -p "$dir"
+    if [ "$ranks" = 0 ]; then
+        SHMEMVM_TEST_PROGRESS="$dir/rank0.progress" timeout -k 60 "$PHASE_LIMIT" "$@"
+        rc=$?
+    else
+        timeout -k 60 "$PHASE_LIMIT" "$MPIRUN" -n "$ranks" bash tests/rank_output.sh "$dir" "$@"
+        rc=$?
+    fi
+    times > "$LOGS/times"
+    local took=$((SECONDS - start)) used=$(($(cpu_seconds) - cpu)) verdict=passed
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+        verdict="stopped after $PHASE_LIMIT s"
+        echo "!! phase $name ran past its limit of $PHASE_LIMIT s (PHASE_LIMIT) and was" \
+             "stopped; each rank was then:"
+        for progress in "$dir"/rank*.progress; do
+            [ -e "$progress" ] && echo "!!   $(basename "$progress" .progress):" \
+                                       "$(head -n 1 "$progress")"
+        done
+    elif [ "$rc" != 0 ]; then
+        verdict=failed
+    fi
+    # the other ranks' output (rank 0's is on the console), where one did not pass
+    for log in "$dir"/rank*.log; do
+        [ -e "$log" ] || continue
+        if ! grep -qx "exit status 0" "${log%.log}.progress" 2>/dev/null; then
+            echo "!! $(basename "$log" .log) of phase $name did not pass; the end of its" \
+                 "output ($log):"
+            tail -n 60 "$log"
+        fi
+    done
+    # skips: the most any rank had
+    for progress in "$dir"/rank*.progress; do
+        n=$(sed -n 's/^skipped \([0-9]*\)$/\1/p' "$progress")
+        [ -n "$n" ] && [ "$n" -gt "$skips" ] && skips=$n
+    done
+    if [ "$skips" -gt "$budget" ]; then
+        verdict="$verdict, over its skip budget"
+        echo "!! phase $name skipped $skips tests, more than its budget of $budget" \
+             "($BUDGET); each skip and why:"
+        grep -h '^skip ' "$dir"/rank*.progress | sort -u | sed 's/^skip /!!   /'
+        rc=1
+    fi
+    [ "$rc" = 0 ] || status=1
+    summary+=("$(printf '%-11s %-30s %4s s (CPU %4s s)  %3s skipped (budget %s)' \
+        "$name" "$verdict" "$took" "$used" "$skips" "$budget")")
+}
+
+# -rfEs: the short summary names each failure and error, and why each test skipped
+PYTEST=(python -m pytest -rfEs)
+MPI_PYTEST=(python -m pytest -rfEs -p no:cacheprovider --with-mpi -m mpi)
+
 echo "== single process"
-python -m pytest -q -m "not mpi" "$@" || status=1
+phase single 0 "${PYTEST[@]}" -m "not mpi" "$@"
 # The agreement's two transports (SHMEMVM_AGREEMENT): the default at 1 and 2
 # PEs, the shared-memory board for every heap at 4.
 for n in 1 2 4; do
     agreement=auto
     [ "$n" = 4 ] && agreement=board
     echo "== mpirun -n $n (SHMEMVM_AGREEMENT=$agreement)"
-    SHMEMVM_AGREEMENT=$agreement timeout 900 $MPIRUN -n "$n" \
-        python -m pytest -q -p no:cacheprovider --with-mpi -m mpi "$@" || status=1
+    SHMEMVM_AGREEMENT=$agreement phase "n$n" "$n" "${MPI_PYTEST[@]}" "$@"
 done
+
+# The off-node path between two simulated nodes (SHMEMVM_NODE_SPLIT=2), with MPI
+# itself off shared memory, so "another node" is as real as one machine allows:
+# - MPIR_CVAR_NOLOCAL=1: MPICH takes every other process for one on another node, so
+#   none of its traffic goes through its shared-memory module;
+# - UCX_TLS=tcp,self: its network module (UCX in the mpich wheel) would still reach
+#   processes of this machine through shared memory of its own (sysv; cma for puts
+#   and gets, which UCX_PROTO_INFO=y shows as "cma/memory"); so restricted, it
+#   goes through the kernel's TCP stack ("tcp/eth0"). FI_PROVIDER=tcp does the same
+#   for MPICH's other network module (OFI), should a build pick that one.
+# Those are MPICH's settings; under another MPI this phase is not run.
+echo "== mpirun -n 4, two simulated nodes, MPI over TCP (MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self)"
+if python -c "from mpi4py import MPI; import sys; sys.exit('MPICH' not in MPI.Get_library_version())"
+then
+    SHMEMVM_NODE_SPLIT=2 MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self FI_PROVIDER=tcp \
+        phase n4-network 4 "${MPI_PYTEST[@]}" tests/mpi/transport/test_multinode.py "$@"
+else
+    echo "not run: the MPI here is not MPICH, whose settings these are"
+    summary+=("$(printf '%-11s %s' n4-network 'not run (not MPICH)')")
+fi
+
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+if [ "$status" = 0 ]; then
+    rm -rf "$LOGS"
+else
+    echo "every rank's output and progress: $LOGS"
+fi
 exit $status

@@ -43,6 +43,7 @@ class Phase(enum.IntEnum):
     IMPORT_EXTERNAL = 26        # import_external_tensor
     ALIGN = 40                  # align (aligned allocation)
     MALLOC_WITH_HINTS = 41
+    ALLOCATE = 42               # a face's allocation with a size, alignment, hints and fill
     # internal steps of those calls
     INIT_NODE = 101             # init: the PEs of the node tell each other their mailboxes
     INIT_PEERS = 102            # init: every PE reserved its peers' windows
@@ -65,6 +66,7 @@ class Phase(enum.IntEnum):
     COLLECT_COPIED = 121
     ALLTOALLS_COPIED = 122
     IMPORT_PLACES = 123         # import_external_tensor: where each PE's memory lies in its pieces
+    FILLED = 124                # an allocation with a fill: every PE has filled its copy
     LIMIT_REPORT = 130          # a step failed on some PE: which PEs reached a system limit
 
     @property

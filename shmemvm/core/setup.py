@@ -134,9 +134,10 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
         core.peers = PeerTable(core.backend, core.local.va_size, sorted(core.peer_pids))
     except Exception as exc:  # no address space: the others must not wait in the window
         failure = failure or exc
-    board = _make_board(core, call, transport, failure)
-    # the compiled paths where every PE has them (a PE without: every PE goes without)
+    # the compiled paths where every PE has them (a PE without: every PE goes without),
+    # voted on before the board, which they make worth making
     core.native = core.agreement.all_ok(fast, call.step(Phase.INIT_NATIVE, "the compiled paths"))
+    board = _make_board(core, call, transport, failure)
     if board is not None:
         if core.native:
             board.use_native()
@@ -160,13 +161,16 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
 
 def _make_board(core: HeapCore, call: Call, transport: str, failure: Exception | None):
     """The agreement's shared-memory board, where every PE is on this node and
-    the setting asks for one (auto: where MPI has no persistent collectives).
-    Every PE decides alike (the same PEs, the same setting: compared at init,
-    the same MPI), so all or none make one. Also the vote on `failure` (a PE
-    that could not reserve its peers' windows): init then fails everywhere."""
+    the setting asks for one (auto: where every PE has the compiled piece, whose
+    board steps beat an MPI allreduce, or where MPI has no persistent
+    collectives). Every PE decides alike (the same PEs, the same setting:
+    compared at init, the same MPI, the native vote), so all or none make one.
+    Also the vote on `failure` (a PE that could not reserve its peers'
+    windows): init then fails everywhere."""
     board = board_failure = None
     tried = 1 < core.n_pes == len(core.node_pes) and (
-        transport == "board" or (transport == "auto" and not persistent_collectives()))
+        transport == "board" or (transport == "auto" and (
+            core.native or not persistent_collectives())))
     if tried:
         try:
             board = core.agreement.make_board()

@@ -38,6 +38,11 @@ TORCH_CODES = {torch.int8: "b", torch.uint8: "B", torch.int16: "h", torch.uint16
                torch.float32: "f", torch.float64: "d"}
 
 
+def built() -> str | None:
+    """Where the compiled piece was loaded from; None where it is not built."""
+    return None if _native is None else _native.__file__
+
+
 def wanted(value=None) -> bool:
     """Whether this PE can and may use the compiled paths: built here, and
     SHMEMVM_NATIVE (or native=) is not 0. Raises ValueError for a bad setting."""

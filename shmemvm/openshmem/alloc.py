@@ -8,9 +8,17 @@ allreduce, HeapCore.agree), then allocates locally; only segments a call
 creates are shared with the node's PEs (core/sharing.py). A block is reused
 only when it was freed on every PE and nothing on any PE views it any more
 (memory/ownership.py).
+
+allocate() and release() are the entry points both faces share: an
+allocation whose request (size, alignment, hints, fill) the face works out
+inside the call's agreement, so that a bad argument on one PE raises at that
+call on every PE, and a free of whatever the face finds to free.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -39,6 +47,85 @@ def _allocate(heap: HeapCore, nbytes: int, call: Call) -> Block:
     if hints:
         hints.pop(block.offset, None)
     return block
+
+
+@dataclass
+class Request:
+    """What an allocation asks for, as a face works it out (allocate())."""
+    #: bytes (>= 0)
+    nbytes: int
+    #: None, or a power of two the address must be a multiple of
+    alignment: int | None = None
+    #: malloc_with_hints' hints, recorded with the block (None: no hints given)
+    hints: int | None = None
+    #: fills this PE's copy (a uint8 tensor of `nbytes`) before any PE returns, or None
+    fill: Callable[[torch.Tensor], None] | None = None
+    #: more arguments every PE must pass alike (the face's shape, dtype, ...), compared
+    key: tuple = ()
+
+
+def _checked(heap: HeapCore, request: Request, what: str) -> tuple:
+    """The agreed arguments of `request`, after checking its size, alignment and hints."""
+    nbytes = _args.nbytes(request.nbytes, f"{what}: nbytes")
+    alignment = request.alignment
+    if alignment is not None:
+        alignment = _args.integer(alignment, f"{what}: alignment")
+        if alignment < 1 or alignment & (alignment - 1):
+            raise ValueError(f"{what}: alignment must be a power of two, got {alignment}")
+        if alignment > heap.backend.granularity:  # the same limit on every PE
+            raise ValueError(f"{what}: alignment {alignment} exceeds the {heap.backend.name} "
+                             f"backend's granularity {heap.backend.granularity}, the "
+                             f"alignment of the heap's base on every PE and so the largest "
+                             f"this heap can give")
+    hints = _args.flags(request.hints or 0, {"MALLOC_ATOMICS_REMOTE": MALLOC_ATOMICS_REMOTE,
+                                        "MALLOC_SIGNAL_REMOTE": MALLOC_SIGNAL_REMOTE},
+                        f"{what}: hints")
+    return nbytes, alignment or 0, hints, request.fill is not None, request.key
+
+
+def allocate(heap: HeapCore, request: Callable[[], Request], text: str, *,
+             phase: Phase = Phase.ALLOCATE, what: str = "alloc") -> torch.Tensor:
+    """Symmetric memory as a 1-D uint8 tensor, as `request()` asks for it
+    (collective): both faces' one allocation with alignment, hints and a fill.
+
+    `request()` runs inside the call's agreement: where it raises TypeError or
+    ValueError (a bad argument of the face's), every PE raises at this call
+    (that error where every PE has it, else SymmetryError naming it), and
+    nothing is allocated. A fill runs on every PE before any PE returns.
+
+    Args:
+        request: makes the Request from the face's arguments, or raises.
+        text: the call as messages name it.
+        phase: the call's phase (the agreement compares it too).
+        what: the routine's name, for messages.
+
+    Returns:
+        A uint8 tensor of request().nbytes bytes, at the same heap offset on
+        every PE, freeing itself once dropped on every PE.
+
+    Raises:
+        As malloc; ValueError for an alignment that is not a power of two or
+        exceeds the backend's granularity, or hints other than MALLOC_*.
+    """
+    call = Call(phase, text=text)
+    made = None
+    try:
+        made = request()
+        call.args = _checked(heap, made, what)
+    except (TypeError, ValueError) as exc:
+        call.error = exc
+    with heap.lock:
+        heap.agree(call)
+        nbytes, alignment, hints = call.args[:3]
+        block = _allocate(heap, max(nbytes, alignment), call)
+        if made.hints is not None:
+            _hints(heap)[block.offset] = hints
+        tensor = heap.local.tensor_for(block, (nbytes,), torch.uint8)
+    if made.fill is not None:
+        made.fill(tensor)
+        heap.backend.synchronize()
+        heap.agree(Call(Phase.FILLED, (), f"{text} (filled)"))
+    return tensor
 
 
 def malloc(heap: HeapCore, nbytes: int) -> torch.Tensor:
@@ -174,25 +261,8 @@ def align(heap: HeapCore, alignment: int, nbytes: int) -> torch.Tensor:
         PeerTimeoutError: a PE did not join within the heap's timeout.
         ShmemError: the heap is finalized.
     """
-    text = f"align({alignment!r}, {nbytes!r})"
-    call = Call(Phase.ALIGN, text=text)
-    try:
-        alignment = _args.integer(alignment, "alignment")
-        (count,), nbytes = _args.tensor_nbytes((nbytes,), torch.uint8)
-        if alignment < 1 or alignment & (alignment - 1):
-            raise ValueError(f"align: alignment must be a power of two, got {alignment}")
-        if alignment > heap.backend.granularity:  # the same limit on every PE
-            raise ValueError(f"align: alignment {alignment} exceeds the {heap.backend.name} "
-                             f"backend's granularity {heap.backend.granularity}, the "
-                             f"alignment of the heap's base on every PE and so the largest "
-                             f"this heap can give")
-        call.args = (alignment, nbytes)
-    except (TypeError, ValueError) as exc:
-        call.error = exc
-    with heap.lock:
-        heap.agree(call)
-        block = _allocate(heap, max(nbytes, alignment), call)
-        return heap.local.tensor_for(block, (count,), torch.uint8)
+    return allocate(heap, lambda: Request(nbytes, alignment=alignment),
+                    f"align({alignment!r}, {nbytes!r})", phase=Phase.ALIGN, what="align")
 
 
 def malloc_with_hints(heap: HeapCore, nbytes: int, hints: int = 0) -> torch.Tensor:
@@ -219,20 +289,9 @@ def malloc_with_hints(heap: HeapCore, nbytes: int, hints: int = 0) -> torch.Tens
         PeerTimeoutError: a PE did not join within the heap's timeout.
         ShmemError: the heap is finalized.
     """
-    call = Call(Phase.MALLOC_WITH_HINTS, text=f"malloc_with_hints({nbytes!r}, {hints!r})")
-    try:
-        hints = _args.flags(hints, {"MALLOC_ATOMICS_REMOTE": MALLOC_ATOMICS_REMOTE,
-                                    "MALLOC_SIGNAL_REMOTE": MALLOC_SIGNAL_REMOTE},
-                            "malloc_with_hints: hints")
-        (count,), nbytes = _args.tensor_nbytes((nbytes,), torch.uint8)
-        call.args = (nbytes, hints)
-    except (TypeError, ValueError) as exc:
-        call.error = exc
-    with heap.lock:
-        heap.agree(call)
-        block = _allocate(heap, nbytes, call)
-        _hints(heap)[block.offset] = hints
-        return heap.local.tensor_for(block, (count,), torch.uint8)
+    return allocate(heap, lambda: Request(nbytes, hints=hints),
+                    f"malloc_with_hints({nbytes!r}, {hints!r})", phase=Phase.MALLOC_WITH_HINTS,
+                    what="malloc_with_hints")
 
 
 def _whole(heap: HeapCore, tensor, what: str) -> None:
@@ -287,14 +346,24 @@ def free(heap: HeapCore, tensor: torch.Tensor) -> None:
         SymmetryError: the PEs freed different tensors (nothing was freed).
         PeerTimeoutError: a PE did not join within the heap's timeout.
     """
+    release(heap, lambda: tensor, "free(tensor)")
+
+
+def release(heap: HeapCore, find: Callable[[], torch.Tensor], text: str) -> None:
+    """free() of the tensor `find()` gives (collective): both faces' one free.
+    find() runs inside the call's agreement: where it raises TypeError,
+    ValueError or NotSymmetricError (not something this heap allocated, a slice
+    that does not start an allocation, freed already: FreedTensorError), every
+    PE raises at this call and nothing is freed."""
     retirement = None
     try:
         with heap.lock:
             try:
+                tensor = find()
                 _whole(heap, tensor, "free")
                 retirement = heap.local.retire(tensor)
-            except (TypeError, ValueError) as exc:   # (NotSymmetricError is a ValueError)
-                call = Call(Phase.FREE, (), "free(tensor)", exc)
+            except (TypeError, ValueError, NotSymmetricError) as exc:
+                call = Call(Phase.FREE, (), text, exc)
             else:
                 offset = retirement.block.offset
                 call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset),

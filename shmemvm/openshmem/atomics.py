@@ -1,18 +1,32 @@
 """Atomics on symmetric memory: fetch, set, add, inc, swap, compare-and-swap
 and the bitwise ones, blocking and non-blocking (_nbi).
 
+Every atomic, wait, signal and lock of both faces goes through one function,
+apply(): "apply this operation to this word on PE pe". It is written over
+words (words.py: int8..uint64, float32, float64), not over a face's dtypes:
+the element is given as its bytes (a uint8 tensor over symmetric memory) and
+its Word. The torch functions below map a tensor's dtype to its word
+(words.of_torch); the NumPy face (shmem/) maps a NumPy dtype; both call
+atomic(), atomic_nbi() or apply() itself. A new way to reach a word (CPU
+atomics on node memory, a compiled fast path) is a change to apply() alone.
+
 One path per heap (transport/route.py, AtomicPath), so that every atomic on a
 word is atomic with respect to every other, from every PE:
 
-- host heaps: every atomic goes through the heap's MPI dynamic window
+- host heaps whose PEs all share one node, where every PE has the compiled
+  piece (native/): the CPU's own atomic instruction (sequentially consistent)
+  on the target PE's copy through its mapping; every PE applies them to the
+  same physical memory, and no other path touches such a heap's words;
+- other host heaps: every atomic goes through the heap's MPI dynamic window
   (transport/offnode.py), to PEs on this node as well as to PEs on other
-  nodes: MPI_Fetch_and_op, MPI_Compare_and_swap and MPI_Accumulate are atomic
-  only with respect to each other. Each call is blocking and complete at the
-  target when it returns.
+  nodes, with the word's MPI datatype: MPI_Fetch_and_op, MPI_Compare_and_swap
+  and MPI_Accumulate are atomic only with respect to each other. Each call is
+  blocking and complete at the target when it returns.
 - device heaps (memory MPI is not given): atomics on PEs of this node run as
   one-program Triton kernels with system-scope atomics on the current stream
-  (device/atomics.py), so they are atomic with respect to kernels' atomics of
-  system scope; PEs on other nodes cannot be reached. Requires Triton.
+  (transport/kernels.py), so they are atomic with respect to kernels' atomics
+  of system scope; PEs on other nodes cannot be reached. Requires Triton, whose
+  atomics are 32- and 64-bit: 8- and 16-bit words raise UnsupportedError there.
 
 No wait without a deadline: a target PE that died, is stopped or stays out of
 MPI would make MPI_Win_flush wait for ever, so every atomic is issued in a
@@ -30,211 +44,271 @@ and PeerTimeoutError names the PE and the operation:
   just answered, so it returns promptly (OffNodeWindow.finish). The flush is
   not optional: MPICH was seen to complete the request before the target had
   applied the update, as the MPI standard allows;
-- compare-and-swap has no request-based form in MPI; see
-  atomic_compare_swap.
+- compare-and-swap has no request-based form in MPI; see apply().
 
-Each function takes a context first (the heap itself, its default context,
-or a Ctx: contexts.py), which maps `pe` (team-relative on a team's context)
-and whose quiet() completes the non-blocking forms. The target of an atomic
-is a one-element view of a symmetric tensor of dtype int32, int64 or uint64
+Each torch function takes a context first (the heap itself, its default
+context, or a Ctx: contexts.py), which maps `pe` (team-relative on a team's
+context) and whose quiet() completes the non-blocking forms. The target of an
+atomic is a one-element view of a symmetric tensor of an integer dtype
 (`counter[3]` or `counter[3:4]`); atomic_fetch/set/swap take float32 and
 float64 too.
 """
 
 from __future__ import annotations
 
-import array
-import operator
-
 import torch
 from mpi4py import MPI
 
-from .. import _args, _docs
+from .. import _docs, native
 from ..core.state import Context, HeapCore
 from ..errors import UnsupportedError
+from ..memory.buddy import Block
 from ..transport.completion import CompletionTracker
+from ..transport.route import AtomicPath
+from . import words
+from .words import Word
 
-#: dtypes atomics work on: torch dtype -> (MPI datatype, array typecode)
-ATOMIC_DTYPES = {
-    torch.int32: (MPI.INT32_T, "i"),
-    torch.int64: (MPI.INT64_T, "q"),
-    torch.uint64: (MPI.UINT64_T, "Q"),
-}
-#: dtypes that atomic_fetch, atomic_set and atomic_swap (and their nbi forms)
-#: also take, as OpenSHMEM 1.5's "extended AMO types" allow; every other atomic
-#: is for the integer dtypes above only
-FLOAT_ATOMIC_DTYPES = {
-    torch.float32: (MPI.FLOAT, "f"),
-    torch.float64: (MPI.DOUBLE, "d"),
-}
-for _dtype, (_, _code) in {**ATOMIC_DTYPES, **FLOAT_ATOMIC_DTYPES}.items():
-    assert array.array(_code).itemsize == _dtype.itemsize, (_dtype, _code)
-
+#: the operations of apply(), with the MPI operation of each (compare-and-swap: its own call)
+OPERATIONS = {"fetch": MPI.NO_OP, "set": MPI.REPLACE, "swap": MPI.REPLACE, "add": MPI.SUM,
+              "and": MPI.BAND, "or": MPI.BOR, "xor": MPI.BXOR, "cas": None}
+#: the operations that also take float words (OpenSHMEM 1.5's extended AMO types)
+EXTENDED = frozenset({"fetch", "set", "swap"})
 #: the operations that take float32/float64 targets, for error messages
 FLOAT_OPERATIONS = ("atomic_fetch", "atomic_set", "atomic_swap", "atomic_fetch_nbi",
                     "atomic_swap_nbi")
+#: apply()'s operation -> the kernel's (transport/kernels.py)
+_KERNEL_OPS = {"fetch": "fetch", "set": "xchg", "swap": "xchg", "add": "add", "and": "and",
+               "or": "or", "xor": "xor", "cas": "cas"}
 
 
-# -- checks -------------------------------------------------------------------
-def _dtypes(floats: bool) -> dict:
-    return {**ATOMIC_DTYPES, **FLOAT_ATOMIC_DTYPES} if floats else ATOMIC_DTYPES
+# -- checks -------------------------------------------------------------------------------
+def check_op(word: Word, op: str, what: str) -> None:
+    """TypeError unless `op` applies to `word` (floats: fetch, set and swap only)."""
+    if op not in OPERATIONS:
+        raise ValueError(f"{what}: unknown atomic operation {op!r}; one of "
+                         f"{', '.join(OPERATIONS)}")
+    if not word.integer and op not in EXTENDED:
+        raise TypeError(f"{what}: this operation works on {words.INTEGER_TEXT} targets; "
+                        f"{words.FLOAT_TEXT} only with {', '.join(FLOAT_OPERATIONS)}; the "
+                        f"target is {word.name}")
 
 
-def _check_dtype(tensor, what: str, role: str, floats: bool = False) -> None:
-    """TypeError unless `tensor` is a tensor of a dtype the operation takes."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what}: the {role} must be a symmetric tensor, got "
-                        f"{type(tensor).__name__}")
-    if tensor.dtype in _dtypes(floats):
-        return
-    also = "" if floats else (f"; float32 and float64 only with "
-                              f"{', '.join(FLOAT_OPERATIONS)}")
-    kinds = "int32, int64, uint64, float32 and float64" if floats else "int32, int64 and uint64"
-    raise TypeError(f"{what}: this operation works on {kinds} symmetric tensors{also}; the "
-                    f"{role} has dtype {tensor.dtype}. Allocate the variable with one of "
-                    f"those dtypes (e.g. heap.zeros(n, torch.int64))")
-
-
-def check_target(heap: HeapCore, dest, pe, what: str, floats: bool = False) -> int:
-    """`pe` as an int after checking `pe` and `dest` (type, dtype, one element),
-    or a clear error. `floats`: the operation also takes float32/float64
-    (FLOAT_OPERATIONS)."""
-    pe = heap.check_pe(pe)
-    if not isinstance(dest, torch.Tensor):
-        raise TypeError(f"{what}: the target must be a one-element view of a symmetric "
-                        f"tensor, got {type(dest).__name__}")
-    _check_dtype(dest, what, "target", floats)
-    if dest.numel() != 1:
-        raise ValueError(f"{what}: the target must be one element (a view like counter[3] "
-                         f"or counter[3:4]), got shape {tuple(dest.shape)} with "
-                         f"{dest.numel()} elements; index the element to update")
-    return pe
-
-
-def _target(heap: HeapCore, dest, pe, what: str, floats: bool = False):
-    """(pe, displacement in pe's window, MPI datatype, typecode, OffNodeWindow) for
-    an atomic on `dest`, or a clear error. `floats`: the operation also takes
-    float32/float64 (FLOAT_OPERATIONS)."""
-    pe = check_target(heap, dest, pe, what, floats)
-    displacement, window = locate(heap, dest, pe, what, "target")
-    mpi_type, code = _dtypes(True)[dest.dtype]
-    return pe, displacement, mpi_type, code, window
-
-
-def locate(heap: HeapCore, tensor, pe: int, what: str, role: str):
-    """(displacement of `tensor` in PE `pe`'s window, OffNodeWindow), after checking
-    that `tensor` is symmetric, aligned and in memory MPI reaches."""
-    heap.symmetric(tensor, f"{role} of {what} (a view of a tensor from this heap's "
-                            f"malloc/empty/zeros)")
-    check_aligned(tensor, what, role)
-    if not heap.backend.mpi_accessible:
+def prepare(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, what: str,
+            count: int = 1, role: str = "target") -> Block:
+    """Every check of apply() before anything moves: `op` applies to `word`,
+    `where` is `count` words of live symmetric memory of this heap, aligned to
+    the word's size, and PE `pe` (a checked PE number) is reachable by this
+    heap's atomics. The block `where` views; a clear error otherwise."""
+    check_op(word, op, what)
+    block = heap.symmetric(where, f"{role} of {what} (a view of memory from this heap's "
+                                  f"malloc/empty/zeros)")
+    if where.numel() != word.size * count:
+        raise ValueError(f"{what}: the {role} has {where.numel()} bytes, not {count} {word.name}")
+    if where.data_ptr() % word.size:
+        raise ValueError(f"{what}: the {role} at {where.data_ptr():#x} is not aligned to its "
+                         f"{word.size}-byte element size; use an element of memory allocated "
+                         f"with that element type")
+    if heap.routes.atomics is AtomicPath.CPU:
+        if pe != heap.my_pe:
+            heap.peers.check(pe, block.segment)
+    elif heap.routes.atomic_by_kernel(pe):
+        if word.size not in (4, 8):
+            raise UnsupportedError(f"{what}: on a {heap.backend.name} heap atomics run as "
+                                   f"Triton kernels, whose atomics are 32- and 64-bit; the "
+                                   f"target is {word.name}. Use a 32- or 64-bit type")
+        if pe != heap.my_pe:
+            heap.peers.check(pe, block.segment)
+    elif not heap.backend.mpi_accessible:
         raise UnsupportedError(
             f"{what}: this heap holds {heap.backend.name} backend memory on {heap.device}, "
             f"which shmemvm does not hand to MPI (no GPU-aware MPI is assumed), so PE {pe} "
             f"on another node cannot be reached by atomics; PEs on this node can (Triton "
             f"kernels), and a host-backend heap (backend='host') reaches every PE")
+    else:
+        heap.window_for(what)
+    return block
+
+
+# -- the one function ---------------------------------------------------------------------
+def apply(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, value=0, cond=0,
+          *, what: str, count: int = 1, into: torch.Tensor | None = None,
+          tracker: CompletionTracker | None = None):
+    """Apply `op` with `value` (and `cond`, for "cas") to the word `where` holds
+    on PE `pe` (a checked heap PE number): the one way every atomic, wait,
+    signal and lock reaches memory.
+
+    Args:
+        word: the element's Word.
+        where: a uint8 tensor over the element's bytes on this PE (symmetric
+            memory; the same offset is used on PE `pe`).
+        op: "fetch", "set", "swap", "add", "and", "or", "xor" or "cas".
+        value, cond: the operands, checked against the word here.
+        count: words to read at once (op "fetch" only: waits on vectors).
+        into, tracker: the non-blocking form: the operation is recorded in
+            `tracker` (a context's), whose quiet() completes it and then stores
+            the old value's bytes into `into` (a uint8 tensor of word.size
+            bytes, any memory); None is returned. Device heaps complete at once.
+
+    Returns:
+        The value before the operation (Python int or float), a list of
+        `count` values for a vector read, or None for the non-blocking form.
+
+    Raises:
+        As prepare(); TypeError/ValueError for a value that is not of the
+        word's kind or does not fit it; PeerTimeoutError at the heap's deadline.
+    """
+    prepare(heap, word, where, pe, op, what, count)
+    if count != 1 and op != "fetch":
+        raise ValueError(f"{what}: only reads ('fetch') take several words at once, got {op!r} "
+                         f"of {count}")
+    value = word.value(value, what)
+    if op == "cas":
+        cond = word.value(cond, what, "cond")
+    if heap.routes.atomics is AtomicPath.CPU:
+        old = _by_cpu(heap, word, where, pe, op, value, cond, count)
+        if into is not None:
+            into.copy_(torch.frombuffer(word.buffer([old]), dtype=torch.uint8))
+            return None
+        return old
+    if heap.routes.atomic_by_kernel(pe):
+        old = _by_kernel(heap, word, where, pe, op, value, cond, count, what)
+        if into is not None:
+            into.copy_(torch.frombuffer(word.buffer([old]), dtype=torch.uint8))
+            return None
+        return old
+    if not count:
+        return []
     window = heap.window_for(what)
-    return window.displacement(tensor, pe), window
+    win, mpi = window.win, word.mpi
+    target = [window.displacement(where, pe), count, mpi]
+    origin = word.buffer([value] * count)
+    result = word.buffer([0] * count)
+    if op == "cas":
+        # MPI_Compare_and_swap has no request-based form, and the MPI_Win_flush that
+        # completes it waits without a deadline. So it is followed by an
+        # MPI_Rget_accumulate(MPI_NO_OP) of the same element: under MPI's default
+        # accumulate ordering (rar, raw, war, waw; the window does not relax it) one
+        # origin's accumulate-class operations on one target location are applied in
+        # issue order, so the target answers that read only after it has applied the
+        # compare-and-swap. Its request is waited for with the deadline; once it has
+        # completed, the target is known to have done the swap and to serve our
+        # operations, and the flush that delivers the swap's result returns promptly.
+        compare, after = word.buffer([cond]), word.buffer([0])
+        win.Compare_and_swap([origin, 1, mpi], [compare, 1, mpi], [result, 1, mpi], pe,
+                             target[0])
+        request = win.Rget_accumulate([origin, 1, mpi], [after, 1, mpi], pe, target, MPI.NO_OP)
+        buffers = (origin, compare, after, result)
+    else:
+        request = win.Rget_accumulate([origin, count, mpi], [result, count, mpi], pe, target,
+                                      OPERATIONS[op])
+        buffers = (origin, result)
+    if tracker is not None:
+        def done():
+            into.copy_(torch.frombuffer(result, dtype=torch.uint8))
+
+        tracker.defer(request, pe, window, (into, buffers), done)
+        return None
+    window.finish(request, pe, what)
+    return result[0] if count == 1 else result.tolist()
 
 
-def check_aligned(tensor, what: str, role: str) -> None:
-    if tensor.data_ptr() % tensor.element_size():
-        raise ValueError(f"{what}: the {role} at {tensor.data_ptr():#x} is not aligned to "
-                         f"its {tensor.element_size()}-byte element size; use an element of "
-                         f"a tensor allocated with dtype {tensor.dtype}")
+#: apply()'s operation -> the compiled piece's (native/)
+_NATIVE_OPS = {"fetch": native.FETCH, "set": native.SET, "swap": native.SET, "add": native.ADD,
+               "and": native.AND, "or": native.OR, "xor": native.XOR, "cas": native.CAS}
 
 
-# -- device heaps: atomics on this node's PEs as Triton kernels (device_atomics.py) --------
-#: MPI operation -> device_atomics operation
-_DEVICE_OPS = {op.py2f(): name for op, name in (
-    (MPI.NO_OP, "fetch"), (MPI.SUM, "add"), (MPI.REPLACE, "xchg"), (MPI.BAND, "and"),
-    (MPI.BOR, "or"), (MPI.BXOR, "xor"))}   # keyed by handle: MPI.Op is not hashable
+def _by_cpu(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, value, cond,
+            count: int):
+    """apply() on a host heap whose PEs all share this node (transport/route.py's
+    CPU path): the CPU's atomic instruction on PE `pe`'s copy, mapped here
+    (checked by prepare()). A vector read (waits) reads word by word, each
+    atomically. Complete at the target on return: it is this PE's own store."""
+    offset = where.data_ptr() - heap.local.base
+    address = (heap.local.base if pe == heap.my_pe else heap.peers.windows[pe]) + offset
+    if count != 1:
+        return [native.load(address + i * word.size, word.code) for i in range(count)]
+    return native.atomic(address, word.code, _NATIVE_OPS[op], value, cond)
 
 
-def by_kernel(heap: HeapCore, pe: int) -> bool:
-    """Whether an atomic on PE `pe` runs as a kernel (transport/route.py): a
-    device heap, and `pe` is this PE or a peer mapped here."""
-    return heap.routes.atomic_by_kernel(pe)
-
-
-def _device(heap: HeapCore, dest, pe: int, op: str, what: str, value=0, cond=0):
-    """Run `op` on dest on PE `pe` as a kernel (transport/kernels.py), after the
-    checks the MPI path makes; dest's old value."""
-    block = heap.symmetric(dest, f"target of {what} (a view of a tensor from this heap's "
-                                  f"malloc/empty/zeros)")
-    check_aligned(dest, what, "target")
-    if pe != heap.my_pe:
-        heap.peers.check(pe, block.segment)
+def _by_kernel(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, value, cond,
+               count: int, what: str):
+    """apply() on a device heap's node (transport/kernels.py): one word as a kernel;
+    a vector read (waits) as a copy to the host, after the current stream's work:
+    aligned elements are copied whole, and peers' system-scope atomics and completed
+    copies are visible to it."""
+    if count != 1:
+        return word.unpack(where.cpu().numpy().tobytes())
     try:   # Triton is optional: imported where a device heap's atomic needs it
         from ..transport import kernels
     except ImportError as exc:
         raise UnsupportedError(f"{what}: on a {heap.backend.name} heap atomics run as Triton "
                                f"kernels, and Triton is not installed: pip install triton") from exc
-    return kernels.apply(heap.heap_bases(), heap.my_pe, dest, pe, op, value, cond)
+    bits = kernels.apply(heap.heap_bases(), heap.my_pe, where, pe, _KERNEL_OPS[op],
+                         word.bits(value), word.bits(cond))
+    return word.from_bits(bits)
 
 
-def value_for(value, dtype: torch.dtype, what: str, name: str = "value") -> int | float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if dtype.is_floating_point:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) and \
-                not hasattr(value, "__float__"):
-            raise TypeError(f"{what}: {name} must be a real number, got "
-                            f"{type(value).__name__} {value!r}")
-        return float(value)
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{what}: {name} must be an integer, got {type(value).__name__} "
-                        f"{value!r}")
-    value = operator.index(value)
-    info = torch.iinfo(dtype)
-    if not info.min <= value <= info.max:
-        raise ValueError(f"{what}: {name} {value} does not fit the target's dtype {dtype} "
-                         f"({info.min}..{info.max})")
-    return value
+# -- the dtype-agnostic entry points of the faces -----------------------------------------------
+def atomic(ctx: Context, word: Word, where: torch.Tensor, pe, op: str, value=0, cond=0, *,
+           what: str):
+    """A blocking atomic issued on context `ctx` (the heap, or a Ctx: `pe` is
+    mapped by it): apply() on the heap's PE number."""
+    return apply(ctx.core, word, where, ctx.world_pe(pe), op, value, cond, what=what)
 
 
-# -- the MPI operations ------------------------------------------------------
-def _issue(heap: HeapCore, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
-    """Start `op` with `value` on dest on PE `pe` (MPI_Rget_accumulate, module doc):
-    (request, pe, window, result array that holds the old value once complete)."""
-    pe, displacement, mpi_type, code, window = _target(heap, dest, pe, what, floats)
-    origin = array.array(code, [value_for(value, dest.dtype, what)])
-    result = array.array(code, [0])
-    request = window.win.Rget_accumulate([origin, 1, mpi_type], [result, 1, mpi_type], pe,
-                                         [displacement, 1, mpi_type], op)
-    return request, pe, window, (origin, result)
+def atomic_nbi(ctx: Context, word: Word, into: torch.Tensor, where: torch.Tensor, pe, op: str,
+               value=0, cond=0, *, what: str) -> None:
+    """A non-blocking fetching atomic issued on context `ctx`: the old value's
+    bytes land in `into` (a uint8 tensor of word.size bytes) at ctx's quiet()."""
+    apply(ctx.core, word, where, ctx.world_pe(pe), op, value, cond, what=what, into=into,
+          tracker=ctx.tracker)
 
 
-def fetch_op(heap: HeapCore, dest, value, pe, op: MPI.Op, what: str, floats: bool = False):
-    """Apply `op` with `value` to dest on PE `pe`; the value it replaced. Complete at
-    the target on return (module doc), or PeerTimeoutError at the deadline.
-    Device heaps: a kernel for PEs of this node (by_kernel)."""
-    if not heap.backend.mpi_accessible:
-        pe = check_target(heap, dest, pe, what, floats)
-        if by_kernel(heap, pe):
-            value = value_for(value, dest.dtype, what)
-            return _device(heap, dest, pe, _DEVICE_OPS[op.py2f()], what, value)
-    request, pe, window, (_, result) = _issue(heap, dest, value, pe, op, what, floats)
-    window.finish(request, pe, what)
-    return result[0]
+def read(heap: HeapCore, word: Word, where: torch.Tensor, what: str, count: int | None = None):
+    """This PE's value of the word at `where`, read atomically; with `count`, a
+    list of the values of `count` words there."""
+    values = apply(heap, word, where, heap.my_pe, "fetch", what=what,
+                   count=1 if count is None else count)
+    return [values] if count == 1 else values
 
 
-def read_local(heap: HeapCore, ivar, what: str) -> int:
-    """ivar's value on this PE, read atomically through MPI."""
-    return fetch_op(heap, ivar, 0, heap.my_pe, MPI.NO_OP, what)
+# -- the torch face: a tensor's word and bytes ------------------------------------------------
+def tensor_word(tensor, what: str, role: str = "target") -> tuple[Word, torch.Tensor]:
+    """(word, bytes) of a one-element tensor, or a clear error."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: the {role} must be a one-element view of a symmetric "
+                        f"tensor, got {type(tensor).__name__}")
+    word = words.of_torch(tensor.dtype)
+    if word is None:
+        raise TypeError(f"{what}: this operation works on symmetric tensors of "
+                        f"{words.INTEGER_TEXT} ({words.FLOAT_TEXT} only with "
+                        f"{', '.join(FLOAT_OPERATIONS)}); the {role} has dtype {tensor.dtype}. "
+                        f"Allocate the variable with one of those (e.g. heap.zeros(n, "
+                        f"torch.int64))")
+    if tensor.numel() != 1:
+        raise ValueError(f"{what}: the {role} must be one element (a view like counter[3] "
+                         f"or counter[3:4]), got shape {tuple(tensor.shape)} with "
+                         f"{tensor.numel()} elements; index the element to update")
+    return word, tensor.reshape(1).view(torch.uint8)
+
+
+def _on_tensor(ctx: Context, dest, pe, op: str, value=0, cond=0, *, what: str):
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    word, where = tensor_word(dest, what)
+    return apply(heap, word, where, pe, op, value, cond, what=what)
 
 
 # The errors every atomic can raise, for their docstrings.
 _RAISES = """
     Raises:
-        TypeError: `dest` is not a tensor of dtype int32, int64 or uint64, or
-            `pe` or a value is not an integer.
+        TypeError: `dest` is not a tensor of an integer dtype (int8..int64,
+            uint8..uint64), or `pe` or a value is not an integer.
         ValueError: `dest` is not one element, `pe` is out of range, or a
             value does not fit dest's dtype.
         FreedTensorError: `dest` is not a view of a live tensor of this heap.
         UnsupportedError: a device heap and `pe` on another node (device
-            memory is not given to MPI), a device heap without Triton, or MPI
-            could not make the heap's window.
+            memory is not given to MPI), a device heap without Triton or with
+            an 8- or 16-bit dtype, or MPI could not make the heap's window.
         PeerTimeoutError: PE `pe` did not complete the operation within the
             heap's timeout (SHMEMVM_TIMEOUT): it died, is stopped or stayed out
             of MPI. The heap is unusable afterwards; every later call says so.
@@ -244,15 +318,15 @@ _RAISES = """
 _documented = _docs.appended(_RAISES)
 _documented_float = _docs.appended("""
     Raises:
-        TypeError: `dest` is not a tensor of dtype int32, int64, uint64, float32
-            or float64, `pe` is not an integer, or a value is not an integer
-            (a real number for float tensors).
+        TypeError: `dest` is not a tensor of an integer dtype (int8..int64,
+            uint8..uint64), float32 or float64, `pe` is not an integer, or a
+            value is not an integer (a real number for float tensors).
         ValueError: `dest` is not one element, `pe` is out of range, or a
             value does not fit dest's dtype.
         FreedTensorError: `dest` is not a view of a live tensor of this heap.
         UnsupportedError: a device heap and `pe` on another node (device
-            memory is not given to MPI), a device heap without Triton, or MPI
-            could not make the heap's window.
+            memory is not given to MPI), a device heap without Triton or with
+            an 8- or 16-bit dtype, or MPI could not make the heap's window.
         PeerTimeoutError: PE `pe` did not complete the operation within the
             heap's timeout (SHMEMVM_TIMEOUT): it died, is stopped or stayed out
             of MPI. The heap is unusable afterwards; every later call says so.
@@ -265,16 +339,15 @@ def atomic_fetch(ctx: Context, dest: torch.Tensor, pe: int) -> int | float:
     """Read `dest` on PE `pe` atomically.
 
     Args:
-        dest: a one-element view (``counter[3]``) of an int32, int64, uint64,
-            float32 or float64 symmetric tensor; its copy on PE `pe` is read.
+        dest: a one-element view (``counter[3]``) of an integer, float32 or
+            float64 symmetric tensor; its copy on PE `pe` is read.
         pe: the PE to read from (this PE too).
 
     Returns:
         The value of `dest` on PE `pe`, as a Python int (float for a float
         tensor).
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    return fetch_op(heap, dest, 0, pe, MPI.NO_OP, "atomic_fetch", floats=True)
+    return _on_tensor(ctx, dest, pe, "fetch", what="atomic_fetch")
 
 
 @_documented_float
@@ -282,7 +355,7 @@ def atomic_set(ctx: Context, dest: torch.Tensor, value: int | float, pe: int) ->
     """Set `dest` on PE `pe` to `value` atomically; complete there on return.
 
     Args:
-        dest: a one-element view of an int32, int64, uint64, float32 or float64
+        dest: a one-element view of an integer, float32 or float64
             symmetric tensor.
         value: the new value (an integer that fits dest's dtype; a number for a
             float tensor).
@@ -291,8 +364,7 @@ def atomic_set(ctx: Context, dest: torch.Tensor, value: int | float, pe: int) ->
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_set", floats=True)
+    _on_tensor(ctx, dest, pe, "set", value, what="atomic_set")
 
 
 @_documented
@@ -300,15 +372,14 @@ def atomic_add(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> None:
     """Add `value` to `dest` on PE `pe` atomically; complete there on return.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the integer to add (it must fit dest's dtype; negative subtracts).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    fetch_op(heap, dest, value, pe, MPI.SUM, "atomic_add")
+    _on_tensor(ctx, dest, pe, "add", value, what="atomic_add")
 
 
 @_documented
@@ -316,14 +387,13 @@ def atomic_inc(ctx: Context, dest: torch.Tensor, pe: int) -> None:
     """Add 1 to `dest` on PE `pe` atomically; complete there on return.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         pe: the PE whose copy of `dest` is incremented.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    fetch_op(heap, dest, 1, pe, MPI.SUM, "atomic_inc")
+    _on_tensor(ctx, dest, pe, "add", 1, what="atomic_inc")
 
 
 @_documented
@@ -331,15 +401,14 @@ def atomic_fetch_add(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> i
     """Add `value` to `dest` on PE `pe` atomically and return the value before.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the integer to add (it must fit dest's dtype; negative subtracts).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         dest's value on PE `pe` just before the addition, as a Python int.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    return fetch_op(heap, dest, value, pe, MPI.SUM, "atomic_fetch_add")
+    return _on_tensor(ctx, dest, pe, "add", value, what="atomic_fetch_add")
 
 
 @_documented
@@ -347,14 +416,13 @@ def atomic_fetch_inc(ctx: Context, dest: torch.Tensor, pe: int) -> int:
     """Add 1 to `dest` on PE `pe` atomically and return the value before.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         pe: the PE whose copy of `dest` is incremented.
 
     Returns:
         dest's value on PE `pe` just before the increment, as a Python int.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    return fetch_op(heap, dest, 1, pe, MPI.SUM, "atomic_fetch_inc")
+    return _on_tensor(ctx, dest, pe, "add", 1, what="atomic_fetch_inc")
 
 
 @_documented_float
@@ -362,7 +430,7 @@ def atomic_swap(ctx: Context, dest: torch.Tensor, value: int | float, pe: int) -
     """Set `dest` on PE `pe` to `value` atomically and return the value before.
 
     Args:
-        dest: a one-element view of an int32, int64, uint64, float32 or float64
+        dest: a one-element view of an integer, float32 or float64
             symmetric tensor.
         value: the new value (an integer that fits dest's dtype; a number for a
             float tensor).
@@ -372,8 +440,7 @@ def atomic_swap(ctx: Context, dest: torch.Tensor, value: int | float, pe: int) -
         dest's value on PE `pe` just before the swap, as a Python int (float
         for a float tensor).
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    return fetch_op(heap, dest, value, pe, MPI.REPLACE, "atomic_swap", floats=True)
+    return _on_tensor(ctx, dest, pe, "swap", value, what="atomic_swap")
 
 
 @_documented
@@ -381,7 +448,7 @@ def atomic_compare_swap(ctx: Context, dest: torch.Tensor, cond: int, value: int,
     """Set `dest` on PE `pe` to `value` if it equals `cond`, atomically.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         cond: the value `dest` must hold for the swap to happen.
         value: the new value (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is compared and maybe swapped.
@@ -390,42 +457,7 @@ def atomic_compare_swap(ctx: Context, dest: torch.Tensor, cond: int, value: int,
         dest's value on PE `pe` before the call, as a Python int: equal to
         `cond` exactly when the swap happened.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    what = "atomic_compare_swap"
-    if not heap.backend.mpi_accessible:
-        pe = check_target(heap, dest, pe, what)
-        if by_kernel(heap, pe):
-            return _device(heap, dest, pe, "cas", what, value_for(value, dest.dtype, what),
-                           value_for(cond, dest.dtype, what, "cond"))
-    read, pe, window, buffers = _issue_compare_swap(heap, dest, cond, value, pe, what)
-    window.finish(read, pe, "atomic_compare_swap")
-    return buffers[-1][0]
-
-
-def _issue_compare_swap(heap: HeapCore, dest, cond, value, pe, what: str):
-    """Start a compare-and-swap on dest on PE `pe`: (request, pe, window, buffers),
-    buffers[-1] holding the old value once the request is complete and the window
-    flushed."""
-    pe, displacement, mpi_type, code, window = _target(heap, dest, pe, what)
-    origin = array.array(code, [value_for(value, dest.dtype, what)])
-    compare = array.array(code, [value_for(cond, dest.dtype, what, "cond")])
-    result = array.array(code, [0])
-    after = array.array(code, [0])
-    # MPI_Compare_and_swap has no request-based form, and the MPI_Win_flush that
-    # completes it waits without a deadline. So it is followed by an
-    # MPI_Rget_accumulate(MPI_NO_OP) of the same element: under MPI's default
-    # accumulate ordering (rar, raw, war, waw; the window does not relax it) one
-    # origin's accumulate-class operations on one target location are applied in
-    # issue order, so the target answers that read only after it has applied the
-    # compare-and-swap. Its request is waited for with the deadline; once it has
-    # completed, the target is known to have done the swap and to serve our
-    # operations, and the flush that delivers the swap's result returns promptly.
-    win = window.win
-    win.Compare_and_swap([origin, 1, mpi_type], [compare, 1, mpi_type],
-                         [result, 1, mpi_type], pe, displacement)
-    read = win.Rget_accumulate([origin, 1, mpi_type], [after, 1, mpi_type], pe,
-                               [displacement, 1, mpi_type], MPI.NO_OP)
-    return read, pe, window, (origin, compare, after, result)
+    return _on_tensor(ctx, dest, pe, "cas", value, cond, what="atomic_compare_swap")
 
 
 @_documented
@@ -433,15 +465,14 @@ def atomic_fetch_and(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> i
     """``dest &= value`` on PE `pe` atomically, returning the value before.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the mask (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         dest's value on PE `pe` just before the update, as a Python int.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    return fetch_op(heap, dest, value, pe, MPI.BAND, "atomic_fetch_and")
+    return _on_tensor(ctx, dest, pe, "and", value, what="atomic_fetch_and")
 
 
 @_documented
@@ -449,15 +480,14 @@ def atomic_fetch_or(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> in
     """``dest |= value`` on PE `pe` atomically, returning the value before.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the bits to set (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         dest's value on PE `pe` just before the update, as a Python int.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    return fetch_op(heap, dest, value, pe, MPI.BOR, "atomic_fetch_or")
+    return _on_tensor(ctx, dest, pe, "or", value, what="atomic_fetch_or")
 
 
 @_documented
@@ -465,15 +495,14 @@ def atomic_fetch_xor(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> i
     """``dest ^= value`` on PE `pe` atomically, returning the value before.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the bits to flip (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         dest's value on PE `pe` just before the update, as a Python int.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    return fetch_op(heap, dest, value, pe, MPI.BXOR, "atomic_fetch_xor")
+    return _on_tensor(ctx, dest, pe, "xor", value, what="atomic_fetch_xor")
 
 
 @_documented
@@ -481,15 +510,14 @@ def atomic_and(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> None:
     """``dest &= value`` on PE `pe` atomically; complete there on return.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the mask (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    fetch_op(heap, dest, value, pe, MPI.BAND, "atomic_and")
+    _on_tensor(ctx, dest, pe, "and", value, what="atomic_and")
 
 
 @_documented
@@ -497,15 +525,14 @@ def atomic_or(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> None:
     """``dest |= value`` on PE `pe` atomically; complete there on return.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the bits to set (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    fetch_op(heap, dest, value, pe, MPI.BOR, "atomic_or")
+    _on_tensor(ctx, dest, pe, "or", value, what="atomic_or")
 
 
 @_documented
@@ -513,15 +540,14 @@ def atomic_xor(ctx: Context, dest: torch.Tensor, value: int, pe: int) -> None:
     """``dest ^= value`` on PE `pe` atomically; complete there on return.
 
     Args:
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the bits to flip (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    fetch_op(heap, dest, value, pe, MPI.BXOR, "atomic_xor")
+    _on_tensor(ctx, dest, pe, "xor", value, what="atomic_xor")
 
 
 # -- non-blocking fetching atomics ---------------------------------------------------
@@ -537,35 +563,12 @@ def _check_fetch(fetch, dest, what: str) -> None:
                          f"got shape {tuple(fetch.shape)}")
 
 
-def _defer(fetch, issued, tracker: CompletionTracker) -> None:
-    """Hand an issued operation to the completion tracker of the context that
-    issued it: its quiet() completes it and then stores the old value into
-    `fetch`."""
-    request, pe, window, buffers = issued
-    result = buffers[-1]
-
-    def done():
-        fetch.copy_(torch.frombuffer(result, dtype=fetch.dtype).reshape(fetch.shape))
-
-    tracker.defer(request, pe, window, (fetch, buffers), done)
-
-
-def _fetch_nbi(heap: HeapCore, fetch, dest, value, pe: int, op: MPI.Op, what: str,
-               floats: bool = False, *, tracker: CompletionTracker) -> None:
+def _nbi_on_tensor(ctx: Context, fetch, dest, pe, op: str, value=0, cond=0, *, what: str) -> None:
     _check_fetch(fetch, dest, what)
-    if not heap.backend.mpi_accessible:  # device heaps: complete at once (allowed for nbi)
-        _fill(fetch, fetch_op(heap, dest, value, pe, op, what, floats))
-        return
-    _defer(fetch, _issue(heap, dest, value, pe, op, what, floats), tracker)
-
-
-def _fill(fetch: torch.Tensor, old) -> None:
-    """fetch <- old (a Python number of fetch's dtype; uint64 through its bits)."""
-    if fetch.dtype == torch.uint64:
-        fetch.copy_(torch.tensor([_args.signed64(old)])
-                    .view(torch.uint64).reshape(fetch.shape))
-    else:
-        fetch.fill_(old)
+    heap, pe = ctx.core, ctx.world_pe(pe)
+    word, where = tensor_word(dest, what)
+    apply(heap, word, where, pe, op, value, cond, what=what,
+          into=fetch.reshape(1).view(torch.uint8), tracker=ctx.tracker)
 
 
 _NBI_RAISES = """
@@ -601,16 +604,14 @@ def atomic_fetch_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, pe: 
     Args:
         fetch: a one-element tensor of dest's dtype, in any memory (not
             necessarily symmetric): receives dest's value at quiet().
-        dest: a one-element view of an int32, int64, uint64, float32 or
-            float64 symmetric tensor.
+        dest: a one-element view of an integer, float32 or float64 symmetric
+            tensor.
         pe: the PE to read from.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    _fetch_nbi(heap, fetch, dest, 0, pe, MPI.NO_OP, "atomic_fetch_nbi", floats=True,
-               tracker=ctx.tracker)
+    _nbi_on_tensor(ctx, fetch, dest, pe, "fetch", what="atomic_fetch_nbi")
 
 
 @_documented_nbi
@@ -622,15 +623,14 @@ def atomic_fetch_add_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, 
     Args:
         fetch: a one-element tensor of dest's dtype, in any memory: receives
             dest's value before the addition, at quiet().
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the integer to add (it must fit dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.SUM, "atomic_fetch_add_nbi", tracker=ctx.tracker)
+    _nbi_on_tensor(ctx, fetch, dest, pe, "add", value, what="atomic_fetch_add_nbi")
 
 
 @_documented_nbi
@@ -641,14 +641,13 @@ def atomic_fetch_inc_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, 
     Args:
         fetch: a one-element tensor of dest's dtype, in any memory: receives
             dest's value before the increment, at quiet().
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         pe: the PE whose copy of `dest` is incremented.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    _fetch_nbi(heap, fetch, dest, 1, pe, MPI.SUM, "atomic_fetch_inc_nbi", tracker=ctx.tracker)
+    _nbi_on_tensor(ctx, fetch, dest, pe, "add", 1, what="atomic_fetch_inc_nbi")
 
 
 @_documented_nbi
@@ -660,17 +659,15 @@ def atomic_swap_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, value
     Args:
         fetch: a one-element tensor of dest's dtype, in any memory: receives
             dest's value before the swap, at quiet().
-        dest: a one-element view of an int32, int64, uint64, float32 or
-            float64 symmetric tensor.
+        dest: a one-element view of an integer, float32 or float64 symmetric
+            tensor.
         value: the new value (fitting dest's dtype).
         pe: the PE whose copy of `dest` is swapped.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.REPLACE, "atomic_swap_nbi", floats=True,
-               tracker=ctx.tracker)
+    _nbi_on_tensor(ctx, fetch, dest, pe, "swap", value, what="atomic_swap_nbi")
 
 
 @_documented_nbi
@@ -683,7 +680,7 @@ def atomic_compare_swap_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tenso
         fetch: a one-element tensor of dest's dtype, in any memory: receives
             dest's value before the call, at quiet() (equal to `cond` exactly
             when the swap happened).
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         cond: the value `dest` must hold for the swap to happen.
         value: the new value (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is compared and maybe swapped.
@@ -691,13 +688,7 @@ def atomic_compare_swap_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tenso
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    what = "atomic_compare_swap_nbi"
-    _check_fetch(fetch, dest, what)
-    if not heap.backend.mpi_accessible:  # device heaps: complete at once (allowed for nbi)
-        _fill(fetch, atomic_compare_swap(heap, dest, cond, value, pe))
-        return
-    _defer(fetch, _issue_compare_swap(heap, dest, cond, value, pe, what), ctx.tracker)
+    _nbi_on_tensor(ctx, fetch, dest, pe, "cas", value, cond, what="atomic_compare_swap_nbi")
 
 
 @_documented_nbi
@@ -709,15 +700,14 @@ def atomic_fetch_and_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, 
     Args:
         fetch: a one-element tensor of dest's dtype, in any memory: receives
             dest's value before the update, at quiet().
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the mask (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BAND, "atomic_fetch_and_nbi", tracker=ctx.tracker)
+    _nbi_on_tensor(ctx, fetch, dest, pe, "and", value, what="atomic_fetch_and_nbi")
 
 
 @_documented_nbi
@@ -729,15 +719,14 @@ def atomic_fetch_or_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, v
     Args:
         fetch: a one-element tensor of dest's dtype, in any memory: receives
             dest's value before the update, at quiet().
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the bits to set (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BOR, "atomic_fetch_or_nbi", tracker=ctx.tracker)
+    _nbi_on_tensor(ctx, fetch, dest, pe, "or", value, what="atomic_fetch_or_nbi")
 
 
 @_documented_nbi
@@ -749,15 +738,14 @@ def atomic_fetch_xor_nbi(ctx: Context, fetch: torch.Tensor, dest: torch.Tensor, 
     Args:
         fetch: a one-element tensor of dest's dtype, in any memory: receives
             dest's value before the update, at quiet().
-        dest: a one-element view of an int32, int64 or uint64 symmetric tensor.
+        dest: a one-element view of an integer symmetric tensor.
         value: the bits to flip (an integer that fits dest's dtype).
         pe: the PE whose copy of `dest` is updated.
 
     Returns:
         None.
     """
-    heap, pe = ctx.core, ctx.world_pe(pe)
-    _fetch_nbi(heap, fetch, dest, value, pe, MPI.BXOR, "atomic_fetch_xor_nbi", tracker=ctx.tracker)
+    _nbi_on_tensor(ctx, fetch, dest, pe, "xor", value, what="atomic_fetch_xor_nbi")
 
 
 for _function in (atomic_fetch_nbi, atomic_fetch_add_nbi, atomic_fetch_inc_nbi,

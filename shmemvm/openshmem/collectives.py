@@ -23,15 +23,26 @@ Two paths, chosen identically on every member:
 
 reduce gives bitwise the same result on both paths and on every PE: the
 elements are split into n chunks (n = the team's PEs), the owner of a chunk
-combines the n contributions in team PE order 0, 1, ..., n-1 (torch ops, so
-every dtype torch can combine works, float16 and bfloat16 included), then
-every PE gathers all chunks. Each PE moves about 2x the data (reduce-scatter
-+ allgather), on the node as over MPI.
+combines the n contributions in team PE order 0, 1, ..., n-1, then every PE
+gathers all chunks. Each PE moves about 2x the data (reduce-scatter +
+allgather), on the node as over MPI.
+
+Each collective is written once over bytes: its operands are Operands (the
+bytes of a contiguous symmetric object as a uint8 tensor, its element size and
+its dtype, whatever the face's dtype is), and reduce combines with a combiner
+the face gives (torch ops for the torch functions here, so every dtype torch
+can combine works, float16 and bfloat16 included; NumPy ufuncs for the NumPy
+face, so every dtype NumPy has works, long double included). The *_bytes
+functions are the entry points both faces call: the face passes a function
+that makes its operands, or raises for a bad argument, which then runs inside
+the call's agreement, so that a bad argument on one PE raises on every PE.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from mpi4py import MPI
@@ -41,15 +52,51 @@ from ..agreement.protocol import Phase
 from ..core.state import HeapCore
 from . import group
 
-#: reduction operators of reduce(): name -> torch function with out=
-REDUCE_OPS = {
-    "sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum,
-    "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
-}
+class Operand(NamedTuple):
+    """One operand of a collective, as every face gives it: `data`, the bytes of
+    a contiguous symmetric object (a 1-D uint8 tensor over symmetric memory),
+    `itemsize` bytes an element, and `dtype` (the face's: torch or NumPy), which
+    every PE must pass alike and messages name."""
+    data: torch.Tensor
+    itemsize: int
+    dtype: Any
+
+    @property
+    def count(self) -> int:
+        """The number of elements."""
+        return self.data.numel() // self.itemsize
+
+
+#: a combiner: acc <- acc (op) other, elementwise, both uint8 tensors of whole elements
+Combine = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+def tensor_operand(tensor, role: str, what: str) -> Operand:
+    """A torch tensor as an Operand (the torch face), after checking it is a
+    contiguous tensor; symmetric() is checked by the collective itself."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: {role} must be a symmetric torch.Tensor, got "
+                        f"{type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what}: {role} has shape {tuple(tensor.shape)} and strides "
+                         f"{tuple(tensor.stride())}, which is not contiguous; collectives "
+                         f"work on contiguous symmetric tensors (a whole tensor or a slice "
+                         f"of its first dimension)")
+    return Operand(tensor.reshape(-1).view(torch.uint8), tensor.element_size(), tensor.dtype)
+
+
+def _tensors(dest, source, what: str):
+    """The torch face's operands maker for dest and source."""
+    return lambda: (tensor_operand(dest, "dest", what), tensor_operand(source, "source", what))
 
 
 # -- checks (local; the agreement turns a local error into the same error everywhere)
-def _same_dtype(what: str, dest, source) -> None:
+def _offset(heap: HeapCore, operand: Operand, role: str, what: str) -> int:
+    """The heap offset of `operand`, checked to be live symmetric memory."""
+    return heap.symmetric_contiguous(operand.data, role, what)
+
+
+def _same_dtype(what: str, dest: Operand, source: Operand) -> None:
     if dest.dtype != source.dtype:
         raise TypeError(f"{what}: dest has dtype {dest.dtype} and source {source.dtype}; "
                         f"they must match")
@@ -63,20 +110,18 @@ def _disjoint(what: str, d: int, nd: int, s: int, ns: int, identical_ok: bool = 
                          f"({s:#x}..{s + ns:#x}) overlap; they must {allowed}not overlap")
 
 
-def _pair(heap: HeapCore, team: group.Group, what: str, dest, source, factor: int, *, identical_ok: bool):
-    """Check dest (factor * source.numel() elements) and source; their heap offsets."""
-    d = heap.symmetric_contiguous(dest, "dest", what)
-    s = heap.symmetric_contiguous(source, "source", what)
+def _pair(heap: HeapCore, team: group.Group, what: str, dest: Operand, source: Operand,
+          factor: int, *, identical_ok: bool):
+    """Check dest (factor * source.count elements) and source; their heap offsets."""
+    d = _offset(heap, dest, "dest", what)
+    s = _offset(heap, source, "source", what)
     _same_dtype(what, dest, source)
-    dest_numel = factor * source.numel()
-    if dest.numel() != dest_numel:
-        raise ValueError(f"{what}: dest must have {dest_numel} elements for a source of "
-                         f"{source.numel()} on {len(team.pes)} PEs, got {dest.numel()}")
-    _disjoint(what, d, dest.numel() * dest.element_size(), s,
-              source.numel() * source.element_size(), identical_ok)
+    dest_count = factor * source.count
+    if dest.count != dest_count:
+        raise ValueError(f"{what}: dest must have {dest_count} elements for a source of "
+                         f"{source.count} on {len(team.pes)} PEs, got {dest.count}")
+    _disjoint(what, d, dest.data.numel(), s, source.data.numel(), identical_ok)
     return d, s
-
-
 
 
 # -- MPI path helpers -------------------------------------------------------------------
@@ -99,9 +144,9 @@ def _bytes(tensor: torch.Tensor):
 
 
 def _vector(tensor: torch.Tensor, counts, displs):
-    size = tensor.element_size()
-    return [MPI.memory.fromaddress(tensor.data_ptr(), tensor.numel() * size),
-            [c * size for c in counts], [d * size for d in displs], MPI.BYTE]
+    """`tensor` (uint8) as an MPI vector buffer of byte counts and displacements."""
+    return [MPI.memory.fromaddress(tensor.data_ptr(), tensor.numel()), list(counts),
+            list(displs), MPI.BYTE]
 
 
 def _chunks(numel: int, parts: int) -> tuple[list[int], list[int]]:
@@ -149,41 +194,52 @@ def broadcast(heap: HeapCore, dest, source, root, *, team=None) -> None:
         TypeError: the dtypes differ, or `root` is not an integer.
         {raises}
     """
+    broadcast_bytes(heap, _tensors(dest, source, "broadcast"), root, team=team)
+
+
+def broadcast_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], root, *,
+                    team=None) -> None:
+    """broadcast() of the Operands that `operands()` makes (or raises for: then
+    every member raises at this call): both faces' one implementation."""
     what = "broadcast"
     t = group.resolve(heap, team, what)
+    made: list = []
 
     def check():
         r = t.check_pe(root, "root")
+        dest, source = operands()
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=True)
-        return (d, s, source.dtype, source.numel(), r), (
+        made[:] = dest, source
+        return (d, s, source.dtype, source.count, r), (
             f"{t.label}broadcast(dest at heap offset {d:#x}, source at {s:#x}, "
-            f"{source.numel()} x {source.dtype}, root={r})")
+            f"{source.count} x {source.dtype}, root={r})")
 
     with heap.lock:
         heap.backend.synchronize()
-        r = t.agree_checked(Phase.BROADCAST, f"{t.label}broadcast(dest, source, root={root!r})",
-                            check)[-1]
-        if source.numel() == 0:
+        d, s, _, _, r = t.agree_checked(
+            Phase.BROADCAST, f"{t.label}broadcast(dest, source, root={root!r})", check)
+        dest, source = made
+        if source.data.numel() == 0:
             return
         me, text = t.me, f"{t.label}broadcast(root={r})"
-        same = heap.offset_of(dest) == heap.offset_of(source)
+        same = d == s
         if t.on_node:
             if me != r:
-                dest.view(-1).copy_(heap.ptr(source, t.pes[r]).view(-1))
+                dest.data.copy_(heap.ptr(source.data, t.pes[r]))
             elif not same:
-                dest.view(-1).copy_(source.view(-1))
+                dest.data.copy_(source.data)
             t.step(Phase.BROADCAST_COPIED, f"{text} (copied)")
             return
         if me == r:
-            buffer = _host(source)
+            buffer = _host(source.data)
             t.wait(t.comm.Ibcast(_bytes(buffer), r), text)
             if not same:
-                dest.view(-1).copy_(source.view(-1))
+                dest.data.copy_(source.data)
         else:
-            buffer = _receive_buffer(dest)
+            buffer = _receive_buffer(dest.data)
             t.wait(t.comm.Ibcast(_bytes(buffer), r), text)
-            if buffer is not dest:
-                dest.copy_(buffer)
+            if buffer is not dest.data:
+                dest.data.copy_(buffer)
 
 
 # -- fcollect ---------------------------------------------------------------------------------
@@ -208,31 +264,41 @@ def fcollect(heap: HeapCore, dest, source, *, team=None) -> None:
         TypeError: the dtypes differ.
         {raises}
     """
+    fcollect_bytes(heap, _tensors(dest, source, "fcollect"), team=team)
+
+
+def fcollect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], *,
+                   team=None) -> None:
+    """fcollect() of the Operands that `operands()` makes (see broadcast_bytes)."""
     what = "fcollect"
     t = group.resolve(heap, team, what)
+    made: list = []
 
     def check():
+        dest, source = operands()
         d, s = _pair(heap, t, what, dest, source, len(t.pes), identical_ok=False)
-        return (d, s, source.dtype, source.numel()), (
+        made[:] = dest, source
+        return (d, s, source.dtype, source.count), (
             f"{t.label}fcollect(dest at heap offset {d:#x}, source at {s:#x}, "
-            f"{source.numel()} x {source.dtype} per PE)")
+            f"{source.count} x {source.dtype} per PE)")
 
     with heap.lock:
         heap.backend.synchronize()
         t.agree_checked(Phase.FCOLLECT, f"{t.label}fcollect(dest, source)", check)
-        m = source.numel()
+        dest, source = made
+        m = source.data.numel()
         if m == 0:
             return
-        flat = dest.view(-1)
+        flat = dest.data
         if t.on_node:
             for i, pe in enumerate(t.pes):
-                flat[i * m:(i + 1) * m].copy_(heap.ptr(source, pe).view(-1))
+                flat[i * m:(i + 1) * m].copy_(heap.ptr(source.data, pe))
             t.step(Phase.FCOLLECT_COPIED, f"{t.label}fcollect (copied)")
             return
-        send, receive = _host(source), _receive_buffer(dest)
+        send, receive = _host(source.data), _receive_buffer(flat)
         t.wait(t.comm.Iallgather(_bytes(send), _bytes(receive)), f"{t.label}fcollect")
-        if receive is not dest:
-            dest.copy_(receive)
+        if receive is not flat:
+            flat.copy_(receive)
 
 
 # -- collect ----------------------------------------------------------------------------------
@@ -262,47 +328,59 @@ def collect(heap: HeapCore, dest, source, *, team=None) -> None:
         TypeError: the dtypes differ.
         {raises}
     """
+    collect_bytes(heap, _tensors(dest, source, "collect"), team=team)
+
+
+def collect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], *,
+                  team=None) -> None:
+    """collect() of the Operands that `operands()` makes (see broadcast_bytes)."""
     what = "collect"
     t = group.resolve(heap, team, what)
+    made: list = []
 
     def check():
-        d = heap.symmetric_contiguous(dest, "dest", what)
-        s = heap.symmetric_contiguous(source, "source", what)
+        dest, source = operands()
+        d = _offset(heap, dest, "dest", what)
+        s = _offset(heap, source, "source", what)
         _same_dtype(what, dest, source)
-        return (d, s, source.dtype, dest.numel()), (
-            f"{t.label}collect(dest at heap offset {d:#x} of {dest.numel()} x {dest.dtype}, "
+        made[:] = dest, source
+        return (d, s, source.dtype, dest.count), (
+            f"{t.label}collect(dest at heap offset {d:#x} of {dest.count} x {dest.dtype}, "
             f"source at {s:#x})")
 
     with heap.lock:
         heap.backend.synchronize()
-        d, s, _, dest_numel = t.agree_checked(Phase.COLLECT, f"{t.label}collect(dest, source)",
+        d, s, _, dest_count = t.agree_checked(Phase.COLLECT, f"{t.label}collect(dest, source)",
                                               check)
+        dest, source = made
         text = f"{t.label}collect"
         counts = [int.from_bytes(data, "little") for data in t.allgather(
-            Phase.COLLECT_SIZES, source.numel().to_bytes(8, "little"), f"{text} (the sizes)")]
-        displs = [sum(counts[:i]) for i in range(len(counts))]
-        total, size = sum(counts), source.element_size()
+            Phase.COLLECT_SIZES, source.count.to_bytes(8, "little"), f"{text} (the sizes)")]
+        total, size = sum(counts), source.itemsize
         # The same inputs on every PE (agreed or gathered): every PE raises alike.
-        if total > dest_numel:
-            raise ValueError(f"{what}: dest has {dest_numel} elements, but the team's PEs "
+        if total > dest_count:
+            raise ValueError(f"{what}: dest has {dest_count} elements, but the team's PEs "
                              f"contribute {total} (team PE i: {counts[:16]}"
                              f"{' ...' if len(counts) > 16 else ''}); allocate dest with at "
                              f"least {total} elements")
         _disjoint(what, d, total * size, s, max(counts) * size)
         if total == 0:
             return
-        flat = dest.view(-1)
+        counts = [c * size for c in counts]           # in bytes from here on
+        displs = [sum(counts[:i]) for i in range(len(counts))]
+        flat = dest.data
         if t.on_node:
+            data = source.data
             for i, pe in enumerate(t.pes):
                 if counts[i]:
-                    # team PE i's source: counts[i] elements from the same offset, in
+                    # team PE i's source: counts[i] bytes from the same offset, in
                     # a block of the same size on every PE
-                    theirs = torch.as_strided(source, (counts[i],), (1,), source.storage_offset())
+                    theirs = torch.as_strided(data, (counts[i],), (1,), data.storage_offset())
                     flat[displs[i]:displs[i] + counts[i]].copy_(heap.ptr(theirs, pe))
             t.step(Phase.COLLECT_COPIED, f"{text} (copied)")
             return
-        target = flat[:total]
-        send, receive = _host(source).view(-1), _receive_buffer(target)
+        target = flat[:sum(counts)]
+        send, receive = _host(source.data), _receive_buffer(target)
         t.wait(t.comm.Iallgatherv(_bytes(send), _vector(receive, counts, displs)), text)
         if receive is not target:
             target.copy_(receive)
@@ -331,35 +409,45 @@ def alltoall(heap: HeapCore, dest, source, *, team=None) -> None:
         TypeError: the dtypes differ.
         {raises}
     """
+    alltoall_bytes(heap, _tensors(dest, source, "alltoall"), team=team)
+
+
+def alltoall_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], *,
+                   team=None) -> None:
+    """alltoall() of the Operands that `operands()` makes (see broadcast_bytes)."""
     what = "alltoall"
     t = group.resolve(heap, team, what)
     n = len(t.pes)
+    made: list = []
 
     def check():
-        if isinstance(source, torch.Tensor) and source.numel() % n:
-            raise ValueError(f"alltoall: source has {source.numel()} elements, which do not "
+        dest, source = operands()
+        if source.count % n:
+            raise ValueError(f"alltoall: source has {source.count} elements, which do not "
                              f"split into {n} equal blocks (one per PE); use a multiple of {n}")
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=False)
-        return (d, s, source.dtype, source.numel()), (
+        made[:] = dest, source
+        return (d, s, source.dtype, source.count), (
             f"{t.label}alltoall(dest at heap offset {d:#x}, source at {s:#x}, "
-            f"{source.numel()} x {source.dtype})")
+            f"{source.count} x {source.dtype})")
 
     with heap.lock:
         heap.backend.synchronize()
         t.agree_checked(Phase.ALLTOALL, f"{t.label}alltoall(dest, source)", check)
-        b, me = source.numel() // n, t.me
+        dest, source = made
+        b, me = source.data.numel() // n, t.me      # a block, in bytes
         if b == 0:
             return
-        flat = dest.view(-1)
+        flat = dest.data
         if t.on_node:
             for i, pe in enumerate(t.pes):
-                flat[i * b:(i + 1) * b].copy_(heap.ptr(source, pe).view(-1)[me * b:(me + 1) * b])
+                flat[i * b:(i + 1) * b].copy_(heap.ptr(source.data, pe)[me * b:(me + 1) * b])
             t.step(Phase.ALLTOALL_COPIED, f"{t.label}alltoall (copied)")
             return
-        send, receive = _host(source), _receive_buffer(dest)
+        send, receive = _host(source.data), _receive_buffer(flat)
         t.wait(t.comm.Ialltoall(_bytes(send), _bytes(receive)), f"{t.label}alltoall")
-        if receive is not dest:
-            dest.copy_(receive)
+        if receive is not flat:
+            flat.copy_(receive)
 
 
 @_documented
@@ -389,26 +477,38 @@ def alltoalls(heap: HeapCore, dest, source, dst: int, sst: int, nelems: int, *, 
         TypeError: the dtypes differ, or a stride or nelems is not an integer.
         {raises}
     """
+    alltoalls_bytes(heap, _tensors(dest, source, "alltoalls"), dst, sst, nelems, team=team)
+
+
+def alltoalls_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], dst, sst,
+                    nelems, *, team=None) -> None:
+    """alltoalls() of the Operands that `operands()` makes (see broadcast_bytes);
+    `nelems` may be a function of (dest, source) that gives it (the NumPy face's
+    default, worked out inside the agreement)."""
     what = "alltoalls"
     t = group.resolve(heap, team, what)
     n = len(t.pes)
+    made: list = []
 
     def check():
+        dest, source = operands()
         ds, ss = _args.count(dst, "alltoalls: dst", 1), _args.count(sst, "alltoalls: sst", 1)
-        count = _args.count(nelems, "alltoalls: nelems", 0)
-        d = heap.symmetric_contiguous(dest, "dest", what)
-        s = heap.symmetric_contiguous(source, "source", what)
+        count = _args.count(nelems(dest, source) if callable(nelems) else nelems,
+                            "alltoalls: nelems", 0)
+        d = _offset(heap, dest, "dest", what)
+        s = _offset(heap, source, "source", what)
         _same_dtype(what, dest, source)
         spans = [(ds * (n * count - 1) + 1) if count else 0,
                  (ss * (n * count - 1) + 1) if count else 0]
-        for role, tensor, span, stride in (("dest", dest, spans[0], "dst"),
-                                           ("source", source, spans[1], "sst")):
-            if tensor.numel() < span:
-                raise ValueError(f"alltoalls: {role} has {tensor.numel()} elements; {n} PEs x "
+        for role, operand, span, stride in (("dest", dest, spans[0], "dst"),
+                                            ("source", source, spans[1], "sst")):
+            if operand.count < span:
+                raise ValueError(f"alltoalls: {role} has {operand.count} elements; {n} PEs x "
                                  f"{count} elements with {stride}={ds if role == 'dest' else ss}"
                                  f" need at least {span}")
-        size = dest.element_size()
+        size = dest.itemsize
         _disjoint(what, d, spans[0] * size, s, spans[1] * size)
+        made[:] = dest, source
         return (d, s, source.dtype, count, (ds, ss)), (
             f"{t.label}alltoalls(dest at heap offset {d:#x}, source at {s:#x}, dst={ds}, "
             f"sst={ss}, nelems={count} x {source.dtype})")
@@ -418,23 +518,35 @@ def alltoalls(heap: HeapCore, dest, source, dst: int, sst: int, nelems: int, *, 
         _, _, _, count, (ds, ss) = t.agree_checked(
             Phase.ALLTOALLS, f"{t.label}alltoalls(dest, source, dst={dst!r}, sst={sst!r}, "
             f"nelems={nelems!r})", check)
+        dest, source = made
         if count == 0:
             return
+        size = source.itemsize
         me, m = t.me, n * count
-        into = dest.view(-1)[::ds][:m]      # the elements dest receives, in order
+        # the elements dest receives, in order: rows of `size` bytes
+        into = dest.data.view(-1, size)[::ds][:m]
         if t.on_node:
             for i, pe in enumerate(t.pes):
-                theirs = heap.ptr(source, pe).view(-1)[::ss][me * count:(me + 1) * count]
+                theirs = heap.ptr(source.data, pe).view(-1, size)[::ss][me * count:(me + 1) * count]
                 into[i * count:(i + 1) * count].copy_(theirs)
             t.step(Phase.ALLTOALLS_COPIED, f"{t.label}alltoalls (copied)")
             return
-        send = source.view(-1)[::ss][:m].to("cpu").contiguous()
-        receive = torch.empty(m, dtype=dest.dtype)
+        send = source.data.view(-1, size)[::ss][:m].to("cpu").contiguous()
+        receive = torch.empty((m, size), dtype=torch.uint8)
         t.wait(t.comm.Ialltoall(_bytes(send), _bytes(receive)), f"{t.label}alltoalls")
         into.copy_(receive)
 
 
 # -- reduce -------------------------------------------------------------------------------------
+#: the operations of reduce()
+REDUCE_NAMES = ("sum", "prod", "min", "max", "and", "or", "xor")
+#: the torch face's combiners: name -> torch function with out=
+REDUCE_OPS = {
+    "sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum,
+    "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _reducible(op: str, dtype: torch.dtype, device: str) -> str | None:
     """None when torch can combine `dtype` with `op`, else why not."""
@@ -444,6 +556,22 @@ def _reducible(op: str, dtype: torch.dtype, device: str) -> str | None:
         return None
     except (RuntimeError, TypeError) as exc:
         return str(exc).splitlines()[0]
+
+
+def torch_combiner(heap: HeapCore, op: str, dtype: torch.dtype) -> Combine:
+    """The torch face's combiner of `dtype` for `op` (torch ops on the heap's
+    device), or TypeError where torch cannot combine them."""
+    why = _reducible(op, dtype, str(heap.device))
+    if why:
+        raise TypeError(f"reduce: op {op!r} does not apply to dtype {dtype} ({why}); "
+                        f"use another op or reduce a copy in another dtype")
+    function = REDUCE_OPS[op]
+
+    def combine(acc: torch.Tensor, other: torch.Tensor) -> None:
+        typed = acc.view(dtype)
+        function(typed, other.view(dtype), out=typed)
+
+    return combine
 
 
 @_documented
@@ -471,50 +599,59 @@ def reduce(heap: HeapCore, dest, source, op: str = "sum", *, team=None) -> None:
         TypeError: the dtypes differ, or torch cannot combine the dtype with op.
         {raises}
     """
+    reduce_bytes(heap, _tensors(dest, source, "reduce"), op,
+                 lambda operand: torch_combiner(heap, op, operand.dtype), team=team)
+
+
+def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], op: str,
+                 combiner: Callable[[Operand], Combine], *, team=None) -> None:
+    """reduce() of the Operands that `operands()` makes (see broadcast_bytes),
+    combined by `combiner(source)`, the face's combiner of op for source's dtype
+    (it raises TypeError where op does not apply: inside the agreement too)."""
     what = "reduce"
     t = group.resolve(heap, team, what)
+    made: list = []
 
     def check():
-        if op not in REDUCE_OPS:
-            raise ValueError(f"reduce: op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+        if op not in REDUCE_NAMES:
+            raise ValueError(f"reduce: op must be one of {', '.join(REDUCE_NAMES)}, got {op!r}")
+        dest, source = operands()
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=True)
-        why = _reducible(op, source.dtype, str(heap.device))
-        if why:
-            raise TypeError(f"reduce: op {op!r} does not apply to dtype {source.dtype} ({why}); "
-                            f"use another op or reduce a copy in another dtype")
-        return (d, s, source.dtype, source.numel(), op), (
+        made[:] = dest, source, combiner(source)
+        return (d, s, source.dtype, source.count, op), (
             f"{t.label}reduce(dest at heap offset {d:#x}, source at {s:#x}, "
-            f"{source.numel()} x {source.dtype}, op={op!r})")
+            f"{source.count} x {source.dtype}, op={op!r})")
 
     with heap.lock:
         heap.backend.synchronize()
         t.agree_checked(Phase.REDUCE, f"{t.label}reduce(dest, source, op={op!r})", check)
-        numel, n, me = source.numel(), len(t.pes), t.me
+        dest, source, combine = made
+        numel, n, me, size = source.count, len(t.pes), t.me, source.itemsize
         if numel == 0:
             return
-        combine = REDUCE_OPS[op]
         counts, displs = _chunks(numel, n)
+        counts, displs = [c * size for c in counts], [d * size for d in displs]   # bytes
         lo, hi = displs[me], displs[me] + counts[me]
-        flat = dest.view(-1)
+        flat = dest.data
         text = f"{t.label}reduce(op={op!r})"
         if t.on_node:
             # 1) this PE combines its chunk from every member's source, in team order
             if hi > lo:
-                acc = heap.ptr(source, t.pes[0]).view(-1)[lo:hi].clone()
+                acc = heap.ptr(source.data, t.pes[0])[lo:hi].clone()
                 for pe in t.pes[1:]:
-                    combine(acc, heap.ptr(source, pe).view(-1)[lo:hi], out=acc)
+                    combine(acc, heap.ptr(source.data, pe)[lo:hi])
                 flat[lo:hi].copy_(acc)
             t.step(Phase.REDUCE_COMBINED, f"{text} (chunks combined)")
             # 2) every PE gathers the other chunks from their owners' dest
             for i, pe in enumerate(t.pes):
                 if i != me and counts[i]:
                     start, stop = displs[i], displs[i] + counts[i]
-                    flat[start:stop].copy_(heap.ptr(dest, pe).view(-1)[start:stop])
+                    flat[start:stop].copy_(heap.ptr(dest.data, pe)[start:stop])
             t.step(Phase.REDUCE_GATHERED, f"{text} (gathered)")
             return
         # 1) reduce-scatter: this PE receives its chunk of every member's source ...
-        send = _host(source).view(-1)
-        pieces = torch.empty(n * counts[me], dtype=source.dtype)
+        send = _host(source.data)
+        pieces = torch.empty(n * counts[me], dtype=torch.uint8)
         t.wait(t.comm.Ialltoallv(_vector(send, counts, displs),
                                  _vector(pieces, [counts[me]] * n,
                                          [i * counts[me] for i in range(n)])),
@@ -522,14 +659,15 @@ def reduce(heap: HeapCore, dest, source, op: str = "sum", *, team=None) -> None:
         # ... and combines them in team order, as the node path does
         pieces = pieces.view(n, counts[me])
         acc = pieces[0].clone()
-        for i in range(1, n):
-            combine(acc, pieces[i], out=acc)
+        if counts[me]:
+            for i in range(1, n):
+                combine(acc, pieces[i])
         # 2) allgather of the combined chunks
-        receive = _receive_buffer(dest)
-        t.wait(t.comm.Iallgatherv(_bytes(acc), _vector(receive.view(-1), counts, displs)),
+        receive = _receive_buffer(flat)
+        t.wait(t.comm.Iallgatherv(_bytes(acc), _vector(receive, counts, displs)),
                f"{text} (gather)")
-        if receive is not dest:
-            dest.copy_(receive)
+        if receive is not flat:
+            flat.copy_(receive)
 
 
 def all_reduce(heap: HeapCore, dest, source, op: str = "sum", *, team=None) -> None:

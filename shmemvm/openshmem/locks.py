@@ -27,7 +27,9 @@ one lock without ill effect; the ticket count after 2**31 wraps through the
 int64 sign, which the arithmetic here takes modulo 2**64.
 
 Which locks this PE holds (and with which ticket) is this module's own state
-of each heap (a feature of it: HeapCore.feature).
+of each heap (a feature of it: HeapCore.feature). The lock word is given to
+acquire/try_acquire/release as its bytes (a uint8 tensor over symmetric
+memory), as both faces have it; its atomics go through atomics.apply.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ..agreement import liveness
 from ..core.state import HeapCore
 from ..errors import ShmemError
 from . import atomics, rma
+from .words import INT64
 
 #: the PE whose copy of the lock word is the lock
 HOME_PE = 0
@@ -66,9 +69,9 @@ def _publish(heap: HeapCore, offset: int, ticket: int | None, how: str | None) -
         heap.liveness.lock_state(offset, ticket, how)
 
 
-def _lock_offset(heap: HeapCore, lock, what: str) -> int:
-    """The lock word's heap offset, after checking it is a one-element int64
-    symmetric tensor (TypeError, ValueError, FreedTensorError otherwise)."""
+def _lock_bytes(heap: HeapCore, lock, what: str) -> torch.Tensor:
+    """The lock word's bytes, after checking it is a one-element int64 symmetric
+    tensor (TypeError, ValueError, FreedTensorError otherwise)."""
     if not isinstance(lock, torch.Tensor):
         raise TypeError(f"{what}: lock must be a symmetric int64 tensor of one element, got "
                         f"{type(lock).__name__}")
@@ -78,8 +81,18 @@ def _lock_offset(heap: HeapCore, lock, what: str) -> int:
     if lock.numel() != 1:
         raise ValueError(f"{what}: lock must have exactly one element, got shape "
                          f"{tuple(lock.shape)}; pass a one-element tensor or view (locks[i:i+1])")
-    heap.symmetric(lock, f"lock of {what} (a tensor from this heap's zeros)")
-    return heap.offset_of(lock)
+    return lock.reshape(1).view(torch.uint8)
+
+
+def _offset(heap: HeapCore, word: torch.Tensor, what: str) -> int:
+    """The heap offset of the lock word `word` (its 8 bytes), checked symmetric."""
+    heap.symmetric(word, f"lock of {what} (a tensor from this heap's zeros)")
+    return heap.offset_of(word)
+
+
+def _atomic(heap: HeapCore, word: torch.Tensor, op: str, value=0, cond=0, *, what: str):
+    """`op` on PE HOME_PE's copy of the lock word (atomics.apply)."""
+    return atomics.apply(heap, INT64, word, HOME_PE, op, value, cond, what=what)
 
 
 def set_lock(heap: HeapCore, lock: torch.Tensor) -> None:
@@ -112,13 +125,17 @@ def set_lock(heap: HeapCore, lock: torch.Tensor) -> None:
         DeadlockError: every PE waits (set_lock, wait_until, signal_wait_until)
             and nothing has changed for the timeout.
     """
-    offset = _lock_offset(heap, lock, "set_lock")
+    acquire(heap, _lock_bytes(heap, lock, "set_lock"), "set_lock")
+
+
+def acquire(heap: HeapCore, word: torch.Tensor, what: str = "set_lock") -> None:
+    """set_lock on the lock word whose 8 bytes `word` views (either face's)."""
+    offset = _offset(heap, word, what)
     if offset in _held(heap):
         raise ShmemError(f"set_lock: PE {heap.my_pe} already holds this lock (heap offset "
                          f"{offset:#x}); locks are not recursive: clear_lock it first")
-    word = lock.view(-1)[0]
     _publish(heap, offset, None, "taking")   # (a PE that dies here is still known)
-    ticket = (atomics.atomic_fetch_add(heap, word, _TICKET, HOME_PE) & _MASK64) >> 32
+    ticket = (_atomic(heap, word, "add", _TICKET, what=what) & _MASK64) >> 32
     _publish(heap, offset, ticket, "queued")
     serving = None
 
@@ -128,7 +145,7 @@ def set_lock(heap: HeapCore, lock: torch.Tensor) -> None:
 
     with liveness.watch(heap.liveness, describe, lambda: (offset, serving)) as watch:
         while True:
-            bits = atomics.atomic_fetch(heap, word, HOME_PE)
+            bits = _atomic(heap, word, "fetch", what=what)
             serving = bits & _LOW
             ahead = (ticket - serving) & _LOW
             if ahead == 0:
@@ -157,18 +174,22 @@ def test_lock(heap: HeapCore, lock: torch.Tensor) -> bool:
         UnsupportedError: the heap's memory is not reachable by MPI.
         PeerTimeoutError: PE 0 did not answer within the heap's timeout.
     """
-    offset = _lock_offset(heap, lock, "test_lock")
+    return try_acquire(heap, _lock_bytes(heap, lock, "test_lock"), "test_lock")
+
+
+def try_acquire(heap: HeapCore, word: torch.Tensor, what: str = "test_lock") -> bool:
+    """test_lock on the lock word whose 8 bytes `word` views (either face's)."""
+    offset = _offset(heap, word, what)
     if offset in _held(heap):
         return False
-    word = lock.view(-1)[0]
-    old = atomics.atomic_fetch(heap, word, HOME_PE)
+    old = _atomic(heap, word, "fetch", what=what)
     bits = old & _MASK64
     taken, serving = bits >> 32, bits & _LOW
     if taken != serving:
         return False
     # Free: take the ticket being served, unless another PE changed the word first.
     _publish(heap, offset, None, "taking")
-    if atomics.atomic_compare_swap(heap, word, old, _args.signed64(bits + _TICKET), HOME_PE) != old:
+    if _atomic(heap, word, "cas", _args.signed64(bits + _TICKET), old, what=what) != old:
         _publish(heap, offset, None, None)
         return False
     _held(heap)[offset] = serving
@@ -196,7 +217,12 @@ def clear_lock(heap: HeapCore, lock: torch.Tensor) -> None:
         UnsupportedError: the heap's memory is not reachable by MPI.
         PeerTimeoutError: PE 0 did not answer within the heap's timeout.
     """
-    offset = _lock_offset(heap, lock, "clear_lock")
+    release(heap, _lock_bytes(heap, lock, "clear_lock"), "clear_lock")
+
+
+def release(heap: HeapCore, word: torch.Tensor, what: str = "clear_lock") -> None:
+    """clear_lock on the lock word whose 8 bytes `word` views (either face's)."""
+    offset = _offset(heap, word, what)
     ticket = _held(heap).get(offset)
     if ticket is None:
         raise ShmemError(f"clear_lock: PE {heap.my_pe} does not hold this lock (heap offset "
@@ -205,7 +231,7 @@ def clear_lock(heap: HeapCore, lock: torch.Tensor) -> None:
     rma.quiet(heap)
     # Serve the next ticket: +1 in the low half, without a carry into the high one.
     step = 1 if ticket != _LOW else 1 - _TICKET
-    old = atomics.atomic_fetch_add(heap, lock.view(-1)[0], step, HOME_PE)
+    old = _atomic(heap, word, "add", step, what=what)
     del _held(heap)[offset]
     _publish(heap, offset, None, None)
     if old & _LOW != ticket:

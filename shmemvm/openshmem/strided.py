@@ -3,7 +3,9 @@
 Both are torch views (``dest[::dst][:nelems]``) handed to put/get (rma.py),
 which already write strided symmetric tensors in place, on the node (a copy
 into the peer mapping) and off it (an MPI derived datatype). They take a
-context first (the heap, or a Ctx), as put/get do.
+context first (the heap, or a Ctx), as put/get do. strided_bytes() is the
+same over the bytes of any element type (the NumPy face's long double too):
+each element a row of `itemsize` bytes.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from . import rma
 _MAX_STRIDE = (1 << 63) - 1
 
 
-def _strided(tensor, stride, nelems: int, what: str, role: str, name: str) -> torch.Tensor:
-    """tensor[::stride][:nelems], or a clear error."""
+def _strided(tensor, stride, nelems: int, what: str, role: str, name: str,
+             itemsize: int | None = None) -> torch.Tensor:
+    """tensor[::stride][:nelems] (with `itemsize`: of the rows of a uint8 tensor,
+    an element a row), or a clear error."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what}: {role} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dim() != 1:
+    if itemsize is not None and tensor.dim() == 1:
+        tensor = tensor.view(-1, itemsize)
+    elif tensor.dim() != 1:
         raise ValueError(f"{what}: {role} must be 1-D (strides count its elements), got shape "
                          f"{tuple(tensor.shape)}; pass a flattened view such as t.view(-1)")
     stride = _args.integer(stride, f"{what}: {name}")
@@ -32,9 +38,9 @@ def _strided(tensor, stride, nelems: int, what: str, role: str, name: str) -> to
     if stride > _MAX_STRIDE:
         raise ValueError(f"{what}: {name} must be at most 2**63 - 1 (OpenSHMEM's ptrdiff_t), "
                          f"got {stride}")
-    if nelems and (nelems - 1) * stride + 1 > tensor.numel():
+    if nelems and (nelems - 1) * stride + 1 > len(tensor):
         raise ValueError(f"{what}: {nelems} elements at stride {stride} reach element "
-                         f"{(nelems - 1) * stride} of {role}, which has {tensor.numel()}")
+                         f"{(nelems - 1) * stride} of {role}, which has {len(tensor)}")
     # One element (or none) is the first whatever the stride, which torch's slicing
     # does not take beyond 2**63 - 2 (it overflows to an empty view)
     return tensor[:nelems] if nelems <= 1 else tensor[::stride][:nelems]
@@ -108,5 +114,20 @@ def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
     data = _strided(source, sst, nelems, "iget", "source", "sst")
     if nelems:
         rma.get(ctx, target, data, pe)
+    else:
+        ctx.world_pe(pe)   # nothing to copy, but pe is still checked (TypeError, ValueError)
+
+
+def strided_bytes(ctx: Context, dest: torch.Tensor, source: torch.Tensor, itemsize: int,
+                  dst: int, sst: int, nelems: int, pe: int, *, writing: bool) -> None:
+    """iput (`writing`) or iget over the bytes of `dest` and `source` (1-D uint8
+    tensors of whole elements of `itemsize` bytes): the NumPy face's, for every
+    element type."""
+    what = "iput" if writing else "iget"
+    nelems = _count(nelems, what)
+    target = _strided(dest, dst, nelems, what, "dest", "dst", itemsize)
+    data = _strided(source, sst, nelems, what, "source", "sst", itemsize)
+    if nelems:
+        (rma.put if writing else rma.get)(ctx, target, data, pe)
     else:
         ctx.world_pe(pe)   # nothing to copy, but pe is still checked (TypeError, ValueError)

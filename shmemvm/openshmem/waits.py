@@ -3,7 +3,13 @@ own symmetric variables that other PEs update (put, atomics, put_signal):
 wait_until and test on one variable, wait_until_all/any/some and
 test_all/any/some (and their _vector forms) on a 1-D vector of them.
 
-A variable is read atomically: on host heaps with an MPI atomic read
+Every routine here is written once over words (words.py: the integer types
+int8..uint64), the variable given as its bytes: the torch functions map a
+tensor to its word and bytes, the NumPy face (shmem/) an array; both then use
+wait_for/test_word (one variable) and Condition with wait/check (vectors).
+
+A variable is read atomically (atomics.apply, the one path of every atomic):
+on host heaps with an MPI atomic read
 (MPI_Get_accumulate with MPI_NO_OP) through the heap's window on this PE, which
 is atomic with respect to other PEs' atomics, sees their puts, and lets MPI
 apply other PEs' operations to this PE while it polls (passive-target
@@ -20,18 +26,17 @@ the list of indices.
 
 from __future__ import annotations
 
-import array
 import operator
 import time
 
 import torch
-from mpi4py import MPI
 
 from .. import _docs
 from ..agreement import liveness
 from ..core.state import HeapCore
 from ..errors import PeerTimeoutError
-from . import atomics
+from . import atomics, words
+from .words import Word
 
 #: comparisons of wait_until / test / signal_wait_until
 COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt,
@@ -44,20 +49,32 @@ _MAX_SLEEP = 0.2e-3     # as the heap's own waits: a waiting PE still serves MPI
 
 
 # -- one variable ------------------------------------------------------------------------
-def _comparison(cmp, ivar, value, what: str):
+def _compare(cmp, what: str):
     if cmp not in COMPARISONS:
         raise ValueError(f"{what}: cmp must be one of {', '.join(COMPARISONS)}, got {cmp!r}")
-    if isinstance(ivar, torch.Tensor) and ivar.dtype in atomics.ATOMIC_DTYPES:
-        value = atomics.value_for(value, ivar.dtype, what)
-    return COMPARISONS[cmp], value
+    return COMPARISONS[cmp]
+
+
+def check_word(word: Word, what: str, role: str) -> None:
+    """TypeError unless `word` is one of point-to-point synchronization's types."""
+    if not word.integer:
+        raise TypeError(f"{what}: {role} must have {words.INTEGER_TEXT} (OpenSHMEM's "
+                        f"point-to-point synchronization types), got {word.name}")
+
+
+def tensor_ivar(ivar, what: str, role: str = "ivar") -> tuple[Word, torch.Tensor]:
+    """(word, bytes) of a one-element integer tensor (the torch face), or a clear error."""
+    word, where = atomics.tensor_word(ivar, what, role)
+    check_word(word, what, role)
+    return word, where
 
 
 LOCAL_RAISES = """
     Raises:
         ValueError: `cmp` is not one of "eq", "ne", "gt", "ge", "lt", "le", the
             variable is not one element, or `value` does not fit its dtype.
-        TypeError: the variable is not an int32, int64 or uint64 tensor, or
-            `value` is not an integer.
+        TypeError: the variable is not of an integer type (int8..int64,
+            uint8..uint64), or `value` is not an integer.
         FreedTensorError: the variable is not a view of a live tensor of this heap.
         UnsupportedError: a device heap where Triton is not installed.
 """
@@ -73,7 +90,7 @@ def test(heap: HeapCore, ivar: torch.Tensor, cmp: str, value: int) -> bool:
     """Whether this PE's `ivar` compares `cmp` to `value` now (no waiting).
 
     Args:
-        ivar: a one-element view of an int32, int64 or uint64 symmetric tensor;
+        ivar: a one-element view of an integer symmetric tensor;
             this PE's copy is read atomically.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivar `cmp` value).
         value: the integer to compare with.
@@ -81,8 +98,16 @@ def test(heap: HeapCore, ivar: torch.Tensor, cmp: str, value: int) -> bool:
     Returns:
         True when the comparison holds.
     """
-    compare, value = _comparison(cmp, ivar, value, "test")
-    return compare(atomics.read_local(heap, ivar, "test"), value)
+    word, where = tensor_ivar(ivar, "test")
+    return test_word(heap, word, where, cmp, value, "test")
+
+
+def test_word(heap: HeapCore, word: Word, where: torch.Tensor, cmp: str, value, what: str) -> bool:
+    """test() of the variable whose bytes `where` views, of type `word`."""
+    compare = _compare(cmp, what)
+    check_word(word, what, "ivar")
+    value = word.value(value, what)
+    return compare(atomics.read(heap, word, where, what), value)
 
 
 def check_timeout(timeout, what: str) -> None:
@@ -121,12 +146,17 @@ def _poll_until(heap: HeapCore, poll, timeout: float | None, unmet, watch) -> ob
             pause = min(pause * 2, _MAX_SLEEP)
 
 
-def wait_for(heap: HeapCore, ivar, cmp: str, value, timeout: float | None, what: str) -> int:
-    compare, value = _comparison(cmp, ivar, value, what)
+def wait_for(heap: HeapCore, word: Word, where: torch.Tensor, cmp: str, value,
+             timeout: float | None, what: str) -> int:
+    """wait_until() of the variable whose bytes `where` views, of type `word`."""
+    compare = _compare(cmp, what)
+    check_word(word, what, "ivar")
+    value = word.value(value, what)
     check_timeout(timeout, what)
+    atomics.prepare(heap, word, where, heap.my_pe, "fetch", what)   # a bad variable raises here
 
     def poll():
-        current = atomics.read_local(heap, ivar, what)
+        current = atomics.read(heap, word, where, what)
         return compare(current, value), current
 
     return poll_until(heap, poll, timeout,
@@ -142,7 +172,7 @@ def wait_until(heap: HeapCore, ivar: torch.Tensor, cmp: str, value: int,
     apply other PEs' operations aimed at this PE while it waits.
 
     Args:
-        ivar: a one-element view of an int32, int64 or uint64 symmetric tensor;
+        ivar: a one-element view of an integer symmetric tensor;
             other PEs update this PE's copy (put, atomics, put_signal).
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivar `cmp` value).
         value: the integer to compare with.
@@ -152,15 +182,16 @@ def wait_until(heap: HeapCore, ivar: torch.Tensor, cmp: str, value: int,
     Returns:
         The value seen that satisfied the comparison.
     """
-    return wait_for(heap, ivar, cmp, value, timeout, "wait_until")
+    word, where = tensor_ivar(ivar, "wait_until")
+    return wait_for(heap, word, where, cmp, value, timeout, "wait_until")
 
 
 # -- vectors of variables ------------------------------------------------------------
 _VECTOR_RAISES = """
     Raises:
-        TypeError: `ivars` is not an int32, int64 or uint64 tensor, a
-            comparison value is not an integer, or a `status` entry is not an
-            int or bool.
+        TypeError: `ivars` is not of an integer type (int8..int64,
+            uint8..uint64), a comparison value is not an integer, or a
+            `status` entry is not an int or bool.
         ValueError: `ivars` is not 1-D and contiguous, `cmp` is not one of
             "eq", "ne", "gt", "ge", "lt", "le", a value does not fit ivars'
             dtype, or `status` (or `values`) does not have one entry per
@@ -179,14 +210,14 @@ _documented_wait = _docs.appended(_VECTOR_WAIT_RAISES)
 
 
 # -- checks and the read ---------------------------------------------------------
-def _check_ivars(heap: HeapCore, ivars, what: str):
-    """(displacement, window, MPI datatype, typecode) of `ivars` on this PE;
-    window None where MPI is not given the heap's memory (device heaps)."""
+def tensor_ivars(ivars, what: str) -> tuple[Word, torch.Tensor]:
+    """(word, bytes) of a 1-D contiguous integer tensor (the torch face), or a clear error."""
     if not isinstance(ivars, torch.Tensor):
         raise TypeError(f"{what}: ivars must be a 1-D symmetric tensor, got "
                         f"{type(ivars).__name__}")
-    if ivars.dtype not in atomics.ATOMIC_DTYPES:
-        raise TypeError(f"{what}: ivars must have dtype int32, int64 or uint64 (OpenSHMEM's "
+    word = words.of_torch(ivars.dtype)
+    if word is None or not word.integer:
+        raise TypeError(f"{what}: ivars must have {words.INTEGER_TEXT} (OpenSHMEM's "
                         f"point-to-point synchronization types), got {ivars.dtype}; allocate "
                         f"it with one of those (e.g. heap.zeros(n, torch.int64))")
     if ivars.dim() != 1 or not ivars.is_contiguous():
@@ -194,14 +225,7 @@ def _check_ivars(heap: HeapCore, ivars, what: str):
                          f"in one MPI call), got shape {tuple(ivars.shape)} with strides "
                          f"{tuple(ivars.stride())}; use a contiguous slice like flags[2:6] "
                          f"or wait on a copy laid out contiguously")
-    mpi_type, code = atomics.ATOMIC_DTYPES[ivars.dtype]
-    if not heap.backend.mpi_accessible:
-        heap.symmetric(ivars, f"ivars of {what} (a view of a tensor from this heap's "
-                               f"malloc/empty/zeros)")
-        atomics.check_aligned(ivars, what, "ivars")
-        return None, None, mpi_type, code
-    displacement, window = atomics.locate(heap, ivars, heap.my_pe, what, "ivars")
-    return displacement, window, mpi_type, code
+    return word, ivars.view(torch.uint8)
 
 
 def _excluded(status, n: int, what: str) -> list[bool]:
@@ -229,14 +253,8 @@ def _excluded(status, n: int, what: str) -> list[bool]:
     return out
 
 
-def _compare(cmp, what: str):
-    if cmp not in COMPARISONS:
-        raise ValueError(f"{what}: cmp must be one of {', '.join(COMPARISONS)}, got {cmp!r}")
-    return COMPARISONS[cmp]
-
-
-def _values(values, ivars, n: int, what: str) -> list[int]:
-    """The vector forms' comparison values, one per element, checked against the dtype."""
+def _values(values, word: Word, n: int, what: str) -> list[int]:
+    """The vector forms' comparison values, one per element, checked against the word."""
     if isinstance(values, torch.Tensor):
         values = values.tolist() if values.dim() == 1 else values
     try:
@@ -247,47 +265,38 @@ def _values(values, ivars, n: int, what: str) -> list[int]:
     if length != n:
         raise ValueError(f"{what}: values has {length} entries and ivars {n} elements; give "
                          f"one comparison value per element")
-    return [atomics.value_for(v, ivars.dtype, what, f"values[{i}]") for i, v in enumerate(values)]
+    return [word.value(v, what, f"values[{i}]") for i, v in enumerate(values)]
 
 
-class _Condition:
-    """One call's checked arguments; check() reads ivars once and says which
-    included elements satisfy the comparison."""
+class Condition:
+    """One call's checked arguments over `where`, the bytes of a vector of `word`
+    variables on this PE (a uint8 tensor over symmetric memory); check() reads
+    them once and says which included elements satisfy the comparison. Made by
+    either face; waited for with wait() or tested with check()."""
 
-    def __init__(self, heap: HeapCore, ivars, cmp, values, status, what: str, vector: bool):
+    def __init__(self, heap: HeapCore, word: Word, where: torch.Tensor, cmp, values, status,
+                 what: str, vector: bool):
         self.what = what
-        self.displacement, self.window, self.mpi_type, self.code = _check_ivars(heap, ivars, what)
-        self.n = ivars.numel()
+        check_word(word, what, "ivars")
+        self.n = where.numel() // word.size
+        atomics.prepare(heap, word, where, heap.my_pe, "fetch", what, self.n, "ivars")
+        self.heap, self.word, self.where = heap, word, where
         self.compare = _compare(cmp, what)
         self.cmp = cmp
         if vector:
-            self.values = _values(values, ivars, self.n, what)
+            self.values = _values(values, word, self.n, what)
         else:
-            self.values = [atomics.value_for(values, ivars.dtype, what)] * self.n
+            self.values = [word.value(values, what)] * self.n
         self.excluded = _excluded(status, self.n, what)
         self.included = [i for i in range(self.n) if not self.excluded[i]]
-        self.my_pe = heap.my_pe
-        self._origin = array.array(self.code, [0]) * self.n
-        self._result = array.array(self.code, [0]) * self.n
-        self._ivars = ivars
 
-    def read(self) -> list[int]:
-        """ivars on this PE, read atomically element by element through MPI, or
-        (device heaps, whose memory MPI is not given) copied to the host after
-        the current stream's work: aligned elements are copied whole, and peers'
-        system-scope atomics and completed copies are visible to the copy."""
+    def read(self) -> list:
+        """ivars on this PE, read atomically element by element (atomics.apply)."""
         if not self.n:
             return []
-        if self.window is None:
-            return self._ivars.cpu().tolist()   # uint64 too: torch gives unsigned ints
-        count = [self.displacement, self.n, self.mpi_type]
-        request = self.window.win.Rget_accumulate([self._origin, self.n, self.mpi_type],
-                                                  [self._result, self.n, self.mpi_type],
-                                                  self.my_pe, count, MPI.NO_OP)
-        self.window.finish(request, self.my_pe, self.what)
-        return self._result.tolist()
+        return atomics.read(self.heap, self.word, self.where, self.what, self.n)
 
-    def check(self) -> tuple[list[int], list[int]]:
+    def check(self) -> tuple[list[int], list]:
         """(indices of included elements that satisfy the comparison, values read)."""
         current = self.read()
         return [i for i in self.included if self.compare(current[i], self.values[i])], current
@@ -297,7 +306,35 @@ class _Condition:
         return f"{self.what}(ivars, {self.cmp!r}, ...) still sees {shown}"
 
 
-def _wait(heap: HeapCore, condition: _Condition, timeout, done):
+def _condition(heap: HeapCore, ivars, cmp, values, status, what: str, vector: bool) -> Condition:
+    """The Condition of a torch face call."""
+    word, where = tensor_ivars(ivars, what)
+    return Condition(heap, word, where, cmp, values, status, what, vector)
+
+
+def wait(heap: HeapCore, condition: Condition, mode: str, timeout=None):
+    """Wait for `condition` (either face's): mode "all" (None once every included
+    element satisfies it), "any" (an index, or None where none is included) or
+    "some" (the satisfied indices, [] where none is included)."""
+    if mode == "all":
+        return _wait(heap, condition, timeout, _all(condition))
+    if not condition.included:
+        return None if mode == "any" else []
+    return _wait(heap, condition, timeout, _any if mode == "any" else _some)
+
+
+def check(condition: Condition, mode: str):
+    """`condition` now: mode "all" (a bool), "any" (an index or None) or "some"
+    (the satisfied indices)."""
+    satisfied = condition.check()[0]
+    if mode == "all":
+        return _all(condition)(satisfied)[0]
+    if mode == "any":
+        return _any(satisfied)[1]
+    return satisfied
+
+
+def _wait(heap: HeapCore, condition: Condition, timeout, done):
     """Poll until done(satisfied indices) returns (True, result) (poll_until)."""
     check_timeout(timeout, condition.what)
 
@@ -309,7 +346,7 @@ def _wait(heap: HeapCore, condition: _Condition, timeout, done):
     return poll_until(heap, poll, timeout, condition.unmet)
 
 
-def _all(condition: _Condition):
+def _all(condition: Condition):
     return lambda satisfied: (len(satisfied) == len(condition.included), None)
 
 
@@ -329,7 +366,7 @@ def wait_until_all(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, st
     `value` (shmem_wait_until_all).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor; other
+        ivars: a 1-D contiguous integer symmetric tensor; other
             PEs update this PE's copy (put, atomics, put_signal).
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
         value: the integer to compare every element with.
@@ -341,8 +378,8 @@ def wait_until_all(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, st
         None, once the condition holds (at once when every element is
         excluded or ivars is empty).
     """
-    c = _Condition(heap, ivars, cmp, value, status, "wait_until_all", vector=False)
-    _wait(heap, c, timeout, _all(c))
+    c = _condition(heap, ivars, cmp, value, status, "wait_until_all", False)
+    wait(heap, c, "all", timeout)
 
 
 @_documented_wait
@@ -352,7 +389,7 @@ def wait_until_any(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, st
     `value` (shmem_wait_until_any).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
         value: the integer to compare every element with.
         status: None, or one int/bool per element; nonzero excludes it.
@@ -363,8 +400,8 @@ def wait_until_any(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, st
         seen satisfying it), or None at once when every element is excluded
         or ivars is empty (OpenSHMEM's SIZE_MAX).
     """
-    c = _Condition(heap, ivars, cmp, value, status, "wait_until_any", vector=False)
-    return _wait(heap, c, timeout, _any) if c.included else None
+    c = _condition(heap, ivars, cmp, value, status, "wait_until_any", False)
+    return wait(heap, c, "any", timeout)
 
 
 @_documented_wait
@@ -374,7 +411,7 @@ def wait_until_some(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, s
     `cmp` to `value` (shmem_wait_until_some).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
         value: the integer to compare every element with.
         status: None, or one int/bool per element; nonzero excludes it.
@@ -385,8 +422,8 @@ def wait_until_some(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, s
         condition in the read that found one; [] at once when every element
         is excluded or ivars is empty.
     """
-    c = _Condition(heap, ivars, cmp, value, status, "wait_until_some", vector=False)
-    return _wait(heap, c, timeout, _some) if c.included else []
+    c = _condition(heap, ivars, cmp, value, status, "wait_until_some", False)
+    return wait(heap, c, "some", timeout)
 
 
 @_documented_wait
@@ -396,7 +433,7 @@ def wait_until_all_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
     (shmem_wait_until_all_vector).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
         values: one integer per element (sequence or 1-D tensor).
         status: None, or one int/bool per element; nonzero excludes it.
@@ -406,8 +443,8 @@ def wait_until_all_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
         None, once the condition holds (at once when every element is
         excluded or ivars is empty).
     """
-    c = _Condition(heap, ivars, cmp, values, status, "wait_until_all_vector", vector=True)
-    _wait(heap, c, timeout, _all(c))
+    c = _condition(heap, ivars, cmp, values, status, "wait_until_all_vector", True)
+    wait(heap, c, "all", timeout)
 
 
 @_documented_wait
@@ -417,7 +454,7 @@ def wait_until_any_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
     (shmem_wait_until_any_vector).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
         values: one integer per element (sequence or 1-D tensor).
         status: None, or one int/bool per element; nonzero excludes it.
@@ -427,8 +464,8 @@ def wait_until_any_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
         The index of an element that satisfied the condition, or None at once
         when every element is excluded or ivars is empty.
     """
-    c = _Condition(heap, ivars, cmp, values, status, "wait_until_any_vector", vector=True)
-    return _wait(heap, c, timeout, _any) if c.included else None
+    c = _condition(heap, ivars, cmp, values, status, "wait_until_any_vector", True)
+    return wait(heap, c, "any", timeout)
 
 
 @_documented_wait
@@ -438,7 +475,7 @@ def wait_until_some_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values
     (shmem_wait_until_some_vector).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
         values: one integer per element (sequence or 1-D tensor).
         status: None, or one int/bool per element; nonzero excludes it.
@@ -449,8 +486,8 @@ def wait_until_some_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values
         condition in the read that found one; [] at once when every element
         is excluded or ivars is empty.
     """
-    c = _Condition(heap, ivars, cmp, values, status, "wait_until_some_vector", vector=True)
-    return _wait(heap, c, timeout, _some) if c.included else []
+    c = _condition(heap, ivars, cmp, values, status, "wait_until_some_vector", True)
+    return wait(heap, c, "some", timeout)
 
 
 # -- tests (no waiting) -------------------------------------------------------------
@@ -460,7 +497,7 @@ def test_all(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=N
     `value` now (shmem_test_all).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
         value: the integer to compare every element with.
         status: None, or one int/bool per element; nonzero excludes it.
@@ -469,8 +506,7 @@ def test_all(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=N
         True when they all do (also when every element is excluded or ivars
         is empty).
     """
-    c = _Condition(heap, ivars, cmp, value, status, "test_all", vector=False)
-    return _all(c)(c.check()[0])[0]
+    return check(_condition(heap, ivars, cmp, value, status, "test_all", False), "all")
 
 
 @_documented
@@ -479,7 +515,7 @@ def test_any(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=N
     to `value` now, or None (shmem_test_any).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
         value: the integer to compare every element with.
         status: None, or one int/bool per element; nonzero excludes it.
@@ -488,8 +524,7 @@ def test_any(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=N
         The lowest such index, or None when none satisfies the condition or
         every element is excluded (OpenSHMEM's SIZE_MAX).
     """
-    c = _Condition(heap, ivars, cmp, value, status, "test_any", vector=False)
-    return _any(c.check()[0])[1]
+    return check(_condition(heap, ivars, cmp, value, status, "test_any", False), "any")
 
 
 @_documented
@@ -498,7 +533,7 @@ def test_some(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=
     `cmp` to `value` now (shmem_test_some).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
         value: the integer to compare every element with.
         status: None, or one int/bool per element; nonzero excludes it.
@@ -506,8 +541,7 @@ def test_some(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=
     Returns:
         Those indices, ascending; [] when there are none.
     """
-    c = _Condition(heap, ivars, cmp, value, status, "test_some", vector=False)
-    return c.check()[0]
+    return check(_condition(heap, ivars, cmp, value, status, "test_some", False), "some")
 
 
 @_documented
@@ -516,7 +550,7 @@ def test_all_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values, statu
     (shmem_test_all_vector).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
         values: one integer per element (sequence or 1-D tensor).
         status: None, or one int/bool per element; nonzero excludes it.
@@ -525,8 +559,7 @@ def test_all_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values, statu
         True when they all do (also when every element is excluded or ivars
         is empty).
     """
-    c = _Condition(heap, ivars, cmp, values, status, "test_all_vector", vector=True)
-    return _all(c)(c.check()[0])[0]
+    return check(_condition(heap, ivars, cmp, values, status, "test_all_vector", True), "all")
 
 
 @_documented
@@ -536,7 +569,7 @@ def test_any_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
     None (shmem_test_any_vector).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
         values: one integer per element (sequence or 1-D tensor).
         status: None, or one int/bool per element; nonzero excludes it.
@@ -545,8 +578,7 @@ def test_any_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
         The lowest such index, or None when none satisfies the condition or
         every element is excluded (OpenSHMEM's SIZE_MAX).
     """
-    c = _Condition(heap, ivars, cmp, values, status, "test_any_vector", vector=True)
-    return _any(c.check()[0])[1]
+    return check(_condition(heap, ivars, cmp, values, status, "test_any_vector", True), "any")
 
 
 @_documented
@@ -556,7 +588,7 @@ def test_some_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
     (shmem_test_some_vector).
 
     Args:
-        ivars: a 1-D contiguous int32, int64 or uint64 symmetric tensor.
+        ivars: a 1-D contiguous integer symmetric tensor.
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
         values: one integer per element (sequence or 1-D tensor).
         status: None, or one int/bool per element; nonzero excludes it.
@@ -564,8 +596,7 @@ def test_some_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
     Returns:
         Those indices, ascending; [] when there are none.
     """
-    c = _Condition(heap, ivars, cmp, values, status, "test_some_vector", vector=True)
-    return c.check()[0]
+    return check(_condition(heap, ivars, cmp, values, status, "test_some_vector", True), "some")
 
 
 for _function in (test_all, test_any, test_some, test_all_vector, test_any_vector,

@@ -13,17 +13,16 @@ and ordered after the work queued before it on the stream. The old value is
 read back with .item(), which waits for the kernel: every call is complete
 at the target when it returns, as the MPI path's calls are.
 
-Only bit patterns move: uint64 targets are handled as int64 and float32 and
-float64 ones (fetch, set, swap only) as int32/int64 of the same bits, so the
-kernel sees two integer types.
+Only bit patterns move: the caller (openshmem/atomics.py) gives the element's
+bytes and the operands as the signed integers of their bits, so the kernel
+sees two integer types, int32 and int64 (Triton's atomics are 32- and 64-bit:
+narrower words are refused there).
 
 The same kernel runs in Triton's interpreter (TRITON_INTERPRET=1) over the
 host heap, where the tests exercise it on every CI run.
 """
 
 from __future__ import annotations
-
-import struct
 
 import torch
 
@@ -34,7 +33,6 @@ except ImportError as exc:  # atomics.py turns this into UnsupportedError
     raise ImportError("atomics on device heaps run as Triton kernels: pip install triton "
                       "(or pip install shmemvm[triton])") from exc
 
-from .._args import signed64
 from ..errors import UnsupportedError
 
 
@@ -48,14 +46,8 @@ FETCH, ADD, XCHG, AND, OR, XOR, CAS = range(7)
 OPERATIONS = {"fetch": FETCH, "add": ADD, "xchg": XCHG, "and": AND, "or": OR, "xor": XOR,
               "cas": CAS}
 
-#: the integer dtype whose bits a target's dtype is moved as, and struct codes
-_BITS = {
-    torch.int32: (torch.int32, None),
-    torch.int64: (torch.int64, None),
-    torch.uint64: (torch.int64, None),
-    torch.float32: (torch.int32, ("f", "i")),
-    torch.float64: (torch.int64, ("d", "q")),
-}
+#: the integer dtype whose bits an element of each size is moved as
+BITS = {4: torch.int32, 8: torch.int64}
 
 
 @triton.jit
@@ -84,44 +76,24 @@ def _atomic(dest, args, out, me, pe, heap_bases, OP: tl.constexpr):
     tl.store(out, old)
 
 
-def _to_bits(value, dtype: torch.dtype) -> int:
-    """`value` (already checked to fit `dtype`) as the integer of its bits."""
-    if dtype == torch.uint64:
-        return signed64(value)
-    codes = _BITS[dtype][1]
-    if codes is None:
-        return value
-    return struct.unpack(codes[1], struct.pack(codes[0], value))[0]
-
-
-def _from_bits(bits: int, dtype: torch.dtype):
-    if dtype == torch.uint64:
-        return bits & ((1 << 64) - 1)
-    codes = _BITS[dtype][1]
-    if codes is None:
-        return bits
-    return struct.unpack(codes[0], struct.pack(codes[1], bits))[0]
-
-
-def apply(bases: torch.Tensor, me: int, dest: torch.Tensor, pe: int, op: str, value=0, cond=0):
-    """Apply `op` to `dest` (a checked one-element view of a symmetric tensor of
-    an atomic dtype) on PE `pe` (this PE or a peer on this node, already
-    checked to be mapped; `bases`: the heap's table of bases, HeapCore.heap_bases,
-    `me`: this PE), with `value` (and `cond` for "cas") already checked to fit
-    dest's dtype. Complete at the target on return.
+def apply(bases: torch.Tensor, me: int, where: torch.Tensor, pe: int, op: str, value: int = 0,
+          cond: int = 0) -> int:
+    """Apply `op` to the element whose bytes `where` views (a uint8 tensor of 4
+    or 8 bytes of symmetric memory, checked and aligned) on PE `pe` (this PE or
+    a peer on this node, already checked to be mapped; `bases`: the heap's table
+    of bases, HeapCore.heap_bases, `me`: this PE), with `value` (and `cond` for
+    "cas") as the signed integers of their bits. Complete at the target on return.
 
     Returns:
-        dest's value on PE `pe` before the operation, as a Python int (float
-        for float targets).
+        The element's bits on PE `pe` before the operation, as a signed int.
     """
-    if dest.device.type == "cpu" and not _interpreted():
+    if where.device.type == "cpu" and not _interpreted():
         raise UnsupportedError(
             "atomics as Triton kernels on host memory need Triton's interpreter: set "
             "TRITON_INTERPRET=1 before shmemvm is imported (or keep the memory MPI-reachable)")
-    bits_dtype = _BITS[dest.dtype][0]
-    target = dest.reshape(1).view(bits_dtype)
-    args = torch.tensor([_to_bits(value, dest.dtype), _to_bits(cond, dest.dtype)],
-                        dtype=bits_dtype, device=dest.device)
-    out = torch.empty(1, dtype=bits_dtype, device=dest.device)
+    bits_dtype = BITS[where.numel()]
+    target = where.view(bits_dtype)
+    args = torch.tensor([value, cond], dtype=bits_dtype, device=where.device)
+    out = torch.empty(1, dtype=bits_dtype, device=where.device)
     _atomic[(1,)](target, args, out, me, pe, bases, OP=OPERATIONS[op])
-    return _from_bits(out.item(), dest.dtype)  # .item() waits for the kernel
+    return out.item()  # .item() waits for the kernel

@@ -1,4 +1,4 @@
-"""Run by tests/test_vmem_ownership.py in a process of its own:
+"""Run by tests/unit/memory/test_vmm_ownership.py in a process of its own:
 
     python tests/helpers/ownership_vmem.py SCENARIO OUTFILE
 

@@ -1,4 +1,4 @@
-"""A rogue local process for tests/test_reliability_rogue.py: sends datagrams,
+"""A rogue local process for tests/mpi/reliability/test_reliability_rogue.py: sends datagrams,
 with or without file descriptors, to a PE's shmemvm socket.
 
     python rogue_sender.py SOCKET_PATH KIND[:HEXPAYLOAD] ...

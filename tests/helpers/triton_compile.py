@@ -1,7 +1,7 @@
 """Compile (not run) shmemvm.triton's device functions, the host atomics' kernel
 and the examples' kernels for sm_90 (CUDA) and gfx942 (ROCm), without a GPU.
 Prints "<backend> ok" per target; exits non-zero at the first failure.
-Run without TRITON_INTERPRET (tests/test_triton.py starts it)."""
+Run without TRITON_INTERPRET (tests/unit/device/test_triton_one_process.py starts it)."""
 
 import sys
 from pathlib import Path

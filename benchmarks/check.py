@@ -1,0 +1,166 @@
+"""`python -m benchmarks check`: the stored results and the figures the docs quote.
+
+  - every JSON under benchmarks/results/ validates against the one schema
+    (benchmarks/schema.py), and history results live in results/history/;
+  - every path under benchmarks/results/ that README.md or docs/*.md names
+    (outside code blocks, and not as a command's --out/--json destination)
+    exists, and a JSON one validates;
+  - in the README's Performance section every paragraph or table that quotes a
+    figure (µs, ms, GB/s, a ratio) names the stored result it comes from, and
+    one that names a result of results/history/ says it is history.
+
+tests/unit/benchmarks/test_results.py runs the same checks in the
+single-process test pass.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import sys
+
+from . import schema
+
+ROOT = schema.ROOT
+DOCS = ["README.md"] + sorted(os.path.relpath(p, ROOT)
+                              for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+REFERENCE = re.compile(r"benchmarks/results/[\w./*-]+\.(?:json|png|md)")
+FIGURE = re.compile(r"\d(?:[\d.,]*\d)?\s*(?:µs|us|ms|GB/s|×|x\b)")
+DESTINATION = re.compile(r"(?:--out|--json|--plot|--markdown|>)\s*$")
+
+
+def stored_results() -> list[str]:
+    return sorted(glob.glob(os.path.join(schema.RESULTS, "**", "*.json"), recursive=True))
+
+
+def check_results() -> list[str]:
+    """Every stored result's problems, prefixed with its path."""
+    problems = []
+    for path in stored_results():
+        rel = os.path.relpath(path, ROOT)
+        try:
+            doc = schema.load(path)
+        except (OSError, ValueError) as exc:
+            problems.append(f"{rel}: not readable JSON: {exc}")
+            continue
+        problems += [f"{rel}: {p}" for p in schema.validate(doc, path)]
+    return problems
+
+
+def _prose(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of the lines outside fenced code blocks."""
+    lines, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            lines.append((number, line))
+    return lines
+
+
+def references(doc: str) -> list[tuple[int, str]]:
+    """(line, path) of every stored result `doc` names as a source (not as the
+    destination of a command)."""
+    with open(os.path.join(ROOT, doc)) as f:
+        text = f.read()
+    found = []
+    for number, line in _prose(text):
+        for match in REFERENCE.finditer(line):
+            if DESTINATION.search(line[:match.start()]):
+                continue
+            found.append((number, match.group(0)))
+    return found
+
+
+def check_references() -> list[str]:
+    problems = []
+    for doc in DOCS:
+        for number, ref in references(doc):
+            paths = glob.glob(os.path.join(ROOT, ref))
+            if not paths:
+                problems.append(f"{doc}:{number}: names {ref}, which does not exist")
+                continue
+            for path in paths:
+                if path.endswith(".json"):
+                    bad = schema.validate(schema.load(path), path)
+                    if bad:
+                        problems.append(f"{doc}:{number}: {ref} does not validate: {bad[0]}")
+    return problems
+
+
+def _blocks(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Paragraphs and tables (a table with the paragraph before it), as (first line, text)."""
+    blocks, current, start = [], [], 0
+    for number, line in lines + [(0, "")]:
+        if line.strip():
+            if not current:
+                start = number
+            current.append(line)
+            continue
+        if current:
+            text = "\n".join(current)
+            is_table = current[0].lstrip().startswith("|")
+            if is_table and blocks and not blocks[-1][1].lstrip().startswith("|"):
+                first, caption = blocks.pop()
+                blocks.append((first, caption + "\n" + text))
+            else:
+                blocks.append((start, text))
+            current = []
+    return blocks
+
+
+def check_readme_figures(doc: str = "README.md", section: str = "## Performance") -> list[str]:
+    """Every block of `section` that quotes a figure names its stored result."""
+    with open(os.path.join(ROOT, doc)) as f:
+        text = f.read()
+    lines = _prose(text)
+    inside, chosen = False, []
+    for number, line in lines:
+        if line.startswith("## "):
+            inside = line.strip() == section
+            continue
+        if inside:
+            chosen.append((number, line))
+    problems = []
+    for first, block in _blocks(chosen):
+        if not FIGURE.search(block):
+            continue
+        refs = REFERENCE.findall(block)
+        if not refs:
+            problems.append(f"{doc}:{first}: quotes a figure ({FIGURE.search(block).group(0)!r}) "
+                            f"but names no stored result (benchmarks/results/...)")
+        elif any("/history/" in r for r in refs) and "history" not in \
+                REFERENCE.sub("", block).lower():
+            problems.append(f"{doc}:{first}: quotes a result of results/history/ without "
+                            f"saying it is history")
+    return problems
+
+
+def check_files(paths: list[str]) -> list[str]:
+    """The problems of the results at `paths` (stored ones or not)."""
+    problems = []
+    for path in paths:
+        try:
+            doc = schema.load(path)
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path}: not readable JSON: {exc}")
+            continue
+        inside = schema.stored(path)
+        problems += [f"{path}: {p}" for p in schema.validate(doc, path if inside else None,
+                                                             stored=inside)]
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    """With paths: those results; without: every stored result and every docs reference."""
+    if argv:
+        problems, count = check_files(argv), len(argv)
+    else:
+        problems = check_results() + check_references() + check_readme_figures()
+        count = len(stored_results())
+    for p in problems:
+        print(p, file=sys.stderr)
+    print(f"{count} results, {len(problems)} problems", file=sys.stderr)
+    return 1 if problems else 0

@@ -1,0 +1,296 @@
+"""Collectives of the NumPy face: barrier_all, sync_all, sync, broadcast,
+collect, fcollect, alltoall(s) and reduce with its <op>_reduce names.
+
+Each is openshmem/collectives.py's *_bytes function, the one implementation
+both faces share, given the arrays' bytes over their blocks (Operands,
+arrays.py) by a function that also checks the arguments: it runs inside the
+call's agreement, so that a bad argument on one PE raises at that call on
+every PE. reduce combines with NumPy ufuncs (combiner), so every dtype NumPy
+reduces works, long double and complex long double included; the result is
+the same, bit for bit, on every PE (each element combined in team PE order
+by one PE).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .. import _args
+from ..openshmem import collectives
+from ..openshmem.collectives import Operand
+from . import arrays
+from .constants import OP, OP_SUM, op_name
+from .handles import Team, of_collective, size_of
+
+
+def barrier_all() -> None:
+    """Complete this PE's puts, then wait for every PE (shmem_barrier_all).
+
+    Returns:
+        None.
+
+    Raises:
+        SymmetryError, PeerTimeoutError: as shmemvm.barrier_all.
+    """
+    arrays.heap().barrier_all()
+
+
+def sync_all() -> None:
+    """Wait for every PE (shmem_sync_all).
+
+    Returns:
+        None.
+
+    Raises:
+        SymmetryError, PeerTimeoutError: as shmemvm.sync_all.
+    """
+    arrays.heap().sync_all()
+
+
+def sync(team: Optional[Team] = None) -> None:
+    """Wait for every PE of `team` (shmem_team_sync; None: all PEs).
+
+    Args:
+        team: a Team or None.
+
+    Returns:
+        None.
+
+    Raises:
+        SymmetryError, PeerTimeoutError: as shmemvm.sync_all.
+    """
+    handle = of_collective(team)
+    if handle is None:
+        arrays.heap().sync_all()
+    else:
+        handle.sync()
+
+
+def _operand(a: np.ndarray, role: str, count: int | None = None, *,
+             writable: bool = True) -> Operand:
+    """The Operand of symmetric array `a` (its first `count` elements)."""
+    return Operand(arrays.symmetric_bytes(a, role, writable, count), a.itemsize, a.dtype)
+
+
+def _checked(target, source) -> None:
+    arrays.same_dtype(arrays.check_array(target, "target", True),
+                      arrays.check_array(source, "source", False))
+
+
+def broadcast(target: np.ndarray, source: np.ndarray, root: int, size: Optional[int] = None,
+              team: Optional[Team] = None) -> None:
+    """target on every PE of `team` = source of PE `root` (shmem_broadcast).
+
+    Args:
+        target, source: contiguous symmetric arrays of one dtype.
+        root: the PE (team-relative) whose source is copied.
+        size: elements (default: the smaller array's size).
+        team: a Team, or None for all PEs.
+
+    Returns:
+        None.
+
+    Raises:
+        TypeError, ValueError: bad arrays or sizes.
+        SymmetryError: the PEs made different calls.
+    """
+    def operands():
+        _checked(target, source)
+        n = arrays.count(size, target.size, source.size)
+        return _operand(target, "target", n), _operand(source, "source", n, writable=False)
+
+    collectives.broadcast_bytes(arrays.heap(), operands, root, team=of_collective(team))
+
+
+def collect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
+            team: Optional[Team] = None) -> None:
+    """Concatenate every PE's source, whose size may differ by PE, into target
+    on every PE (shmem_collect; MPI_Allgatherv).
+
+    Args:
+        target: a symmetric array large enough for all of them.
+        source: a symmetric array.
+        size: this PE's number of elements (default: source's size).
+        team: a Team, or None for all PEs.
+
+    Returns:
+        None.
+
+    Raises:
+        As broadcast.
+    """
+    def operands():
+        _checked(target, source)
+        n = arrays.count(size, source.size)
+        return _operand(target, "target"), _operand(source, "source", n, writable=False)
+
+    collectives.collect_bytes(arrays.heap(), operands, team=of_collective(team))
+
+
+def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
+             team: Optional[Team] = None) -> None:
+    """Concatenate every PE's `size` elements of source into target on every PE
+    (shmem_fcollect; MPI_Allgather).
+
+    Args:
+        target: a symmetric array of at least size * team size elements.
+        source: a symmetric array.
+        size: elements per PE, the same on every PE (default: source's size).
+        team: a Team, or None for all PEs.
+
+    Returns:
+        None.
+
+    Raises:
+        As broadcast.
+    """
+    npes = size_of(team)
+
+    def operands():
+        _checked(target, source)
+        n = arrays.count(size, source.size, target.size // npes)
+        return (_operand(target, "target", n * npes),
+                _operand(source, "source", n, writable=False))
+
+    collectives.fcollect_bytes(arrays.heap(), operands, team=of_collective(team))
+
+
+def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
+             team: Optional[Team] = None) -> None:
+    """Block j of source on PE i goes to block i of target on PE j
+    (shmem_alltoall); a block is `size` elements.
+
+    Args:
+        target, source: symmetric arrays of at least size * team size elements.
+        size: the block (default: the smaller array's size / team size).
+        team: a Team, or None for all PEs.
+
+    Returns:
+        None.
+
+    Raises:
+        As broadcast.
+    """
+    npes = size_of(team)
+
+    def operands():
+        _checked(target, source)
+        n = arrays.count(size, target.size // npes, source.size // npes)
+        return (_operand(target, "target", n * npes),
+                _operand(source, "source", n * npes, writable=False))
+
+    collectives.alltoall_bytes(arrays.heap(), operands, team=of_collective(team))
+
+
+def alltoalls(target: np.ndarray, source: np.ndarray, tst: int = 1, sst: int = 1,
+              size: Optional[int] = None, team: Optional[Team] = None) -> None:
+    """alltoall with element strides (shmem_alltoalls).
+
+    Args:
+        target, source: symmetric arrays.
+        tst, sst: strides in elements (>= 1).
+        size: elements per PE (default: as many as the strides allow).
+        team: a Team, or None for all PEs.
+
+    Returns:
+        None.
+
+    Raises:
+        As broadcast.
+    """
+    npes = size_of(team)
+
+    def operands():
+        _checked(target, source)
+        return _operand(target, "target"), _operand(source, "source", writable=False)
+
+    def nelems(dest: Operand, src: Operand) -> int:
+        ds, ss = _args.count(tst, "alltoalls: tst", 1), _args.count(sst, "alltoalls: sst", 1)
+        return arrays.count(size, arrays.ceildiv(dest.count, ds) // npes,
+                            arrays.ceildiv(src.count, ss) // npes)
+
+    collectives.alltoalls_bytes(arrays.heap(), operands, tst, sst, nelems,
+                                team=of_collective(team))
+
+
+#: reduce's operations as NumPy ufuncs
+UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
+          "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
+
+
+def combiner(op: str, dtype: np.dtype):
+    """The NumPy face's combiner of `dtype` for reduce's `op`: the op's ufunc
+    over the bytes of two chunks viewed as `dtype` (acc <- acc op other), or
+    TypeError where NumPy has no such loop (bitwise ops on floats ...)."""
+    ufunc = UFUNCS[op]
+    try:
+        probe = np.ones(2, dtype)
+        ufunc(probe, probe, out=probe)
+    except TypeError as exc:
+        raise TypeError(f"reduce: op {op!r} does not apply to dtype {dtype} ({exc}); use "
+                        f"another op or reduce a copy in another dtype") from None
+
+    def combine(acc: torch.Tensor, other: torch.Tensor) -> None:
+        mine = acc.numpy().view(dtype)
+        ufunc(mine, other.numpy().view(dtype), out=mine)
+
+    return combine
+
+
+def reduce(target: np.ndarray, source: np.ndarray, op: OP = OP_SUM, size: Optional[int] = None,
+           team: Optional[Team] = None) -> None:
+    """target on every PE of `team` = source of each PE combined elementwise by `op`
+    (shmem_<op>_reduce).
+
+    Args:
+        target, source: symmetric arrays of one dtype (they may be the same).
+        op: an OP value ("sum", "prod", "min", "max", "and", "or", "xor").
+        size: elements (default: the smaller array's size).
+        team: a Team, or None for all PEs.
+
+    Returns:
+        None.
+
+    Raises:
+        ValueError: an unknown op; otherwise as broadcast.
+    """
+    def operands():
+        _checked(target, source)
+        n = arrays.count(size, target.size, source.size)
+        return _operand(target, "target", n), _operand(source, "source", n, writable=False)
+
+    collectives.reduce_bytes(arrays.heap(), operands, op_name(op),
+                             lambda source: combiner(op_name(op), source.dtype),
+                             team=of_collective(team))
+
+
+def _reducer(op: OP):
+    def reducer(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
+                team: Optional[Team] = None) -> None:
+        reduce(target, source, op, size, team)
+
+    reducer.__name__ = reducer.__qualname__ = f"{op.value}_reduce"
+    reducer.__doc__ = f"""reduce with op {op.name} (shmem_{op.value}_reduce).
+
+    Args:
+        target, source, size, team: as reduce.
+
+    Returns:
+        None.
+
+    Raises:
+        As reduce.
+    """
+    return reducer
+
+
+and_reduce = _reducer(OP.AND)
+or_reduce = _reducer(OP.OR)
+xor_reduce = _reducer(OP.XOR)
+max_reduce = _reducer(OP.MAX)
+min_reduce = _reducer(OP.MIN)
+sum_reduce = _reducer(OP.SUM)
+prod_reduce = _reducer(OP.PROD)

@@ -1,0 +1,202 @@
+"""The house as built: the package's layers (shmemvm/__init__.py draws them)
+import only downward, no import circle, no module uses another module's
+private names, and no library file grows past 1,000 lines.
+
+Read from the source with `ast`, imports inside functions included: a
+lazy import is an import all the same."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "shmemvm"
+
+#: the layers, lowest first: a module may import from its own layer and below
+LAYERS = [
+    {"errors", "config", "_version", "_docs"},
+    {"backends"},
+    {"_args", "thread_levels", "native"},
+    {"memory"},
+    {"agreement"},
+    {"node"},
+    {"transport"},
+    {"core"},
+    {"openshmem"},
+    {"heap"},
+    {"device"},
+    {"api"},
+    {"shmem", "rc", "triton", "__main__", "__init__"},
+]
+RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+
+#: private names of other libraries that the library uses on purpose, and why
+FOREIGN_PRIVATES = {
+    "_C": "torch._C._storage_Use_Count: how many references hold a storage (ownership.py)",
+    "_cdata": "a torch storage's handle, for that count",
+    "_shmemvm_freed": "the mark the heap leaves on a tensor it freed (its own attribute)",
+    "_exit": "os._exit: global_exit must not run exit handlers",
+    "_value2member_map_": "enum's lookup of a value, for messages",
+    "_getframe": "sys._getframe",
+    "_cuda_isCurrentStreamCapturing": "torch._C's test for a CUDA graph capture in progress",
+    "_replace": "a NamedTuple's copy with fields changed (a public method, underscored)",
+}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package: its Python files, and its compiled ones (by
+    their C source, which has no imports to read)."""
+    found = {}
+    for path in [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.c")]:
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(("shmemvm",) + parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> list[str]:
+    """The shmemvm modules a `from ... import ...` reaches."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    if node.level:
+        base = package.split(".")
+        base = base[:len(base) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if not target.startswith("shmemvm"):
+        return []
+    reached = []
+    for alias in node.names:
+        sub = f"{target}.{alias.name}"
+        reached.append(sub if sub in MODULES else target)
+    return reached
+
+
+def _imports() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        edges = graph.setdefault(module, set())
+        if path.suffix != ".py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                edges.update(_resolve(module, path, node))
+            elif isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names
+                             if alias.name.startswith("shmemvm"))
+    return graph
+
+
+GRAPH = _imports()
+
+
+def test_every_layer_is_named():
+    assert {_layer(module) for module in MODULES} <= set(RANK), \
+        {_layer(module) for module in MODULES} - set(RANK)
+
+
+def test_imports_point_down():
+    upward = []
+    for module, targets in GRAPH.items():
+        for target in targets:
+            if target == "shmemvm" and module != "shmemvm":
+                upward.append(f"{module} imports the package root")
+            elif RANK[_layer(target)] > RANK[_layer(module)]:
+                upward.append(f"{module} ({_layer(module)}) imports {target} ({_layer(target)})")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_import_circle():
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(module):   # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in GRAPH.get(module, ()):
+            if target == module:
+                circles.append([module])
+            elif target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    assert not circles, circles
+
+
+def _own_names(tree: ast.Module) -> set[str]:
+    """Every name a module defines: at module level, as class members, and as
+    attributes of self."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name)
+    return names
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_uses_another_modules_private_names():
+    uses = []
+    for module, path in MODULES.items():
+        if path.suffix != ".py":
+            continue
+        tree = ast.parse(path.read_text())
+        own = _own_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for alias, target in zip(node.names, _resolve(module, path, node)):
+                    # a private module (_args, a compiled _native) is the package's; a
+                    # private name is its module's
+                    if _is_private(alias.name) and not target.endswith("." + alias.name):
+                        uses.append(f"{module}: from {target} import {alias.name}")
+            elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+                receiver = node.value
+                if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
+                    continue
+                if node.attr in own or node.attr in FOREIGN_PRIVATES:
+                    continue   # this module's own private name, or a foreign one allowed above
+                uses.append(f"{module}:{node.lineno}: .{node.attr}")
+    assert not uses, "\n".join(uses)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_library_file_is_over_1000_lines(module):
+    """(C files too: the compiled piece is to stay small.)"""
+    lines = MODULES[module].read_text().count("\n")
+    assert lines <= 1000, f"{MODULES[module]} has {lines} lines: split it by concept"

@@ -1,0 +1,71 @@
+"""What the README says about the test suite is what runs: the skip budget it
+quotes is tests/skip_budget's (which tests/run_all.sh enforces), with a line
+for each of run_all.sh's phases; CI (.ci/run) runs the README's test command;
+and the test files the README and docs/ name are there."""
+
+import re
+
+from util import REPO
+
+BUDGET = REPO / "tests" / "skip_budget"
+
+
+def _budget() -> dict[str, int]:
+    lines = [line.split(None, 2) for line in BUDGET.read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    return {fields[0]: int(fields[1]) for fields in lines}
+
+
+def _readme_budget() -> dict[str, int]:
+    """The README's table of phases: rows `| \\`phase\\` | command | skips | why |`."""
+    rows = re.findall(r"^\| `([\w-]+)` \|[^|\n]*\| (\d+) \|", (REPO / "README.md").read_text(),
+                      re.MULTILINE)
+    return {phase: int(skips) for phase, skips in rows}
+
+
+def test_the_readme_quotes_the_skip_budget():
+    assert _readme_budget() == _budget()
+
+
+def test_every_phase_of_run_all_has_a_budget():
+    """Each `phase NAME RANKS "${...}"` call of run_all.sh (n$n: the loop over 1, 2, 4)."""
+    script = (REPO / "tests" / "run_all.sh").read_text()
+    phases = set()
+    for name in re.findall(r'\bphase "?([\w$-]+)"? "?[\w$]+"? "\$\{', script):
+        phases |= {name.replace("$n", n) for n in "124"}
+    assert phases == set(_budget())
+
+
+def test_ci_runs_the_readmes_test_command():
+    readme = (REPO / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start"):readme.index("## Using it")]
+    commands = [line.split("#")[0].strip() for line in quick_start.splitlines()
+                if line.startswith("tests/")]
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert commands == ["tests/run_all.sh"]
+    assert ci[-1] == commands[0]
+
+
+def test_the_test_files_the_docs_name_exist():
+    """The README and docs/ name test files by path; after a move they must follow."""
+    named = set()
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        named |= {(doc.name, path) for path in
+                  re.findall(r"\btests/[\w/]+\.(?:py|sh)\b", doc.read_text())}
+    missing = sorted(f"{doc}: {path}" for doc, path in named if not (REPO / path).exists())
+    assert named and missing == []
+
+
+def test_ci_installs_as_the_readme_says():
+    """CI's pip commands are the quick start's (a step only CI has hides a
+    missing one from the README's readers), and both install in place: the
+    tests run from the source tree, whose shmemvm/ would hide an installed
+    copy and its compiled piece (CI once skipped every native test so)."""
+    readme = (REPO / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start"):readme.index("## Using it")]
+    pip = [" ".join(line.split("#")[0].split()) for line in quick_start.splitlines()
+           if line.startswith("pip install")]
+    ci = [" ".join(line.split("#")[0].split())
+          for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert pip and all(command in ci for command in pip), (pip, ci)
+    assert any(" -e " in command for command in pip)

@@ -1,0 +1,59 @@
+"""The package is typed (py.typed): a type checker run on a user's program sees
+the real signatures of the module functions, the heap's methods and the NumPy
+face, not Any. Runs mypy once (about a minute: it reads torch's stubs too)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROGRAM = '''
+import numpy as np
+import torch
+import shmemvm
+from shmemvm import shmem
+
+heap = shmemvm.SymmetricHeap()
+x = heap.zeros(4, torch.int64)
+reveal_type(shmemvm.put)
+reveal_type(heap.malloc)
+reveal_type(heap.atomic_fetch_add)
+reveal_type(heap.atomic_fetch_add(x[0], 1, 0))
+reveal_type(shmem.put)
+reveal_type(shmemvm.team_world())
+reveal_type(heap.ctx_create().put)
+'''
+
+
+@pytest.mark.skipif(shutil.which("mypy") is None and
+                    not (Path(sys.executable).parent / "mypy").exists(),
+                    reason="mypy is not installed (pip install '.[test]' installs it)")
+def test_a_type_checker_sees_real_types(tmp_path):
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    env = dict(os.environ, MYPYPATH=str(REPO))   # also where the package is installed editable
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=silent",
+         "--cache-dir", str(tmp_path / "cache"), str(program)],
+        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    revealed = re.findall(r'Revealed type is "(.*)"', result.stdout)
+    assert len(revealed) == 7, result.stdout + result.stderr
+    put, malloc, fetch_add, fetched, shmem_put, team, ctx_put = revealed
+    assert put.startswith("def (dest: torch._tensor.Tensor, source: torch._tensor.Tensor, "
+                          "pe: int)"), put
+    assert malloc == "def (nbytes: int) -> torch._tensor.Tensor", malloc
+    assert fetch_add == ("def (dest: torch._tensor.Tensor, value: int, "
+                         "pe: int) -> int"), fetch_add
+    assert fetched == "int", fetched
+    assert shmem_put.startswith("def (target: numpy.ndarray"), shmem_put
+    assert team == "shmemvm.openshmem.teams.Team", team
+    assert ctx_put.startswith("def (dest: torch._tensor.Tensor"), ctx_put
+    assert "error" not in result.stdout, result.stdout
