@@ -119,14 +119,15 @@ def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
 
 
 def strided_bytes(ctx: Context, dest: torch.Tensor, source: torch.Tensor, itemsize: int,
-                  dst: int, sst: int, nelems: int, pe: int, *, writing: bool) -> None:
+                  dst: int, sst: int, nelems: int, pe: int, *, writing: bool,
+                  names: tuple[str, str] = ("dst", "sst")) -> None:
     """iput (`writing`) or iget over the bytes of `dest` and `source` (1-D uint8
     tensors of whole elements of `itemsize` bytes): the NumPy face's, for every
-    element type."""
+    element type. `names`: what the caller calls the two strides, for errors."""
     what = "iput" if writing else "iget"
     nelems = _count(nelems, what)
-    target = _strided(dest, dst, nelems, what, "dest", "dst", itemsize)
-    data = _strided(source, sst, nelems, what, "source", "sst", itemsize)
+    target = _strided(dest, dst, nelems, what, "dest", names[0], itemsize)
+    data = _strided(source, sst, nelems, what, "source", names[1], itemsize)
     if nelems:
         (rma.put if writing else rma.get)(ctx, target, data, pe)
     else:

@@ -4,7 +4,7 @@ passed to realloc/free, and the smaller wrong errors (item 8). Each raises the
 same TypeError/ValueError (or SymmetryError where the PEs differ) on every PE,
 naming the argument or setting, and leaves the heap usable.
 
-    mpirun -n 2 python -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/test_reliability_errors.py
+    mpirun -n 2 python -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi/reliability/test_reliability_errors.py
 """
 
 from __future__ import annotations
@@ -231,3 +231,27 @@ def test_device_allreduce_timeout_is_checked(heap, timeout):
         DeviceAllReduce(heap, timeout=timeout)
     assert heap.heap_info()["live_allocations"] == live
     assert_usable(heap)
+
+
+# -- item 8, atomics: a value no float holds; a fetch into no memory -----------------------
+
+def test_atomic_set_of_a_value_a_float32_cannot_hold_is_a_value_error(heap):
+    x = heap.zeros(1, torch.float32)
+    try:
+        with pytest.raises(ValueError, match="value"):
+            heap.atomic_set(x[0], 2 ** 1100, heap.my_pe)   # (was a raw OverflowError)
+    finally:
+        heap.barrier_all()
+        heap.free(x)
+
+
+def test_atomic_fetch_add_nbi_refuses_a_fetch_tensor_on_the_meta_device(heap):
+    x = heap.zeros(1, torch.int64)
+    fetch = torch.empty(1, dtype=torch.int64, device="meta")
+    try:
+        with pytest.raises((TypeError, ValueError), match="fetch"):
+            heap.atomic_fetch_add_nbi(fetch, x[0], 1, heap.my_pe)   # (was accepted, and the old value lost)
+            heap.quiet()
+    finally:
+        heap.barrier_all()
+        heap.free(x)
