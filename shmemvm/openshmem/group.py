@@ -21,6 +21,7 @@ world group (world()).
 from __future__ import annotations
 
 import hashlib
+import threading
 
 from mpi4py import MPI
 
@@ -65,6 +66,11 @@ class Group:
                      f"{pe_text(self.pes)})"}.get(kind, f"the team of PEs {pe_text(self.pes)}")
         #: prefix of call texts in messages ("" for the world: its calls are the heap's)
         self.label = "" if kind == "world" else f"{self.name}: "
+        #: held through each of this group's collective calls: the heap's own lock for
+        #: the world (its calls allocate and free), a lock of its own for a team, so
+        #: that threads in collectives of different teams do not wait for each other
+        #: (THREAD_MULTIPLE) while each waits for its members
+        self.lock = heap.lock if kind == "world" else threading.RLock()
         #: the splits made of this group so far (the same on every member): part of
         #: the key of each new team's agreement (agreement())
         self.splits = 0

@@ -188,7 +188,7 @@ class Team(Group):
             made = _config(config)   # agreed too: every PE's team has the same config
             return (first, step, count, _agreed(made)), f"{text[:-1]}, config={made})"
 
-        with self.heap.lock:
+        with self.lock:
             self.check_usable()
             first, step, count, made = self.agree_checked(
                 Phase.TEAM_SPLIT_STRIDED, f"{self.label}split_strided(start={start!r}, "
@@ -230,7 +230,7 @@ class Team(Group):
             return (columns, _agreed(rows), _agreed(cols)), \
                 f"{text[:-1]}, xaxis_config={rows}, yaxis_config={cols})"
 
-        with self.heap.lock:
+        with self.lock:
             self.check_usable()
             columns, _, _ = self.agree_checked(
                 Phase.TEAM_SPLIT_2D, f"{self.label}split_2d(xrange={xrange!r}, xaxis_config="
@@ -280,7 +280,7 @@ class Team(Group):
         if self.kind == "world":
             self.check_usable()
             return barrier.sync_all(self.heap)
-        with self.heap.lock:
+        with self.lock:
             self.step(Phase.TEAM_SYNC, f"{self.label}sync()")
 
     def destroy(self) -> None:
@@ -301,7 +301,7 @@ class Team(Group):
         if self.kind != "split":
             raise ShmemError(f"{self.name} is predefined; it lives as long as the heap and "
                              f"cannot be destroyed")
-        with self.heap.lock:
+        with self.lock:
             self.check_usable()
             for context in self._contexts:
                 try:
