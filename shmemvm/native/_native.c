@@ -126,8 +126,13 @@ static int apply(uintptr_t address, int word, int op, uint64_t v, uint64_t c, ui
 static int parse_address(PyObject *obj, uintptr_t *address, int size) {
     unsigned long long a = PyLong_AsUnsignedLongLong(obj);
     if (a == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-    if (a == 0 || (size && a % (unsigned long long)size)) {
-        PyErr_Format(PyExc_ValueError, "address %#llx is null or not aligned to %d bytes", a, size);
+    if (a == 0) {
+        PyErr_SetString(PyExc_ValueError, "address is null");
+        return -1;
+    }
+    if (size && a % (unsigned long long)size) {   /* (%p: PyErr_Format has no %#llx) */
+        PyErr_Format(PyExc_ValueError, "address %p is not aligned to %d bytes",
+                     (void *)(uintptr_t)a, size);
         return -1;
     }
     *address = (uintptr_t)a;
