@@ -24,11 +24,11 @@ from .agreement.protocol import Call, Phase
 from .core import setup
 from .core.state import HeapCore
 from .errors import SymmetryError
-from .openshmem import (alloc, atomics, barrier, collectives, contexts, external, locks, rma,
-                        signals, strided, teams, waits)
+from .openshmem import (alloc, barrier, collectives, contexts, external, locks, rma, signals,
+                        teams, waits)
 
 
-class SymmetricHeap(HeapCore):
+class SymmetricHeap(HeapCore, contexts.ContextOperations):
     """One symmetric heap over the PEs of `comm` (collective constructor).
 
     Args:
@@ -76,44 +76,15 @@ class SymmetricHeap(HeapCore):
     heap_info = alloc.heap_info
     trim = alloc.trim
     import_external_tensor = external.import_external_tensor
-    # -- one-sided access and its completion (rma.py, strided.py) ---------------------------
-    put = rma.put
-    get = rma.get
-    put_nbi = rma.put_nbi
-    get_nbi = rma.get_nbi
+    # -- one-sided access (put, get, atomics, put_signal: contexts.ContextOperations, the
+    #    heap being its own default context), ptr and completion (rma.py) ------------------
     ptr = rma.ptr
     quiet = rma.quiet
     fence = rma.fence
-    iput = strided.iput
-    iget = strided.iget
     # -- barriers (barrier.py) ----------------------------------------------------------------
     barrier_all = barrier.barrier_all
     sync_all = barrier.sync_all
-    # -- atomics (atomics.py), signals (signals.py) ----------------------------------------
-    atomic_fetch = atomics.atomic_fetch
-    atomic_set = atomics.atomic_set
-    atomic_add = atomics.atomic_add
-    atomic_inc = atomics.atomic_inc
-    atomic_fetch_add = atomics.atomic_fetch_add
-    atomic_fetch_inc = atomics.atomic_fetch_inc
-    atomic_swap = atomics.atomic_swap
-    atomic_compare_swap = atomics.atomic_compare_swap
-    atomic_fetch_and = atomics.atomic_fetch_and
-    atomic_fetch_or = atomics.atomic_fetch_or
-    atomic_fetch_xor = atomics.atomic_fetch_xor
-    atomic_and = atomics.atomic_and
-    atomic_or = atomics.atomic_or
-    atomic_xor = atomics.atomic_xor
-    atomic_fetch_nbi = atomics.atomic_fetch_nbi
-    atomic_fetch_add_nbi = atomics.atomic_fetch_add_nbi
-    atomic_fetch_inc_nbi = atomics.atomic_fetch_inc_nbi
-    atomic_swap_nbi = atomics.atomic_swap_nbi
-    atomic_compare_swap_nbi = atomics.atomic_compare_swap_nbi
-    atomic_fetch_and_nbi = atomics.atomic_fetch_and_nbi
-    atomic_fetch_or_nbi = atomics.atomic_fetch_or_nbi
-    atomic_fetch_xor_nbi = atomics.atomic_fetch_xor_nbi
-    put_signal = signals.put_signal
-    put_signal_nbi = signals.put_signal_nbi
+    # -- this PE's signals (signals.py) ---------------------------------------------------
     signal_fetch = signals.signal_fetch
     signal_wait_until = signals.signal_wait_until
     # -- point-to-point synchronization (waits.py) ---------------------------------------

@@ -629,7 +629,10 @@ def max_polls_for(seconds: float, device) -> int:
     """The `max_polls` that makes signal_wait_until give up after about
     `seconds` on `device` (a kernel has no clock that is the same on NVIDIA,
     AMD and the interpreter, so time is counted in polls). The polling rate
-    is measured once per device: a wait on a signal that never comes, timed.
+    is measured once per device: a wait on a signal that never comes, timed
+    over at least 5 ms and at its fastest of three runs (a process sharing
+    the GPU can hold it for a time slice during one run: measured so, on one
+    H200 shared by two PEs, a 0.5 s deadline gave up after 0.02 s).
 
     Args:
         seconds: how long a wait may last, > 0.
@@ -659,7 +662,12 @@ def max_polls_for(seconds: float, device) -> int:
             return time.perf_counter() - start
 
         timed(1)   # compiles outside the timing
-        rate = _polls_per_second[device] = polls / max(timed(polls), 1e-6)
+        elapsed = timed(polls)
+        while elapsed < 0.005 and polls < 1 << 26:
+            polls *= 4
+            elapsed = timed(polls)
+        elapsed = min(elapsed, timed(polls), timed(polls))
+        rate = _polls_per_second[device] = polls / max(elapsed, 1e-6)
     return max(1, int(seconds * rate))
 
 

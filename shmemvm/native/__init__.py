@@ -77,6 +77,21 @@ def copy(dst: int, src: int, nbytes: int) -> None:
     _native.copy(dst, src, nbytes)
 
 
+def address(buffer) -> int:
+    """Where C-contiguous `buffer` (a NumPy array) starts."""
+    return _native.address(buffer)
+
+
+def copy_from(dst: int, buffer, nbytes: int) -> None:
+    """memmove(dst, buffer's first nbytes); ValueError where it has fewer."""
+    _native.copy_from(dst, buffer, nbytes)
+
+
+def copy_into(buffer, src: int, nbytes: int) -> None:
+    """memmove(writable buffer's first nbytes, src); ValueError where it has fewer."""
+    _native.copy_into(buffer, src, nbytes)
+
+
 def board_write(slot: int, vector, seq: int) -> None:
     """Write this PE's slot of a board step (agreement/board.py's layout)."""
     _native.board_write(slot, vector, seq)

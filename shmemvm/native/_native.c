@@ -9,6 +9,12 @@
  *   wait(address, word, cmp, value, spins)  poll that read until the
  *       comparison holds, at most `spins` times; returns (held, last value).
  *   copy(dst, src, nbytes)                  memcpy between addresses.
+ *   address(buffer)                         where a C-contiguous buffer (a
+ *       NumPy array) starts: 0.1 us, against 0.8 for __array_interface__.
+ *   copy_from(dst, buffer, nbytes), copy_into(buffer, src, nbytes)
+ *                                           memcpy from/into a buffer's
+ *       first nbytes (checked against its length): a small put or get of
+ *       the NumPy face in one call.
  *   board_step(...)                         one step of the agreement's
  *       shared-memory board (agreement/board.py has the layout and protocol).
  *
@@ -120,8 +126,13 @@ static int apply(uintptr_t address, int word, int op, uint64_t v, uint64_t c, ui
 static int parse_address(PyObject *obj, uintptr_t *address, int size) {
     unsigned long long a = PyLong_AsUnsignedLongLong(obj);
     if (a == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-    if (a == 0 || (size && a % (unsigned long long)size)) {
-        PyErr_Format(PyExc_ValueError, "address %#llx is null or not aligned to %d bytes", a, size);
+    if (a == 0) {
+        PyErr_SetString(PyExc_ValueError, "address is null");
+        return -1;
+    }
+    if (size && a % (unsigned long long)size) {   /* (%p: PyErr_Format has no %#llx) */
+        PyErr_Format(PyExc_ValueError, "address %p is not aligned to %d bytes",
+                     (void *)(uintptr_t)a, size);
         return -1;
     }
     *address = (uintptr_t)a;
@@ -245,6 +256,64 @@ static PyObject *native_copy(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
+/* The GIL is let go around copies from this size on: other threads run meanwhile. */
+#define COPY_WITHOUT_GIL (64 * 1024)
+
+static void copy_bytes(void *dst, const void *src, size_t n) {
+    if (n >= COPY_WITHOUT_GIL) {
+        Py_BEGIN_ALLOW_THREADS
+        memmove(dst, src, n);
+        Py_END_ALLOW_THREADS
+    } else if (n > 0) {
+        memmove(dst, src, n);
+    }
+}
+
+/* address(buffer) -> int */
+static PyObject *native_address(PyObject *self, PyObject *buffer) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = PyLong_FromVoidPtr(view.buf);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* copy_from(dst, buffer, nbytes) and copy_into(buffer, src, nbytes) */
+static PyObject *buffer_copy(PyObject *const *args, Py_ssize_t nargs, int into) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, into ? "copy_into(buffer, src, nbytes)"
+                                              : "copy_from(dst, buffer, nbytes)");
+        return NULL;
+    }
+    uintptr_t address;
+    Py_buffer view;
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "nbytes must be >= 0");
+        return NULL;
+    }
+    if (parse_address(args[into ? 1 : 0], &address, 0) < 0) return NULL;
+    if (PyObject_GetBuffer(args[into ? 0 : 1], &view, into ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (n > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "%zd bytes asked of a buffer of %zd", n, view.len);
+        return NULL;
+    }
+    if (into) copy_bytes(view.buf, (const void *)address, (size_t)n);
+    else copy_bytes((void *)address, view.buf, (size_t)n);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+static PyObject *native_copy_from(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return buffer_copy(args, nargs, 0);
+}
+
+static PyObject *native_copy_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return buffer_copy(args, nargs, 1);
+}
+
 /* -- the agreement's board ------------------------------------------------------------
  * Layout (agreement/board.py): two banks of one slot per PE; a slot is the
  * step number (one int64 word), the vector (`words` int64), then its CRC-32
@@ -336,6 +405,11 @@ static PyMethodDef methods[] = {
      "wait(address, word, cmp, value, spins) -> (held, last value)"},
     {"copy", (PyCFunction)(void (*)(void))native_copy, METH_FASTCALL,
      "copy(dst, src, nbytes)"},
+    {"address", (PyCFunction)native_address, METH_O, "address(buffer) -> where it starts"},
+    {"copy_from", (PyCFunction)(void (*)(void))native_copy_from, METH_FASTCALL,
+     "copy_from(dst, buffer, nbytes)"},
+    {"copy_into", (PyCFunction)(void (*)(void))native_copy_into, METH_FASTCALL,
+     "copy_into(buffer, src, nbytes)"},
     {"board_write", (PyCFunction)(void (*)(void))native_board_write, METH_FASTCALL,
      "board_write(slot, vector, seq)"},
     {"board_read", (PyCFunction)(void (*)(void))native_board_read, METH_FASTCALL,

@@ -65,7 +65,7 @@ from ..errors import UnsupportedError
 from ..memory.buddy import Block
 from ..transport.completion import CompletionTracker
 from ..transport.route import AtomicPath
-from . import words
+from . import rma, words
 from .words import Word
 
 #: the operations of apply(), with the MPI operation of each (compare-and-swap: its own call)
@@ -227,6 +227,24 @@ def _by_cpu(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, v
     address = (heap.local.base if pe == heap.my_pe else heap.peers.windows[pe]) + offset
     if count != 1:
         return [native.load(address + i * word.size, word.code) for i in range(count)]
+    return native.atomic(address, word.code, _NATIVE_OPS[op], value, cond)
+
+
+def cpu_word(heap: HeapCore, allocation: torch.Tensor, address: int, word: Word,
+             pe: int) -> int | None:
+    """Where the `word` at `address` of `allocation` (a whole block's tensor,
+    as the NumPy face keeps it) lies for PE `pe` (a checked PE number), where
+    this heap's atomics are the CPU's; None otherwise, and for a misaligned or
+    dead word, so that the caller takes apply(), which names what is wrong. With
+    at_address(), a face's atomic in two calls: 2 us against 6 through apply()."""
+    if heap.routes.atomics is not AtomicPath.CPU or address % word.size:
+        return None
+    return rma.cpu_address(heap, allocation, address, pe)
+
+
+def at_address(address: int, word: Word, op: str, value, cond=0):
+    """apply()'s CPU path on an address from cpu_word(), `value` and `cond`
+    checked by word.value() and `op` by check_op()."""
     return native.atomic(address, word.code, _NATIVE_OPS[op], value, cond)
 
 

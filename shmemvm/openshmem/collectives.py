@@ -540,6 +540,9 @@ def alltoalls_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
 # -- reduce -------------------------------------------------------------------------------------
 #: the operations of reduce()
 REDUCE_NAMES = ("sum", "prod", "min", "max", "and", "or", "xor")
+#: bytes up to which a reduce on the node reads all of every source on every PE
+#: (one step after the agreement) instead of a reduce-scatter and gather (two)
+SMALL_REDUCE = 16 << 10
 #: the torch face's combiners: name -> torch function with out=
 REDUCE_OPS = {
     "sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum,
@@ -634,6 +637,17 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
         lo, hi = displs[me], displs[me] + counts[me]
         flat = dest.data
         text = f"{t.label}reduce(op={op!r})"
+        if t.on_node and numel * size <= SMALL_REDUCE:
+            # Small: every PE combines all of it from every member's source (in team
+            # order, so bitwise as below), then one step says every PE has read every
+            # source, after which dest (maybe source itself) may change: two steps
+            # with the agreement, against three (issue 24: 8 bytes cost 3 round trips)
+            acc = heap.ptr(source.data, t.pes[0]).clone()
+            for pe in t.pes[1:]:
+                combine(acc, heap.ptr(source.data, pe))
+            t.step(Phase.REDUCE_COMBINED, f"{text} (combined)")
+            flat.copy_(acc)
+            return
         if t.on_node:
             # 1) this PE combines its chunk from every member's source, in team order
             if hi > lo:

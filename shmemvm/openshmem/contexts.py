@@ -42,7 +42,44 @@ CTX_NOSTORE = 4
 _OPTIONS = {"CTX_SERIALIZED": CTX_SERIALIZED, "CTX_PRIVATE": CTX_PRIVATE,
             "CTX_NOSTORE": CTX_NOSTORE}
 
-class Ctx:
+class ContextOperations:
+    """The one-sided operations a context issues, bound once for both kinds of
+    context: SymmetricHeap (the default context) and Ctx. Each is written once
+    (rma, strided, atomics, signals) and takes its context first."""
+
+    put = rma.put
+    get = rma.get
+    put_nbi = rma.put_nbi
+    get_nbi = rma.get_nbi
+    iput = strided.iput
+    iget = strided.iget
+    atomic_fetch = atomics.atomic_fetch
+    atomic_set = atomics.atomic_set
+    atomic_add = atomics.atomic_add
+    atomic_inc = atomics.atomic_inc
+    atomic_fetch_add = atomics.atomic_fetch_add
+    atomic_fetch_inc = atomics.atomic_fetch_inc
+    atomic_swap = atomics.atomic_swap
+    atomic_compare_swap = atomics.atomic_compare_swap
+    atomic_fetch_and = atomics.atomic_fetch_and
+    atomic_fetch_or = atomics.atomic_fetch_or
+    atomic_fetch_xor = atomics.atomic_fetch_xor
+    atomic_and = atomics.atomic_and
+    atomic_or = atomics.atomic_or
+    atomic_xor = atomics.atomic_xor
+    atomic_fetch_nbi = atomics.atomic_fetch_nbi
+    atomic_fetch_add_nbi = atomics.atomic_fetch_add_nbi
+    atomic_fetch_inc_nbi = atomics.atomic_fetch_inc_nbi
+    atomic_swap_nbi = atomics.atomic_swap_nbi
+    atomic_compare_swap_nbi = atomics.atomic_compare_swap_nbi
+    atomic_fetch_and_nbi = atomics.atomic_fetch_and_nbi
+    atomic_fetch_or_nbi = atomics.atomic_fetch_or_nbi
+    atomic_fetch_xor_nbi = atomics.atomic_fetch_xor_nbi
+    put_signal = signals.put_signal
+    put_signal_nbi = signals.put_signal_nbi
+
+
+class Ctx(ContextOperations):
     """A communication context of `heap` (shmem_ctx_create); see the module doc.
 
     Attributes:
@@ -161,38 +198,6 @@ class Ctx:
     def __repr__(self) -> str:
         state = "destroyed" if self._destroyed else f"{self.completion.outstanding} outstanding"
         return f"<Ctx options={self.options} team={self.team!r} on PE {self.heap.my_pe}: {state}>"
-
-    # -- the one-sided operations, each the heap's own, issued on this context ----------
-    put = rma.put
-    get = rma.get
-    put_nbi = rma.put_nbi
-    get_nbi = rma.get_nbi
-    iput = strided.iput
-    iget = strided.iget
-    atomic_fetch = atomics.atomic_fetch
-    atomic_set = atomics.atomic_set
-    atomic_add = atomics.atomic_add
-    atomic_inc = atomics.atomic_inc
-    atomic_fetch_add = atomics.atomic_fetch_add
-    atomic_fetch_inc = atomics.atomic_fetch_inc
-    atomic_swap = atomics.atomic_swap
-    atomic_compare_swap = atomics.atomic_compare_swap
-    atomic_fetch_and = atomics.atomic_fetch_and
-    atomic_fetch_or = atomics.atomic_fetch_or
-    atomic_fetch_xor = atomics.atomic_fetch_xor
-    atomic_and = atomics.atomic_and
-    atomic_or = atomics.atomic_or
-    atomic_xor = atomics.atomic_xor
-    atomic_fetch_nbi = atomics.atomic_fetch_nbi
-    atomic_fetch_add_nbi = atomics.atomic_fetch_add_nbi
-    atomic_fetch_inc_nbi = atomics.atomic_fetch_inc_nbi
-    atomic_swap_nbi = atomics.atomic_swap_nbi
-    atomic_compare_swap_nbi = atomics.atomic_compare_swap_nbi
-    atomic_fetch_and_nbi = atomics.atomic_fetch_and_nbi
-    atomic_fetch_or_nbi = atomics.atomic_fetch_or_nbi
-    atomic_fetch_xor_nbi = atomics.atomic_fetch_xor_nbi
-    put_signal = signals.put_signal
-    put_signal_nbi = signals.put_signal_nbi
 
 
 def ctx_create(heap: HeapCore, options: int = 0) -> Ctx:

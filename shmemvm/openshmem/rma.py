@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..core.state import Context, HeapCore
+from ..errors import NotSymmetricError
 from ..transport.completion import CompletionTracker
 from ..transport.route import Route
 
@@ -184,6 +185,29 @@ def fence(heap: HeapCore) -> None:
     if heap.closed:
         heap.check_usable()  # raises: finalized (its MPI window is gone)
     heap.completion.fence()
+
+
+def cpu_address(heap: HeapCore, allocation: torch.Tensor, address: int, pe: int) -> int | None:
+    """Where the byte at `address` of `allocation` (the tensor of a whole block,
+    as the NumPy face keeps it; `address` is inside it) lies for PE `pe`, for
+    a copy by the CPU itself: this PE's own address, or the one in a node
+    peer's mapping (checked as transfer() checks it). None where the CPU cannot
+    copy there, so that the caller takes transfer(): a device heap, a PE on
+    another node, a heap without the compiled piece, or a block not live here
+    (transfer() then raises, with its own words). `pe` is a checked PE number."""
+    if not heap.native or heap.closed or heap.broken or heap.backend.name != "host":
+        return None
+    route = heap.routes[pe]
+    if route is Route.MPI:
+        return None
+    try:
+        block = heap.local.block_of(allocation)
+    except NotSymmetricError:
+        return None
+    if route is Route.SELF:
+        return address
+    heap.peers.check(pe, block.segment)
+    return heap.peers.windows[pe] + (address - heap.local.base)
 
 
 # -- the one copy path ------------------------------------------------------------------

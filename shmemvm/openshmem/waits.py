@@ -8,8 +8,12 @@ int8..uint64), the variable given as its bytes: the torch functions map a
 tensor to its word and bytes, the NumPy face (shmem/) an array; both then use
 wait_for/test_word (one variable) and Condition with wait/check (vectors).
 
+A comparison `cmp` is "eq", "ne", "gt", "ge", "lt" or "le", or the same as
+Python writes it ("==", "!=", ">", ">=", "<", "<="), in both faces.
+
 A variable is read atomically (atomics.apply, the one path of every atomic):
-on host heaps with an MPI atomic read
+on a host heap of one node with the compiled piece, an atomic load by the CPU;
+on other host heaps with an MPI atomic read
 (MPI_Get_accumulate with MPI_NO_OP) through the heap's window on this PE, which
 is atomic with respect to other PEs' atomics, sees their puts, and lets MPI
 apply other PEs' operations to this PE while it polls (passive-target
@@ -41,6 +45,8 @@ from .words import Word
 #: comparisons of wait_until / test / signal_wait_until
 COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt,
                "ge": operator.ge, "lt": operator.lt, "le": operator.le}
+#: the same as Python writes them (both faces take either)
+SYMBOLS = {"==": "eq", "!=": "ne", ">": "gt", ">=": "ge", "<": "lt", "<=": "le"}
 
 # Polling: this many reads back to back, then sleeps doubling up to the cap.
 _SPIN_POLLS = 32
@@ -50,9 +56,11 @@ _MAX_SLEEP = 0.2e-3     # as the heap's own waits: a waiting PE still serves MPI
 
 # -- one variable ------------------------------------------------------------------------
 def _compare(cmp, what: str):
-    if cmp not in COMPARISONS:
-        raise ValueError(f"{what}: cmp must be one of {', '.join(COMPARISONS)}, got {cmp!r}")
-    return COMPARISONS[cmp]
+    compare = COMPARISONS.get(SYMBOLS.get(cmp, cmp)) if isinstance(cmp, str) else None
+    if compare is None:
+        raise ValueError(f"{what}: cmp must be one of {', '.join(COMPARISONS)} (or "
+                         f"{', '.join(SYMBOLS)}), got {cmp!r}")
+    return compare
 
 
 def check_word(word: Word, what: str, role: str) -> None:

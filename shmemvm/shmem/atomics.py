@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .. import native
 from ..openshmem import atomics as routines
 from ..openshmem import words
 from ..openshmem.words import Word
@@ -46,7 +47,36 @@ def element(a, what: str, role: str, writable: bool = True) -> tuple[Word, torch
     return word_of(a.dtype, what, role), data
 
 
+def _on_cpu(target, pe, writable: bool) -> tuple[int, Word] | None:
+    """(address on PE `pe`, word) of a one-element symmetric `target` where the
+    heap's atomics are the CPU's (routines.cpu_word()); None for anything else,
+    and for anything wrong, which element() then names."""
+    if (type(target) is not np.ndarray or target.size != 1 or type(pe) is not int
+            or (writable and not target.flags.writeable)):
+        return None
+    dtype = target.dtype
+    word = words.of(dtype.kind, dtype.itemsize) if dtype.kind in "iuf" else None
+    memory = arrays.owner(target)
+    if word is None or memory is None:
+        return None
+    heap = arrays.heap()
+    start = native.address(target)
+    if not (0 <= pe < heap.n_pes
+            and memory.address <= start <= memory.address + memory.nbytes - word.size):
+        return None
+    there = routines.cpu_word(heap, memory.tensor, start, word, pe)
+    return None if there is None else (there, word)
+
+
 def _amo(ctx, target, pe, op: str, value=0, cond=0, *, what: str, writable: bool = True):
+    found = _on_cpu(target, pe, writable) if ctx is None else None
+    if found is not None:   # the common case in two calls (docs/performance.md)
+        there, word = found
+        routines.check_op(word, op, what)
+        value = word.value(value, what)
+        if op == "cas":
+            cond = word.value(cond, what, "cond")
+        return routines.at_address(there, word, op, value, cond)
     word, where = element(target, what, "target", writable)
     return routines.atomic(context(ctx), word, where, pe, op, value, cond, what=what)
 

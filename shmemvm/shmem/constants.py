@@ -10,7 +10,7 @@ from typing import Union
 
 import numpy as np
 
-from ..openshmem import info
+from ..openshmem import info, waits
 
 #: a value of shmem4py's calls
 Number = Union[int, float, complex, np.number]
@@ -118,7 +118,7 @@ class CMP(enum.IntEnum):
 CMP_EQ, CMP_NE, CMP_GT, CMP_LE, CMP_LT, CMP_GE = CMP.EQ, CMP.NE, CMP.GT, CMP.LE, CMP.LT, CMP.GE
 
 _CMP_NAMES = {CMP.EQ: "eq", CMP.NE: "ne", CMP.GT: "gt", CMP.LE: "le", CMP.LT: "lt", CMP.GE: "ge"}
-_CMP_SYMBOLS = {"==": "eq", "!=": "ne", ">": "gt", "<=": "le", "<": "lt", ">=": "ge"}
+_CMP_SYMBOLS = waits.SYMBOLS
 
 
 def cmp_name(cmp) -> str:

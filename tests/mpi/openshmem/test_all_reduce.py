@@ -31,9 +31,11 @@ def _data(pe: int, count: int) -> torch.Tensor:
 
 
 @pytest.mark.mpi
-def test_all_reduce_sums_in_pe_order_bit_identically(any_path_heap):
+@pytest.mark.parametrize("count", [10007, 5], ids=["scatter-gather", "small"])
+def test_all_reduce_sums_in_pe_order_bit_identically(any_path_heap, count):
+    """Both node algorithms: a reduce-scatter and gather (40 KB), and every PE
+    reading every source (up to collectives.SMALL_REDUCE bytes)."""
     h = any_path_heap
-    count = 10007
     src = h.empty(count, torch.float32)
     dst = h.empty(count, torch.float32)
     src.copy_(_data(h.my_pe, count))

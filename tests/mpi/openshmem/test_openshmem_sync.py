@@ -152,7 +152,8 @@ def test_sync_argument_errors(mheap):
     with pytest.raises(TypeError, match="integer"):
         h.test_any_vector(flags, "eq", [1, 2, 3.5, 4])
     with pytest.raises(ValueError, match="cmp must be one of"):
-        h.wait_until_some(flags, "==", 0)
+        h.wait_until_some(flags, "=<", 0)
+    assert h.test_any(flags, "==", flags[0].item()) == 0     # Python's symbols, as the NumPy face
     with pytest.raises(ValueError, match="does not fit"):
         h.test_all(h.zeros((2,), torch.int32), "eq", 2 ** 40)
     with pytest.raises(TypeError, match="1-D symmetric tensor"):

@@ -239,7 +239,8 @@ def test_atomic_argument_errors(heap):
     with pytest.raises(TypeError, match="integer"):
         h.atomic_add(c[0], 1.5, 0)
     with pytest.raises(ValueError, match="cmp must be one of"):
-        h.wait_until(c[0], "==", 0)
+        h.wait_until(c[0], "=<", 0)
+    assert h.test(c[0], "<=", 0)
     with pytest.raises(ValueError, match="op must be"):
         h.put_signal(c[1:3], torch.ones(2, dtype=torch.int64), c[0], 1, "max", 0)
     assert c.tolist() == [0, 0, 0, 0]                 # the rejected put_signal moved nothing

@@ -151,3 +151,24 @@ def test_board_slots_written_in_c_read_in_python_and_back():
     assert not native.board_read(address, words, 8, seq_word, 10, out)   # not that step yet
     slot[1 + words] ^= 1                                                   # a torn write
     assert not native.board_read(address, words, 7, seq_word, 10, out)
+
+
+def test_copies_from_and_into_buffers_check_their_length():
+    import numpy as np
+    source = np.arange(100_000, dtype=np.uint8)      # past the size that lets the GIL go
+    dest = np.zeros_like(source)
+    assert native.address(source) == source.ctypes.data
+    native.copy_from(dest.ctypes.data + 10, source, 5)
+    assert dest[10:15].tolist() == [0, 1, 2, 3, 4] and dest[:10].sum() == dest[15:].sum() == 0
+    native.copy_into(dest, source.ctypes.data, source.nbytes)
+    assert np.array_equal(dest, source)
+    with pytest.raises(ValueError, match="bytes asked of a buffer of"):
+        native.copy_from(dest.ctypes.data, source[:4], 5)     # never reads past the buffer
+    with pytest.raises(ValueError, match="bytes asked of a buffer of"):
+        native.copy_into(dest[:4], source.ctypes.data, 5)
+    with pytest.raises((BufferError, ValueError), match="read-only"):   # never written
+        native.copy_into(np.frombuffer(b"abcd", np.uint8), source.ctypes.data, 2)
+    with pytest.raises(ValueError, match="null"):
+        native.copy_from(0, source, 1)
+    with pytest.raises(ValueError):
+        native.copy_into(dest, source.ctypes.data, -1)

@@ -1,6 +1,8 @@
 """One-sided operations aimed at a PE that is alive but stopped (SIGSTOP) end at
 the heap's deadline with PeerTimeoutError instead of waiting for ever: atomics
-and put_signal (through the heap's MPI window) and off-node put/get.
+and put_signal (through the heap's MPI window) and off-node put/get. An atomic
+by the CPU on the peer's mapping (the compiled piece, one node) needs nothing
+of the target, and completes at once.
 
 Not an `mpi` test: it starts its own small jobs of 2 PEs,
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from shmemvm import native
 from util import REPO, clean_env, mpiexec
 
 HELPER = REPO / "tests" / "helpers" / "stopped_peer.py"
@@ -30,7 +33,7 @@ TIMEOUT = 2.0          # the heaps' timeout= in the jobs
 MARGIN = 2.0           # scheduling slack on 2 cores
 JOB_LIMIT = 120        # seconds: a job that takes longer than this hangs
 JOBS = [["atomic_fetch_add", "atomic_compare_swap", "atomic_add"],
-        ["put_signal", "put", "get"]]
+        ["put_signal", "put", "get", "atomic_fetch_add_by_cpu"]]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +78,18 @@ def outcomes():
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("scenario", [s for job in JOBS for s in job])
+def test_a_cpu_atomic_on_a_stopped_pe_completes(outcomes):
+    if native.built() is None:
+        pytest.skip("the compiled piece is not built (pip install . builds it)")
+    outcome = outcomes["atomic_fetch_add_by_cpu"]
+    context = f"atomic_fetch_add_by_cpu: {outcome}"
+    assert outcome["returncode"] is not None, f"the job hung past {JOB_LIMIT} s: {context}"
+    assert outcome["stopped"] and outcome["result"] is not None, context
+    assert outcome["result"]["error"] is None and outcome["result"]["elapsed"] < 1.0, context
+
+
+@pytest.mark.parametrize("scenario", [s for job in JOBS for s in job
+                                      if s != "atomic_fetch_add_by_cpu"])
 def test_operation_on_a_stopped_pe_raises_peer_timeout(outcomes, scenario):
     outcome = outcomes[scenario]
     context = f"{scenario}: {outcome}"
