@@ -621,9 +621,9 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
         dest, source = operands()
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=True)
         made[:] = dest, source, combiner(source)
-        return (d, s, source.dtype, source.count, op), (
-            f"{t.label}reduce(dest at heap offset {d:#x}, source at {s:#x}, "
-            f"{source.count} x {source.dtype}, op={op!r})")
+        return (d, s, source.dtype, source.count, op), (   # (the text: only for a message)
+            "{}reduce(dest at heap offset {:#x}, source at {:#x}, {} x {}, op={!r})",
+            t.label, d, s, source.count, source.dtype, op)
 
     with t.lock:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()

@@ -25,7 +25,7 @@ import operator
 import numpy as np
 import torch
 
-from .. import _args, api
+from .. import _args, api, native
 from ..errors import NotSymmetricError
 from ..heap import SymmetricHeap
 
@@ -85,6 +85,10 @@ def owner(obj) -> HeapMemory | None:
 
 
 def address(a: np.ndarray) -> int:
+    """Where `a`'s data starts (the compiled piece's buffer address is 0.1 us
+    against 0.8 for __array_interface__, and takes C-contiguous arrays)."""
+    if a.flags.c_contiguous and native.built():
+        return native.address(a)
     return a.__array_interface__["data"][0]
 
 
