@@ -20,8 +20,9 @@ the top (each imports only from below it; tests/unit/test_house.py keeps it so):
 from . import api
 from ._version import __version__
 from .api import *  # noqa: F401,F403 - the module functions, listed in api.__all__
-from .errors import (FreedTensorError, HeapExhaustedError, NotSymmetricError, PeerTimeoutError,
-                     ResourceLimitError, ShmemError, SymmetryError, UnsupportedError)
+from .errors import (DeadlockError, FreedTensorError, HeapExhaustedError, NotSymmetricError,
+                     PeerDeadError, PeerTimeoutError, ResourceLimitError, ShmemError,
+                     SymmetryError, UnsupportedError)
 from .heap import SymmetricHeap
 from .memory.buddy import Pow2Allocator
 from .memory.vmm import VMemPow2Allocator
@@ -47,5 +48,6 @@ __all__ = [
     "MALLOC_ATOMICS_REMOTE", "MALLOC_SIGNAL_REMOTE",
     "ShmemError", "HeapExhaustedError", "SymmetryError", "PeerTimeoutError",
     "UnsupportedError", "FreedTensorError", "NotSymmetricError", "ResourceLimitError",
+    "PeerDeadError", "DeadlockError",
 ]
 __all__ += api.__all__

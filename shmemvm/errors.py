@@ -18,6 +18,19 @@ class PeerTimeoutError(ShmemError):
     """A peer did not take part in a collective within the configured time."""
 
 
+class PeerDeadError(ShmemError):
+    """A wait cannot end because a PE that could end it is dead (on the node: its
+    process is gone; off the node: it has not answered for the timeout) or has
+    left the heap (its heap broke or closed), and no other PE can: raised on
+    every PE that waits (issue 25)."""
+
+
+class DeadlockError(ShmemError):
+    """Every PE waits (wait_until and its family, signal_wait_until, set_lock)
+    and nothing has changed for the heap's timeout, so no wait can end: raised
+    on every PE, naming each PE's wait."""
+
+
 class UnsupportedError(ShmemError):
     """The backend cannot do what was asked (for example import foreign memory)."""
 

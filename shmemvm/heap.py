@@ -140,13 +140,24 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
             PeerTimeoutError: a PE did not join within the timeout (the heap is
                 released here all the same).
         """
+        self._finalize(None)
+
+    def _finalize(self, leaving: BaseException | None) -> None:
+        """finalize(); `leaving`: the exception that left a with block, named in
+        the call's text so that every PE's mismatch report says why this PE is
+        in finalize() (the exception itself stays the context of what is raised)."""
         if self.closed:
             return
+        text = "finalize()"
+        if leaving is not None:
+            what = f"{type(leaving).__name__}: {leaving}" if str(leaving) else \
+                type(leaving).__name__
+            text = f"finalize() (leaving a with block on {what[:200]})"
         try:
             if not self.broken:
                 with self.lock:
                     self.quiet_all()
-                    self.agree(Call(Phase.FINALIZE, text="finalize()"))
+                    self.agree(Call(Phase.FINALIZE, text=text))
         except SymmetryError:
             raise  # other PEs are in another call: as the error says, nothing was done
         except BaseException:
@@ -159,5 +170,17 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
     def __enter__(self) -> SymmetricHeap:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.finalize()
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        """finalize(); where an exception leaves the block and finalize() raises
+        too (another PE's call differs, or times out), the exception that left
+        the block is the context of finalize()'s, so its traceback is printed
+        with it, and every PE's mismatch report names it."""
+        try:
+            self._finalize(exc)
+        except BaseException as error:
+            if exc is not None and error is not exc:
+                if error.__context__ is None:
+                    error.__context__ = exc
+                if error.__cause__ is None:   # never `from None`: the user's exception shows
+                    error.__suppress_context__ = False
+            raise

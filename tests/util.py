@@ -105,7 +105,7 @@ def barrier_interrupted_on_pe_1(heap) -> None:
     only PE 1 saw the interrupt. The next steps must still agree everywhere."""
     agreement, real = heap.agreement, heap.agreement.wait_until
     if heap.my_pe == 1:
-        def interrupted(ready, what):
+        def interrupted(ready, what, *step):   # (step: which wait of the step)
             agreement.wait_until = real
             raise KeyboardInterrupt
         agreement.wait_until = interrupted

@@ -24,20 +24,43 @@ agreement and everything that must hold for it to be trusted:
   dropped them (the `dead` offsets of collective()): the heap's `release`
   callback runs before the call's own error is raised and before the call
   does anything, so a malloc can reuse them.
+- Every PE reports the same outcome of every step, also where some PEs gave
+  up on it at their deadline and a late PE then completes it (its MPI
+  allreduce completes with the contributions the others made before they gave
+  up). The protocol (docs/reliability.md, "A PE that arrives after the others
+  gave up"):
+  * each PE adds its entry time to the step's vector (in ticks of 1/16 of the
+    timeout, the same on every PE: the timeout is agreed at init), so every
+    PE that completes the step learns when the earliest PE entered it;
+  * a PE that completes a step (or a wait within it: a gather, a collective's
+    data) before 3/4 of the timeout has passed since then returns at once: no
+    PE can have reached its deadline, every PE's deadline being at least the
+    earliest entry plus the timeout, and every PE then completes the step
+    too, since every contribution is in (a PE past its deadline tests its
+    request once more, for DRAIN_S, before it gives up);
+  * later, a PE that completes proposes COMMITTED for the step to the heap's
+    register (liveness.py), and a PE whose deadline passed proposes
+    ABANDONED; the first proposal wins. A PE that learns ABANDONED raises
+    PeerTimeoutError for this call ("the other PEs gave up on this call"),
+    one that learns COMMITTED completes the step. So the late PE raises at
+    the call the others abandoned, not at its next one.
 """
 
 from __future__ import annotations
 
 import array
 import logging
+import os
+import time
 
 from mpi4py import MPI
 
 from ..errors import PeerTimeoutError, ShmemError, SymmetryError
 from . import deadline
 from .board import Board
+from .liveness import ABANDONED, COMMITTED, DRAIN_S, Liveness
 from .protocol import (COUNTED, DEAD_SLOT, EMPTY_VECTOR, FLAG_SLOT, NEG_SEQ_SLOT,
-                       OUTCOMES, SEQ_SLOT, Call, Outcome, Phase)
+                       OUTCOMES, SEQ_SLOT, TIME_SLOT, Call, Outcome, Phase)
 
 log = logging.getLogger("shmemvm")
 
@@ -48,10 +71,24 @@ class Agreement:
     """The agreement over `comm` for one heap. `release(offsets)` frees the
     heap offsets that every PE has given up (see collective())."""
 
-    def __init__(self, comm: MPI.Comm, timeout: float, my_pe: int, release=None):
+    def __init__(self, comm: MPI.Comm, timeout: float, my_pe: int, release=None, *,
+                 key: int = 0, liveness: Liveness | None = None):
+        """`key`: this agreement's slot in the register of abandoned steps, the
+        same on every PE of `comm` (0: the heap's own); `liveness`: the heap's,
+        whose register decides steps that some PE gave up on (None: none yet)."""
         self.comm = comm
         self.timeout = timeout
         self.my_pe = my_pe
+        self.key = key
+        self.liveness = liveness
+        #: the clock of entry times: ticks of 1/16 of the timeout, and the most ticks
+        #: between the earliest entry and a completion that needs no decision
+        self._tick = max(1_000_000, int(timeout * 1e9) // 16)
+        self._prompt = max(0, int(timeout * 0.75e9) // self._tick - 1)
+        #: the earliest PE's entry into the current step, in ticks
+        self._entered = 0
+        #: the waits within the current step so far (gathers, collectives' data)
+        self._sub = 0
         self.release = release or (lambda offsets: None)
         #: steps so far (every PE has the same number; it is compared)
         self.seq = 0
@@ -85,6 +122,8 @@ class Agreement:
 
     def mark_broken(self, why: str) -> None:
         self.broken = self.broken or why
+        if self.liveness is not None:
+            self.liveness.gone(f"unusable since {self.broken}")
 
     def describe(self, call: Call, note: str = "") -> str:
         """`call` (with `note`) for messages, numbered by the user's own calls."""
@@ -105,8 +144,10 @@ class Agreement:
         if self.broken:
             self.check_usable()
         self.seq = seq = self.seq + 1
+        self._sub = 0
         if call.phase in COUNTED:
             self.calls += 1
+        tick = time.time_ns() // self._tick
         # MAX of v and of -v gives the max and minus the min of each word at once
         board, request = self.board, None
         if board is not None:
@@ -128,9 +169,11 @@ class Agreement:
             send[FLAG_SLOT] = -1
         if dead:
             send[DEAD_SLOT] = -1
+        send[TIME_SLOT] = -tick
         if board is not None:
             recv = board.allreduce_max(send, seq, lambda ready: self.wait_until(
-                ready, lambda: self.describe(call)))
+                ready, lambda: self.describe(call), 0))
+            self._completed(call, recv)
             return self._outcome(call, send, recv, dead)
         if request is False:
             request = self.comm.Iallreduce(send, recv, _MAX)
@@ -138,7 +181,7 @@ class Agreement:
             request.Start()
         if not request.Test():  # (done at once: no need to make the wait's text maker)
             try:
-                self.wait(request, lambda: self.describe(call))
+                self.wait_until(request.Test, lambda: self.describe(call), 0)
             except BaseException:
                 # Still on (a timeout, or KeyboardInterrupt in the wait): the next
                 # step, if any, waits for it first. A persistent request cannot be
@@ -149,15 +192,26 @@ class Agreement:
                 else:
                     self._interrupted = (request, (send, recv))
                 raise
+        self._completed(call, recv)
         return self._outcome(call, send, recv, dead)
+
+    def _completed(self, call: Call, recv: array.array) -> None:
+        """The step is complete here: note when its earliest PE entered it, and
+        where that was long enough ago that some PE may have given up on it,
+        confirm it with the register (module doc)."""
+        self._entered = -recv[TIME_SLOT]
+        if self.liveness is not None and \
+                time.time_ns() // self._tick - self._entered > self._prompt:
+            self._confirm(0, lambda: self.describe(call))
 
     def _outcome(self, call: Call, send: array.array, recv: array.array,
                  dead: set[int]) -> Outcome:
         """The step's outcome from this PE's vector and the MAX of everybody's."""
         everywhere, dead_everywhere = recv[FLAG_SLOT] == -1, recv[DEAD_SLOT] == -1
         # Every word agrees iff its max is this PE's word and its -min this PE's
-        # negated word: then the vectors are equal, once the flags are.
+        # negated word: then the vectors are equal, once the flags and times are.
         recv[FLAG_SLOT], recv[DEAD_SLOT] = send[FLAG_SLOT], send[DEAD_SLOT]
+        recv[TIME_SLOT] = send[TIME_SLOT]
         if recv != send:
             self._raise_mismatch(call, self.describe(call))
         outcome = OUTCOMES[everywhere]
@@ -176,7 +230,8 @@ class Agreement:
         or a new Iallreduce with its buffers), then let it go."""
         interrupted = self._interrupted
         request = interrupted if isinstance(interrupted, MPI.Request) else interrupted[0]
-        self.wait(request, f"the step #{self.seq - 1} (interrupted) before this one")
+        # (this PE's own business, not a wait every PE makes: nothing to decide)
+        self.wait_until(request.Test, f"the step #{self.seq - 1} (interrupted) before this one")
         self._interrupted = None
 
     def make_board(self) -> Board:
@@ -219,21 +274,70 @@ class Agreement:
         return self.collective(step, flag=ok).flag_everywhere
 
     def wait(self, request: MPI.Request, what) -> None:
-        """Complete an MPI request of this heap, or break the heap and raise
-        PeerTimeoutError at the deadline (`what`: as for wait())."""
-        self.wait_until(request.Test, what)
+        """Complete an MPI request of a wait that every PE of `comm` makes, in the
+        same order, within the current step (a gather, a collective's data), or
+        break the heap and raise PeerTimeoutError at the deadline (`what`: as
+        for wait()). Decided as the step is where a PE gave up on it (module doc)."""
+        self._sub = sub = self._sub + 1
+        self.wait_until(request.Test, what, sub)
+        if self.liveness is not None and \
+                time.time_ns() // self._tick - self._entered > self._prompt:
+            self._confirm(sub, what)
 
-    def wait_until(self, ready, what) -> None:
-        """wait() for `ready()` to be True."""
+    def wait_until(self, ready, what, sub: int | None = None) -> None:
+        """Wait for `ready()` to be True. At the deadline: where `sub` says which
+        wait of the step this is (0: the step itself), this PE proposes to
+        abandon it (module doc) and raises PeerTimeoutError unless another PE
+        has completed it already; the heap is broken from then on."""
         if ready():
             return
+        after = deadline.UNUSABLE if self.initialized else "init failed; no heap was made"
         try:
-            deadline.wait_until(ready, self.timeout, what, self.my_pe,
-                       deadline.UNUSABLE if self.initialized else "init failed; no heap was made")
+            deadline.wait_until(ready, self.timeout, what, self.my_pe, after)
+            return
+        except PeerTimeoutError as exc:
+            if sub is None or self.liveness is None:
+                self.mark_broken(f"{_text(what)} timed out after {self.timeout:g} s")
+                raise
+            timed_out = exc
+        if _drain(ready):
+            return   # complete after all: the caller confirms it (this PE is late enough)
+        if self._settle(sub, ABANDONED, what) == COMMITTED:
+            # another PE completed this step: every contribution is in, and it
+            # completes here too (with a deadline of its own all the same)
+            try:
+                deadline.wait_until(ready, self.timeout, what, self.my_pe, after)
+            except PeerTimeoutError:
+                self.mark_broken(f"{_text(what)} timed out after {self.timeout:g} s")
+                raise
+            return
+        self.mark_broken(f"{_text(what)} timed out after {self.timeout:g} s")
+        raise PeerTimeoutError(f"{timed_out}; a PE that arrives at this call later raises "
+                               f"for it too") from None
+
+    def _settle(self, sub: int, proposal: int, what) -> int:
+        """The register's decision on wait `sub` of the current step."""
+        counter = (self.seq * 256 + min(sub, 255)) % (1 << 46)
+        try:
+            return self.liveness.settle(self.key, counter, proposal,
+                                        f"{_text(what)} (deciding a late step)")
         except PeerTimeoutError:
-            what = what() if callable(what) else what
-            self.mark_broken(f"{what} timed out after {self.timeout:g} s")
+            self.mark_broken(f"{_text(what)}: the register of abandoned steps did not answer")
             raise
+
+    def _confirm(self, sub: int, what) -> None:
+        """This PE completed wait `sub` late enough that another may have given up
+        on it: raise as that PE did where it did (module doc)."""
+        if self._settle(sub, COMMITTED, what) == COMMITTED:
+            return
+        late = (time.time_ns() // self._tick - self._entered) * self._tick / 1e9
+        self.mark_broken(f"{_text(what)} was abandoned by the PEs that waited for it")
+        raise PeerTimeoutError(
+            f"PE {self.my_pe}: {_text(what)}: the other PEs gave up on this call after "
+            f"waiting {self.timeout:g} s (SHMEMVM_TIMEOUT) for a PE that was late (this PE "
+            f"completed it about {late:.1f} s after the first PE entered it), so it failed "
+            f"on every PE: a PE has been stopped, descheduled or busy elsewhere for that "
+            f"long. {deadline.UNUSABLE}")
 
     def allgather_bytes(self, phase: Phase, data: bytes, what: str,
                         comm: MPI.Comm | None = None) -> list[bytes]:
@@ -266,9 +370,12 @@ class Agreement:
         for pe, text in enumerate(described):
             groups.setdefault(text.decode(errors="replace"), []).append(pe)
         detail = "; ".join(f"PE {pe_list(pes)}: {text}" for text, pes in groups.items())
-        raise SymmetryError(f"PEs made different collective calls: {detail}. Every PE must make "
-                            f"the same collective calls with the same arguments in the same "
-                            f"order; nothing was done") from call.error
+        error = SymmetryError(f"PEs made different collective calls: {detail}. Every PE must "
+                              f"make the same collective calls with the same arguments in the "
+                              f"same order; nothing was done")
+        if call.error is not None:
+            raise error from call.error
+        raise error  # (not `from None`: that would hide the exception being handled, if any)
 
     def _release_dead(self, dead: set[int], what: str) -> frozenset:
         lists = self.allgather_bytes(Phase.RELEASE_DEAD, array.array("q", sorted(dead)).tobytes(),
@@ -282,3 +389,19 @@ class Agreement:
 
 def pe_list(pes) -> str:
     return ", ".join(map(str, pes))
+
+
+def _text(what) -> str:
+    return what() if callable(what) else what
+
+
+def _drain(ready) -> bool:
+    """Test `ready()` once more for DRAIN_S, yielding the core in between: a step
+    whose contributions are all in completes here (module doc)."""
+    until = time.monotonic() + DRAIN_S
+    while True:
+        if ready():
+            return True
+        if time.monotonic() > until:
+            return False
+        os.sched_yield()

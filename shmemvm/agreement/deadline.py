@@ -26,7 +26,8 @@ def parse_timeout(value=None) -> float:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"SHMEMVM_TIMEOUT (the timeout= argument) must be a finite number of "
-                         f"seconds > 0, got {raw!r}: it bounds every wait for the other PEs "
+                         f"seconds > 0, got {raw!r}: it bounds every collective wait for the "
+                         f"other PEs "
                          f"(default {SETTINGS['SHMEMVM_TIMEOUT'][0]})")
     return seconds
 

@@ -6,9 +6,10 @@ PE raises: that error where every PE has it, else SymmetryError. The steps:
 
 1. duplicate the communicator and split off the node's PEs;
 2. reserve this PE's heap (memory/vmm.py) and agree on the settings;
-3. tell the node's PEs where this PE's mailbox is, reserve a window for each
-   of their heaps, and make the agreement's shared-memory board where every
-   PE is on one node (agreement/board.py);
+3. tell the node's PEs where this PE's mailbox is, map their liveness
+   records (agreement/liveness.py: over several nodes also a window of every
+   PE's), reserve a window for each of their heaps, and make the agreement's
+   shared-memory board where every PE is on one node (agreement/board.py);
 4. the anchor (node/anchor.py), then the MPI window for the other nodes
    (transport/offnode.py), then the routes (transport/route.py).
 """
@@ -24,6 +25,7 @@ from mpi4py import MPI
 from .. import native, thread_levels
 from ..agreement.agreement import Agreement
 from ..agreement.deadline import DEFAULT_TIMEOUT, duplicate, parse_timeout, persistent_collectives
+from ..agreement.liveness import Liveness
 from ..agreement.protocol import Call, Phase
 from ..config import setting
 from ..errors import ShmemError
@@ -97,13 +99,18 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
             core.backend = core.local.backend
             core.completion = CompletionTracker(core.backend, current_stream=True)
             _note_rounding(heap_size, core.local, core.my_pe)
+            # the timeout is agreed too: the agreement's decisions on late steps
+            # (agreement.py) count on every PE giving up after the same time
             call.args = (core.local.heap_size, core.local.va_size, core.backend.granularity,
-                         (core.backend.name, transport, anchor), core.local.chunk)
+                         (core.backend.name, transport, anchor, core.timeout), core.local.chunk)
             call.text = (f"init(heap_size={core.local.heap_size}, backend="
                          f"{core.backend.name}, granularity={core.backend.granularity}, "
                          f"va_size={core.local.va_size}, chunk={core.local.chunk}, "
-                         f"SHMEMVM_AGREEMENT={transport}, SHMEMVM_ANCHOR={anchor})")
+                         f"SHMEMVM_AGREEMENT={transport}, SHMEMVM_ANCHOR={anchor}, "
+                         f"SHMEMVM_TIMEOUT={core.timeout:g})")
             core.channel = FdChannel(f"pe{core.my_pe}")
+            core.liveness = Liveness(core.my_pe, core.n_pes, core.timeout,
+                                     core.channel.directory)
         except Exception as exc:
             call.error = exc
     core.agreement.collective(call)
@@ -115,9 +122,18 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
     core.peer_paths = {pe: path for pe, _, path in node_info if pe != core.my_pe}
     failure = None
     try:
+        # every PE maps its node's records (over several nodes: the window of every
+        # PE's, a blocking collective, right after the agreed step above)
+        core.liveness.connect(core.comm, {pe: (pid, os.path.dirname(path))
+                                          for pe, pid, path in node_info})
+        core.agreement.liveness = core.liveness
+        core.liveness.on_verdict = core.agreement.mark_broken
+    except Exception as exc:  # noqa: BLE001 - voted on below: init fails everywhere
+        failure = exc
+    try:
         core.peers = PeerTable(core.backend, core.local.va_size, sorted(core.peer_pids))
     except Exception as exc:  # no address space: the others must not wait in the window
-        failure = exc
+        failure = failure or exc
     # the compiled paths where every PE has them (a PE without: every PE goes without),
     # voted on before the board, which they make worth making
     core.native = core.agreement.all_ok(fast, call.step(Phase.INIT_NATIVE, "the compiled paths"))
@@ -166,8 +182,9 @@ def _make_board(core: HeapCore, call: Call, transport: str, failure: Exception |
             Phase.INIT_PEERS, "reserving the peers' windows and the agreement's board")):
         if board is not None:
             board.close()   # not freed: some PE may have none (left to MPI_Finalize)
-        raise ShmemError(f"init failed: a PE could not reserve address space for its "
-                         f"peers' heaps or make the agreement's board in shared memory "
+        raise ShmemError(f"init failed: a PE could not map its node's liveness records, "
+                         f"reserve address space for its peers' heaps or make the "
+                         f"agreement's board in shared memory "
                          f"({failure or 'see the other PEs'}; SHMEMVM_AGREEMENT=mpi "
                          f"does without the board)") from failure
     # auto: where some PE has no board (Open MPI 4.1 with osc pt2pt cannot make
@@ -251,10 +268,14 @@ def teardown(core: HeapCore) -> None:
     still view stays mapped until they die."""
     core.closed = True
     core.close_features()
-    for part in (core.window, core.channel, core.anchor, getattr(core, "local", None)):
+    for part in (core.window, core.liveness, core.channel, core.anchor,
+                 getattr(core, "local", None)):
         if part is not None:
             try:
-                part.close()
+                if part is core.liveness:   # its record says so first; its window goes
+                    part.close(healthy=not core.broken)
+                else:
+                    part.close()
             except Exception:  # keep releasing the rest
                 log.exception("shmemvm: error while releasing %s", type(part).__name__)
     if core.broken:

@@ -30,6 +30,7 @@ from mpi4py import MPI
 
 from .. import _args
 from ..agreement.agreement import Agreement
+from ..agreement.liveness import Liveness
 from ..agreement.protocol import Call, Outcome
 from ..backends.base import VMMBackend
 from ..errors import NotSymmetricError, ShmemError, UnsupportedError
@@ -88,6 +89,7 @@ class HeapCore:
     agreement: Agreement | None
     completion: CompletionTracker
     routes: Routes
+    liveness: Liveness | None
 
     def __init__(self) -> None:
         #: the heap of this context: itself (the heap is its own default context)
@@ -100,6 +102,9 @@ class HeapCore:
         self.comm = self.node = self.local = self.peers = None
         self.channel = self.anchor = self.window = None
         self.window_error = None
+        #: this PE's record of what it waits for, and what it sees of the others
+        #: (agreement/liveness.py): made at init
+        self.liveness = None
         #: blocks dropped (garbage-collected) here, not yet released on every PE
         self._pending: set[int] = set()
         #: the trackers of live contexts other than the default one (contexts.py)

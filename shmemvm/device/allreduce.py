@@ -54,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
     raise ImportError("DeviceAllReduce runs Triton kernels: pip install triton "
                       "(or pip install shmemvm[triton])") from exc
 
-from ..config import setting
+from ..agreement.deadline import parse_timeout
 from ..errors import PeerTimeoutError, SymmetryError, UnsupportedError
 from ..heap import SymmetricHeap
 from . import triton as sv
@@ -187,13 +187,15 @@ class DeviceAllReduce:
         two_shot_from: bytes from which "auto" picks the two-shot algorithm
             (default: never at 2 PEs, 4 MiB on more).
         timeout: seconds a device-side wait lasts before the call gives up
-            (approximate; default SHMEMVM_TIMEOUT).
+            (approximate; a finite number > 0; default SHMEMVM_TIMEOUT).
         graphs: replay CUDA graphs of repeated calls (default: on CUDA,
             outside the interpreter).
 
     Raises:
         UnsupportedError: PEs on other nodes, or host memory without the
             interpreter.
+        ValueError: `block` is not a power of two, or `timeout` is not a
+            finite number of seconds > 0.
     """
 
     def __init__(self, heap: SymmetricHeap, *, programs: int | None = None, block: int = 2048,
@@ -210,6 +212,9 @@ class DeviceAllReduce:
                                    "set TRITON_INTERPRET=1 before shmemvm is imported")
         if block < 1 or block & (block - 1):
             raise ValueError(f"block must be a power of two, got {block}")
+        # checked before the collective zeros() below, as every argument: a bad one
+        # raises on every PE that passes it, before any PE waits for the others
+        timeout = parse_timeout(timeout)
         if programs is None:
             programs = (3 if device.type == "cpu"
                         else torch.cuda.get_device_properties(device).multi_processor_count)
@@ -225,7 +230,7 @@ class DeviceAllReduce:
         self._status = torch.zeros(1, dtype=torch.int32, pin_memory=pinned)
         self._status_word = ctypes.c_int32.from_address(self._status.data_ptr())
         self._graph_cache: dict = {}   # call key -> recorded graph, oldest first
-        self.timeout = float(setting("SHMEMVM_TIMEOUT", timeout))
+        self.timeout = timeout
         self.max_polls = sv.max_polls_for(self.timeout, device)
 
     # -- calls --------------------------------------------------------------------------

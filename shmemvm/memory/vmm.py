@@ -94,13 +94,27 @@ class VMemPow2Allocator:
         if requested <= 0:
             raise ValueError(f"heap size must be positive, got {requested}")
         budget = -(-requested // granularity) * granularity
-        factor = int(setting("SHMEMVM_VA_FACTOR", va_factor))
+        raw_factor = setting("SHMEMVM_VA_FACTOR", va_factor)
+        try:
+            factor = int(raw_factor) if not isinstance(raw_factor, (bool, float)) else 0
+        except ValueError:
+            factor = 0
         if factor < 1:
-            raise ValueError(f"va_factor must be >= 1, got {factor} (SHMEMVM_VA_FACTOR)")
+            raise ValueError(f"va_factor must be an integer >= 1, got {raw_factor!r} "
+                             f"(SHMEMVM_VA_FACTOR)")
         self.va_size = next_pow2(budget * factor)
         self._core = Pow2Allocator(budget, granularity, self.va_size, min_block,
                                    chunk_size(chunk, budget, granularity))
-        self.base = self.backend.reserve(self.va_size, granularity)
+        try:
+            self.base = self.backend.reserve(self.va_size, granularity)
+        except OSError as exc:   # no such range (ENOMEM: beyond the address space, ulimit -v)
+            raise ValueError(
+                f"cannot reserve {format_bytes(self.va_size)} of address space for the heap "
+                f"({exc.strerror or exc}): the heap size {format_bytes(budget)} (heap_size= "
+                f"or SHMEMVM_HEAP_SIZE) times the VA factor {factor} (va_factor= or "
+                f"SHMEMVM_VA_FACTOR), rounded up to a power of two. A process has at most "
+                f"128 TiB of address space on x86-64 (less under ulimit -v); lower "
+                f"SHMEMVM_HEAP_SIZE or SHMEMVM_VA_FACTOR") from exc
         self._handles: dict[int, object] = {}        # segment offset -> physical handle
         self._unmapped: set[int] = set()             # offsets created, not mapped yet
         self._imported: dict[int, _Imported] = {}    # block offset -> imported memory

@@ -26,7 +26,7 @@ from .. import _args
 from ..agreement.protocol import Call, Phase
 from ..core import sharing
 from ..core.state import HeapCore
-from ..errors import NotSymmetricError, ShmemError
+from ..errors import ShmemError
 from ..memory.buddy import Block
 
 #: malloc_with_hints' hints (OpenSHMEM 1.5 values): accepted and recorded, no effect yet
@@ -294,6 +294,35 @@ def malloc_with_hints(heap: HeapCore, nbytes: int, hints: int = 0) -> torch.Tens
                     what="malloc_with_hints")
 
 
+def _whole(heap: HeapCore, tensor, what: str) -> None:
+    """ValueError where `tensor` is a view of part of its block (a slice, a
+    strided view): free() and realloc() take an allocation, and a view of all of
+    it (another shape or dtype) is one; a part is not. Checked before anything
+    is done, so the call fails on every PE (the agreement) and frees nothing."""
+    if not isinstance(tensor, torch.Tensor):
+        return   # retire() says what it must be
+    itemsize = tensor.element_size()
+    nbytes = tensor.numel() * itemsize
+    if tensor.storage_offset() == 0 and nbytes == tensor.untyped_storage().nbytes() and (
+            tensor.is_contiguous() or _dense(tensor)):
+        return   # the common case, without a lookup: all of its storage, which is the block's
+    block = heap.local.block_of(tensor)   # (NotSymmetricError for a tensor of no live block)
+    start = tensor.storage_offset() * itemsize
+    raise ValueError(f"{what}: the tensor is a view of part of a symmetric tensor ({nbytes} "
+                     f"bytes at byte {start} of the {block.nbytes}-byte allocation at heap "
+                     f"offset {block.offset:#x}, shape {tuple(tensor.shape)}, strides "
+                     f"{tuple(tensor.stride())}); a view is not an allocation: pass the tensor "
+                     f"that malloc/empty/zeros/realloc returned (or a view of all of it)")
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Its elements fill the span from its first to its last element exactly once."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())
+                   if size > 0)
+    return span == tensor.numel() and all(stride for size, stride in
+                                          zip(tensor.shape, tensor.stride()) if size > 1)
+
+
 def free(heap: HeapCore, tensor: torch.Tensor) -> None:
     """Free a symmetric tensor (collective). `tensor` itself becomes empty;
     views of it made before (slices, ptr() views, on any PE) keep the old
@@ -330,8 +359,10 @@ def release(heap: HeapCore, find: Callable[[], torch.Tensor], text: str) -> None
     try:
         with heap.lock:
             try:
-                retirement = heap.local.retire(find())
-            except (TypeError, ValueError, NotSymmetricError) as exc:
+                tensor = find()
+                _whole(heap, tensor, "free")
+                retirement = heap.local.retire(tensor)
+            except (TypeError, ValueError) as exc:   # (NotSymmetricError is a ValueError)
                 call = Call(Phase.FREE, (), text, exc)
             else:
                 offset = retirement.block.offset
@@ -382,13 +413,14 @@ def realloc(heap: HeapCore, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
     try:
         with heap.lock:
             try:
+                _whole(heap, tensor, "realloc")
                 retirement = heap.local.retire(tensor)  # undone below if anything fails
                 block = retirement.block
                 dtype = tensor.dtype
                 (count,), new_bytes = _args.tensor_nbytes(_args.elements_of(nbytes, dtype), dtype)
                 call.args = (block.offset, new_bytes, dtype)
                 call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
-            except (TypeError, ValueError, NotSymmetricError) as exc:
+            except (TypeError, ValueError) as exc:   # (NotSymmetricError is a ValueError)
                 call.error = exc
             heap.quiet_all()
             alone_everywhere = heap.agree(

@@ -579,6 +579,9 @@ def _check_fetch(fetch, dest, what: str) -> None:
     if fetch.numel() != 1:
         raise ValueError(f"{what}: fetch must be one element (it receives the old value), "
                          f"got shape {tuple(fetch.shape)}")
+    if fetch.device.type == "meta":   # it has no memory: the old value would be lost
+        raise ValueError(f"{what}: fetch is on the meta device, which has no memory to "
+                         f"receive the old value; pass a tensor in host or device memory")
 
 
 def _nbi_on_tensor(ctx: Context, fetch, dest, pe, op: str, value=0, cond=0, *, what: str) -> None:
@@ -594,8 +597,9 @@ _NBI_RAISES = """
         TypeError: `dest` is not a tensor of a dtype the operation takes (see
             Args), `fetch` is not a tensor of dest's dtype, `pe` is not an
             integer, or a value is not a number of dest's kind.
-        ValueError: `dest` or `fetch` is not one element, `pe` is out of
-            range, or a value does not fit dest's dtype.
+        ValueError: `dest` or `fetch` is not one element, `fetch` is on the
+            meta device, `pe` is out of range, or a value does not fit
+            dest's dtype.
         FreedTensorError: `dest` is not a view of a live tensor of this heap.
         UnsupportedError: a device heap and `pe` on another node (device
             memory is not given to MPI), a device heap without Triton, or MPI

@@ -214,7 +214,7 @@ def broadcast_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
             f"{t.label}broadcast(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.count} x {source.dtype}, root={r})")
 
-    with heap.lock:
+    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         d, s, _, _, r = t.agree_checked(
             Phase.BROADCAST, f"{t.label}broadcast(dest, source, root={root!r})", check)
@@ -282,7 +282,7 @@ def fcollect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
             f"{t.label}fcollect(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.count} x {source.dtype} per PE)")
 
-    with heap.lock:
+    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         t.agree_checked(Phase.FCOLLECT, f"{t.label}fcollect(dest, source)", check)
         dest, source = made
@@ -348,7 +348,7 @@ def collect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]
             f"{t.label}collect(dest at heap offset {d:#x} of {dest.count} x {dest.dtype}, "
             f"source at {s:#x})")
 
-    with heap.lock:
+    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         d, s, _, dest_count = t.agree_checked(Phase.COLLECT, f"{t.label}collect(dest, source)",
                                               check)
@@ -431,7 +431,7 @@ def alltoall_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
             f"{t.label}alltoall(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.count} x {source.dtype})")
 
-    with heap.lock:
+    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         t.agree_checked(Phase.ALLTOALL, f"{t.label}alltoall(dest, source)", check)
         dest, source = made
@@ -513,7 +513,7 @@ def alltoalls_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
             f"{t.label}alltoalls(dest at heap offset {d:#x}, source at {s:#x}, dst={ds}, "
             f"sst={ss}, nelems={count} x {source.dtype})")
 
-    with heap.lock:
+    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         _, _, _, count, (ds, ss) = t.agree_checked(
             Phase.ALLTOALLS, f"{t.label}alltoalls(dest, source, dst={dst!r}, sst={sst!r}, "
@@ -625,7 +625,7 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
             "{}reduce(dest at heap offset {:#x}, source at {:#x}, {} x {}, op={!r})",
             t.label, d, s, source.count, source.dtype, op)
 
-    with heap.lock:
+    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         t.agree_checked(Phase.REDUCE, f"{t.label}reduce(dest, source, op={op!r})", check)
         dest, source, combine = made

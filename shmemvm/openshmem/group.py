@@ -20,6 +20,9 @@ world group (world()).
 
 from __future__ import annotations
 
+import hashlib
+import threading
+
 from mpi4py import MPI
 
 from .. import _args
@@ -63,6 +66,14 @@ class Group:
                      f"{pe_text(self.pes)})"}.get(kind, f"the team of PEs {pe_text(self.pes)}")
         #: prefix of call texts in messages ("" for the world: its calls are the heap's)
         self.label = "" if kind == "world" else f"{self.name}: "
+        #: held through each of this group's collective calls: the heap's own lock for
+        #: the world (its calls allocate and free), a lock of its own for a team, so
+        #: that threads in collectives of different teams do not wait for each other
+        #: (THREAD_MULTIPLE) while each waits for its members
+        self.lock = heap.lock if kind == "world" else threading.RLock()
+        #: the splits made of this group so far (the same on every member): part of
+        #: the key of each new team's agreement (agreement())
+        self.splits = 0
 
     # -- state ------------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -129,6 +140,17 @@ class Group:
     def allgather(self, phase: Phase, data: bytes, what: str) -> list[bytes]:
         """Every member's `data`, in group order, with the heap's deadline."""
         return self._guarded(self.agreement.allgather_bytes, phase, data, what, self.comm)
+
+
+def agreement(heap: HeapCore, comm: MPI.Comm, *identity) -> Agreement:
+    """A new group's agreement over `comm`, with the heap's timeout and liveness
+    (whose register decides its steps that some PE gave up on, under a key made
+    from `identity`: the same on every member, different from the heap's 0)."""
+    digest = hashlib.blake2b(repr(identity).encode(), digest_size=8).digest()
+    key = 1 + int.from_bytes(digest, "little") % ((1 << 62) - 1)
+    made = Agreement(comm, heap.timeout, heap.my_pe, key=key, liveness=heap.liveness)
+    made.initialized = True
+    return made
 
 
 def world(heap: HeapCore) -> Group:

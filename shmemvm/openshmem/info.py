@@ -82,8 +82,8 @@ def global_exit(status: int) -> None:
     wait on a PE that is gone).
 
     Args:
-        status: the exit status (an int; how much of it reaches the shell is
-            the launcher's choice, but it is nonzero when `status` is).
+        status: the exit status, any int: the job's exit code is status & 255,
+            or 1 where that is 0 and status is not (exit_code()).
 
     Returns:
         Never.
@@ -92,6 +92,7 @@ def global_exit(status: int) -> None:
         TypeError: `status` is not an int.
     """
     status = _args.integer(status, "global_exit: status")
+    code = exit_code(status)
     loggers = [logging.getLogger(), logging.getLogger("shmemvm")]
     for logger in loggers:
         for handler in logger.handlers:
@@ -104,7 +105,18 @@ def global_exit(status: int) -> None:
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
-    MPI.COMM_WORLD.Abort(status)
-    # MPICH was seen to return from MPI_Abort (the launcher ends the job a moment
-    # later); this PE must not run on meanwhile
-    os._exit(status & 0xFF or 1)
+    try:
+        MPI.COMM_WORLD.Abort(code)
+    finally:
+        # MPICH was seen to return from MPI_Abort (the launcher ends the job a moment
+        # later); this PE must not run on meanwhile, nor where MPI_Abort failed
+        os._exit(code)
+
+
+def exit_code(status: int) -> int:
+    """The exit code global_exit(status) ends the job with: what a shell sees of
+    a process's status (status & 255), except that a nonzero status whose low
+    byte is 0 (256, 512, 2**40) gives 1 rather than success. Passed to
+    MPI_Abort as it is, since MPI's errorcode is a C int and launchers take its
+    low byte (MPICH's hydra made 256 an exit code of 0, and 2**40 overflowed)."""
+    return status & 0xFF or (1 if status else 0)

@@ -15,7 +15,13 @@ backs off in proportion to its place in the queue, so PE 0 is not flooded.
 
 Waiting for a lock that a live PE holds for a long time is legitimate, so the
 poll has no deadline; each MPI operation still has the heap's (an unanswering
-PE 0 raises PeerTimeoutError). A new word is all zeros, which is a free lock,
+PE 0 raises PeerTimeoutError). A wait that cannot end raises (issue 25): each
+PE publishes which locks it holds or queues for, with its ticket, in its
+liveness record (agreement/liveness.py), and set_lock's wait is watched: where
+the PE with the ticket now served is dead or has left the heap it raises
+PeerDeadError at once, and where every PE waits with nothing changing for the
+timeout (two locks taken in opposite orders), DeadlockError on every PE. A
+new word is all zeros, which is a free lock,
 as OpenSHMEM's ``long lock = 0``. The word wraps after 2**32 acquisitions of
 one lock without ill effect; the ticket count after 2**31 wraps through the
 int64 sign, which the arithmetic here takes modulo 2**64.
@@ -33,6 +39,7 @@ import time
 import torch
 
 from .. import _args
+from ..agreement import liveness
 from ..core.state import HeapCore
 from ..errors import ShmemError
 from . import atomics, rma
@@ -53,6 +60,13 @@ _MAX_SLEEP = 2e-3
 def _held(heap: HeapCore) -> dict[int, int]:
     """The locks this PE holds on `heap`: lock offset -> its ticket."""
     return heap.feature("locks.held", dict)
+
+
+def _publish(heap: HeapCore, offset: int, ticket: int | None, how: str | None) -> None:
+    """Tell the other PEs (this PE's liveness record) that it takes a ticket for
+    the lock at `offset`, queues with `ticket`, holds it, or (how None) not."""
+    if heap.liveness is not None:
+        heap.liveness.lock_state(offset, ticket, how)
 
 
 def _lock_bytes(heap: HeapCore, lock, what: str) -> torch.Tensor:
@@ -106,6 +120,10 @@ def set_lock(heap: HeapCore, lock: torch.Tensor) -> None:
         PeerTimeoutError: PE 0, which keeps the lock, did not answer within the
             heap's timeout (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
             Waiting for a live holder has no deadline.
+        PeerDeadError: the PE that holds the lock, or queues for it ahead of
+            this one, is dead or has left the heap (raised within the timeout).
+        DeadlockError: every PE waits (set_lock, wait_until, signal_wait_until)
+            and nothing has changed for the timeout.
     """
     acquire(heap, _lock_bytes(heap, lock, "set_lock"), "set_lock")
 
@@ -116,14 +134,26 @@ def acquire(heap: HeapCore, word: torch.Tensor, what: str = "set_lock") -> None:
     if offset in _held(heap):
         raise ShmemError(f"set_lock: PE {heap.my_pe} already holds this lock (heap offset "
                          f"{offset:#x}); locks are not recursive: clear_lock it first")
+    _publish(heap, offset, None, "taking")   # (a PE that dies here is still known)
     ticket = (_atomic(heap, word, "add", _TICKET, what=what) & _MASK64) >> 32
-    while True:
-        serving = _atomic(heap, word, "fetch", what=what) & _LOW
-        ahead = (ticket - serving) & _LOW
-        if ahead == 0:
-            break
-        time.sleep(min(ahead * _SLEEP_PER_WAITER, _MAX_SLEEP))
+    _publish(heap, offset, ticket, "queued")
+    serving = None
+
+    def describe(bits) -> str:
+        return (f"set_lock(lock at heap offset {offset:#x}: ticket {ticket}, ticket {serving} "
+                f"is served)")
+
+    with liveness.watch(heap.liveness, describe, lambda: (offset, serving)) as watch:
+        while True:
+            bits = _atomic(heap, word, "fetch", what=what)
+            serving = bits & _LOW
+            ahead = (ticket - serving) & _LOW
+            if ahead == 0:
+                break
+            watch.tick(bits)   # (a ticket taken or served is progress)
+            time.sleep(min(ahead * _SLEEP_PER_WAITER, _MAX_SLEEP))
     _held(heap)[offset] = ticket
+    _publish(heap, offset, ticket, "held")
 
 
 def test_lock(heap: HeapCore, lock: torch.Tensor) -> bool:
@@ -158,9 +188,12 @@ def try_acquire(heap: HeapCore, word: torch.Tensor, what: str = "test_lock") -> 
     if taken != serving:
         return False
     # Free: take the ticket being served, unless another PE changed the word first.
+    _publish(heap, offset, None, "taking")
     if _atomic(heap, word, "cas", _args.signed64(bits + _TICKET), old, what=what) != old:
+        _publish(heap, offset, None, None)
         return False
     _held(heap)[offset] = serving
+    _publish(heap, offset, serving, "held")
     return True
 
 
@@ -200,6 +233,7 @@ def release(heap: HeapCore, word: torch.Tensor, what: str = "clear_lock") -> Non
     step = 1 if ticket != _LOW else 1 - _TICKET
     old = _atomic(heap, word, "add", step, what=what)
     del _held(heap)[offset]
+    _publish(heap, offset, None, None)
     if old & _LOW != ticket:
         raise ShmemError(f"clear_lock: the lock word (heap offset {offset:#x}) served ticket "
                          f"{old & _LOW}, not this PE's {ticket}: something other than "

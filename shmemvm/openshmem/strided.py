@@ -16,6 +16,9 @@ from .. import _args
 from ..core.state import Context
 from . import rma
 
+#: the largest stride: OpenSHMEM's strides are ptrdiff_t
+_MAX_STRIDE = (1 << 63) - 1
+
 
 def _strided(tensor, stride, nelems: int, what: str, role: str, name: str,
              itemsize: int | None = None) -> torch.Tensor:
@@ -32,10 +35,15 @@ def _strided(tensor, stride, nelems: int, what: str, role: str, name: str,
     if stride < 1:
         raise ValueError(f"{what}: {name} must be >= 1 (in elements; 1 is contiguous), got "
                          f"{stride}")
+    if stride > _MAX_STRIDE:
+        raise ValueError(f"{what}: {name} must be at most 2**63 - 1 (OpenSHMEM's ptrdiff_t), "
+                         f"got {stride}")
     if nelems and (nelems - 1) * stride + 1 > len(tensor):
         raise ValueError(f"{what}: {nelems} elements at stride {stride} reach element "
                          f"{(nelems - 1) * stride} of {role}, which has {len(tensor)}")
-    return tensor[::stride][:nelems]
+    # One element (or none) is the first whatever the stride, which torch's slicing
+    # does not take beyond 2**63 - 2 (it overflows to an empty view)
+    return tensor[:nelems] if nelems <= 1 else tensor[::stride][:nelems]
 
 
 def _count(nelems, what: str) -> int:
@@ -62,9 +70,9 @@ def iput(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
     Raises:
         TypeError: a tensor is not a torch.Tensor, a stride, nelems or pe is
             not an int, or the dtypes differ.
-        ValueError: a tensor is not 1-D, a stride is < 1, nelems < 0, the
-            strided elements run past the end of a tensor, or pe is out of
-            range.
+        ValueError: a tensor is not 1-D, a stride is < 1 or above 2**63 - 1,
+            nelems < 0, the strided elements run past the end of a tensor, or
+            pe is out of range (also when nelems is 0).
         FreedTensorError, UnsupportedError, PeerTimeoutError: as put().
     """
     nelems = _count(nelems, "iput")
@@ -72,6 +80,8 @@ def iput(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
     data = _strided(source, sst, nelems, "iput", "source", "sst")
     if nelems:
         rma.put(ctx, target, data, pe)
+    else:
+        ctx.world_pe(pe)   # nothing to copy, but pe is still checked (TypeError, ValueError)
 
 
 def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: int, nelems: int,
@@ -94,9 +104,9 @@ def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
     Raises:
         TypeError: a tensor is not a torch.Tensor, a stride, nelems or pe is
             not an int, or the dtypes differ.
-        ValueError: a tensor is not 1-D, a stride is < 1, nelems < 0, the
-            strided elements run past the end of a tensor, or pe is out of
-            range.
+        ValueError: a tensor is not 1-D, a stride is < 1 or above 2**63 - 1,
+            nelems < 0, the strided elements run past the end of a tensor, or
+            pe is out of range (also when nelems is 0).
         FreedTensorError, UnsupportedError, PeerTimeoutError: as get().
     """
     nelems = _count(nelems, "iget")
@@ -104,16 +114,21 @@ def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
     data = _strided(source, sst, nelems, "iget", "source", "sst")
     if nelems:
         rma.get(ctx, target, data, pe)
+    else:
+        ctx.world_pe(pe)   # nothing to copy, but pe is still checked (TypeError, ValueError)
 
 
 def strided_bytes(ctx: Context, dest: torch.Tensor, source: torch.Tensor, itemsize: int,
-                  dst: int, sst: int, nelems: int, pe: int, *, writing: bool) -> None:
+                  dst: int, sst: int, nelems: int, pe: int, *, writing: bool,
+                  names: tuple[str, str] = ("dst", "sst")) -> None:
     """iput (`writing`) or iget over the bytes of `dest` and `source` (1-D uint8
     tensors of whole elements of `itemsize` bytes): the NumPy face's, for every
-    element type."""
+    element type. `names`: what the caller calls the two strides, for errors."""
     what = "iput" if writing else "iget"
     nelems = _count(nelems, what)
-    target = _strided(dest, dst, nelems, what, "dest", "dst", itemsize)
-    data = _strided(source, sst, nelems, what, "source", "sst", itemsize)
+    target = _strided(dest, dst, nelems, what, "dest", names[0], itemsize)
+    data = _strided(source, sst, nelems, what, "source", names[1], itemsize)
     if nelems:
         (rma.put if writing else rma.get)(ctx, target, data, pe)
+    else:
+        ctx.world_pe(pe)   # nothing to copy, but pe is still checked (TypeError, ValueError)

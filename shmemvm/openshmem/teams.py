@@ -35,7 +35,7 @@ from ..agreement.protocol import Call, Phase
 from ..core.state import HeapCore
 from ..errors import ShmemError
 from . import barrier, collectives, contexts
-from .group import Group, same_heap
+from .group import Group, agreement, same_heap
 
 #: the team configuration keys OpenSHMEM 1.5 defines (shmem_team_config_t)
 CONFIG_KEYS = ("num_contexts",)
@@ -59,6 +59,11 @@ def _config(config, role: str = "config") -> dict:
             raise ValueError(f"{role}[{key!r}] must be >= 0, got {number}")
         result[name] = number
     return result
+
+
+def _agreed(config: dict) -> tuple:
+    """A checked configuration as the agreement compares it (sorted pairs)."""
+    return tuple(sorted(config.items()))
 
 
 class Team(Group):
@@ -159,7 +164,7 @@ class Team(Group):
             TypeError: an argument is not an integer, or config not a dict.
             ValueError: start, stride or size out of range (on every PE).
             SymmetryError: the PEs of this team made different calls or passed
-                different arguments (nothing was made).
+                different arguments, config included (nothing was made).
             PeerTimeoutError: a PE did not join within the heap's timeout.
             ShmemError: this team was destroyed, or the heap finalized.
         """
@@ -180,16 +185,16 @@ class Team(Group):
                 raise ValueError(f"{text}: the last PE would be {last}, but the parent team has "
                                  f"{n} PEs (0..{n - 1}); at most {(n - 1 - first) // step + 1} "
                                  f"PEs fit from start {first} with stride {step}")
-            _config(config)
-            return (first, step, count), text
+            made = _config(config)   # agreed too: every PE's team has the same config
+            return (first, step, count, _agreed(made)), f"{text[:-1]}, config={made})"
 
-        with self.heap.lock:
+        with self.lock:
             self.check_usable()
-            first, step, count = self.agree_checked(
+            first, step, count, made = self.agree_checked(
                 Phase.TEAM_SPLIT_STRIDED, f"{self.label}split_strided(start={start!r}, "
-                f"stride={stride!r}, size={size!r})", check)
+                f"stride={stride!r}, size={size!r}, config={config!r})", check)
             members = [first + i * step for i in range(count)]
-            return self._split([members], _config(config))
+            return self._split([members], dict(made))
 
     def split_2d(self, xrange: int, xaxis_config=None, yaxis_config=None) -> tuple[Team, Team]:
         """Arrange this team's PEs in a grid of `xrange` columns, row by row
@@ -220,14 +225,16 @@ class Team(Group):
             text = f"{self.label}split_2d(xrange={columns})"
             if columns < 1:
                 raise ValueError(f"{text}: xrange must be >= 1")
-            _config(xaxis_config, "xaxis_config")
-            _config(yaxis_config, "yaxis_config")
-            return (columns,), text
+            rows = _config(xaxis_config, "xaxis_config")
+            cols = _config(yaxis_config, "yaxis_config")
+            return (columns, _agreed(rows), _agreed(cols)), \
+                f"{text[:-1]}, xaxis_config={rows}, yaxis_config={cols})"
 
-        with self.heap.lock:
+        with self.lock:
             self.check_usable()
-            (columns,) = self.agree_checked(Phase.TEAM_SPLIT_2D,
-                                            f"{self.label}split_2d(xrange={xrange!r})", check)
+            columns, _, _ = self.agree_checked(
+                Phase.TEAM_SPLIT_2D, f"{self.label}split_2d(xrange={xrange!r}, xaxis_config="
+                f"{xaxis_config!r}, yaxis_config={yaxis_config!r})", check)
             n = len(self.pes)
             columns = min(columns, n)
             rows = [list(range(start, min(start + columns, n))) for start in range(0, n, columns)]
@@ -240,6 +247,7 @@ class Team(Group):
         """MPI_Comm_split of this team into `groups` (lists of this team's PE
         numbers, disjoint): this PE's new team, or None where it is in none.
         Right after an agreed step: every member is here or on its way."""
+        self.splits += 1   # (on every member: every member makes every split)
         mine = next((i for i, group in enumerate(groups) if self.me in group), None)
         color = MPI.UNDEFINED if mine is None else mine
         key = 0 if mine is None else groups[mine].index(self.me)
@@ -248,9 +256,9 @@ class Team(Group):
             return None
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         heap = self.heap
-        team = Team(heap, comm, [self.pes[i] for i in groups[mine]],
-                    Agreement(comm, heap.timeout, heap.my_pe), kind="split", config=config)
-        team.agreement.initialized = True
+        pes = [self.pes[i] for i in groups[mine]]
+        team = Team(heap, comm, pes, agreement(heap, comm, "split", self.agreement.key,
+                                               self.splits, pes), kind="split", config=config)
         _registry(heap).append(team)
         return team
 
@@ -272,7 +280,7 @@ class Team(Group):
         if self.kind == "world":
             self.check_usable()
             return barrier.sync_all(self.heap)
-        with self.heap.lock:
+        with self.lock:
             self.step(Phase.TEAM_SYNC, f"{self.label}sync()")
 
     def destroy(self) -> None:
@@ -293,7 +301,7 @@ class Team(Group):
         if self.kind != "split":
             raise ShmemError(f"{self.name} is predefined; it lives as long as the heap and "
                              f"cannot be destroyed")
-        with self.heap.lock:
+        with self.lock:
             self.check_usable()
             for context in self._contexts:
                 try:
@@ -432,9 +440,9 @@ def team_shared(heap: HeapCore) -> Team:
     heap.check_usable()
     registry = _registry(heap)
     if registry.shared is None:
-        agreement = Agreement(heap.node, heap.timeout, heap.my_pe)
-        agreement.initialized = True
-        registry.shared = Team(heap, heap.node, heap.node_pes, agreement, kind="shared")
+        registry.shared = Team(heap, heap.node, heap.node_pes,
+                               agreement(heap, heap.node, "shared", tuple(heap.node_pes)),
+                               kind="shared")
     return registry.shared
 
 

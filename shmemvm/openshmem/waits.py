@@ -36,6 +36,7 @@ import time
 import torch
 
 from .. import _docs
+from ..agreement import liveness
 from ..core.state import HeapCore
 from ..errors import PeerTimeoutError
 from . import atomics, words
@@ -89,6 +90,11 @@ LOCAL_RAISES = """
 
 WAIT_RAISES = LOCAL_RAISES + """        PeerTimeoutError: `timeout` passed and the comparison still does not hold
             (the heap stays usable).
+        DeadlockError: every PE has waited (in this family, signal_wait_until or
+            set_lock) with nothing changing for the heap's timeout, so no wait
+            can end (raised on every PE, naming each PE's wait).
+        PeerDeadError: the wait cannot end because the PEs that could end it
+            are dead or have left the heap.
 """
 
 
@@ -128,13 +134,20 @@ def poll_until(heap: HeapCore, poll, timeout: float | None, unmet) -> object:
     to back at first, then sleeps doubling up to a cap, so that a waiting PE still
     enters MPI often (passive-target progress). With `timeout` (seconds, checked
     by the caller with check_timeout), PeerTimeoutError once it has passed; its
-    message starts with unmet(last result), which says what was still unmet."""
+    message starts with unmet(last result), which says what was still unmet.
+    Watched (agreement/liveness.py): DeadlockError or PeerDeadError where no PE can end it."""
+    with liveness.watch(heap.liveness, unmet) as watch:
+        return _poll_until(heap, poll, timeout, unmet, watch)
+
+
+def _poll_until(heap: HeapCore, poll, timeout: float | None, unmet, watch) -> object:
     deadline = None if timeout is None else time.monotonic() + timeout
     polls, pause = 0, _FIRST_SLEEP
     while True:
         ok, result = poll()
         if ok:
             return result
+        watch.tick(result)
         if deadline is not None and time.monotonic() > deadline:
             raise PeerTimeoutError(
                 f"PE {heap.my_pe}: {unmet(result)} after {timeout:g} s; no PE updated the "
@@ -176,8 +189,9 @@ def wait_until(heap: HeapCore, ivar: torch.Tensor, cmp: str, value: int,
             other PEs update this PE's copy (put, atomics, put_signal).
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivar `cmp` value).
         value: the integer to compare with.
-        timeout: seconds to wait at most; None (the default) waits for ever,
-            as OpenSHMEM's wait_until does.
+        timeout: seconds to wait at most; None (the default) waits as long
+            as a live PE could end the wait, as OpenSHMEM's wait_until does
+            (a wait no PE can end raises: DeadlockError, PeerDeadError).
 
     Returns:
         The value seen that satisfied the comparison.
@@ -203,6 +217,11 @@ _VECTOR_RAISES = """
 
 _VECTOR_WAIT_RAISES = _VECTOR_RAISES + """        PeerTimeoutError: `timeout` passed and the condition still does not hold
             (the heap stays usable).
+        DeadlockError: every PE has waited (in this family, signal_wait_until or
+            set_lock) with nothing changing for the heap's timeout, so no wait
+            can end (raised on every PE, naming each PE's wait).
+        PeerDeadError: the wait cannot end because the PEs that could end it
+            are dead or have left the heap.
 """
 
 _documented = _docs.appended(_VECTOR_RAISES)
@@ -372,7 +391,8 @@ def wait_until_all(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, st
         value: the integer to compare every element with.
         status: None, or one int/bool per element (sequence or tensor);
             nonzero excludes that element.
-        timeout: seconds to wait at most; None (the default) waits for ever.
+        timeout: seconds to wait at most; None (the default) waits as long
+            as a live PE could end the wait.
 
     Returns:
         None, once the condition holds (at once when every element is
@@ -393,7 +413,8 @@ def wait_until_any(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, st
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
         value: the integer to compare every element with.
         status: None, or one int/bool per element; nonzero excludes it.
-        timeout: seconds to wait at most; None (the default) waits for ever.
+        timeout: seconds to wait at most; None (the default) waits as long
+            as a live PE could end the wait.
 
     Returns:
         The index of an element that satisfied the condition (the lowest one
@@ -415,7 +436,8 @@ def wait_until_some(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, s
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` value).
         value: the integer to compare every element with.
         status: None, or one int/bool per element; nonzero excludes it.
-        timeout: seconds to wait at most; None (the default) waits for ever.
+        timeout: seconds to wait at most; None (the default) waits as long
+            as a live PE could end the wait.
 
     Returns:
         The indices, ascending, of every included element that satisfied the
@@ -437,7 +459,8 @@ def wait_until_all_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
         values: one integer per element (sequence or 1-D tensor).
         status: None, or one int/bool per element; nonzero excludes it.
-        timeout: seconds to wait at most; None (the default) waits for ever.
+        timeout: seconds to wait at most; None (the default) waits as long
+            as a live PE could end the wait.
 
     Returns:
         None, once the condition holds (at once when every element is
@@ -458,7 +481,8 @@ def wait_until_any_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
         values: one integer per element (sequence or 1-D tensor).
         status: None, or one int/bool per element; nonzero excludes it.
-        timeout: seconds to wait at most; None (the default) waits for ever.
+        timeout: seconds to wait at most; None (the default) waits as long
+            as a live PE could end the wait.
 
     Returns:
         The index of an element that satisfied the condition, or None at once
@@ -479,7 +503,8 @@ def wait_until_some_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values
         cmp: "eq", "ne", "gt", "ge", "lt" or "le" (ivars[i] `cmp` values[i]).
         values: one integer per element (sequence or 1-D tensor).
         status: None, or one int/bool per element; nonzero excludes it.
-        timeout: seconds to wait at most; None (the default) waits for ever.
+        timeout: seconds to wait at most; None (the default) waits as long
+            as a live PE could end the wait.
 
     Returns:
         The indices, ascending, of every included element that satisfied the

@@ -61,7 +61,12 @@ class Word:
                     not hasattr(type(value), "__float__"):
                 raise TypeError(f"{what}: {name} must be a real number, got "
                                 f"{type(value).__name__} {value!r}")
-            return float(value)
+            try:
+                return float(value)   # (beyond float32's range: inf, as torch's cast)
+            except OverflowError:     # an int beyond float64's: no float holds it
+                raise ValueError(f"{what}: {name} ({_short(value)}) does not fit the target's "
+                                 f"type {self.name}: it is beyond float64's range "
+                                 f"(about 1.8e308)") from None
         if isinstance(value, bool) or not hasattr(type(value), "__index__"):
             raise TypeError(f"{what}: {name} must be an integer, got {type(value).__name__} "
                             f"{value!r}")
@@ -90,6 +95,11 @@ class Word:
     def from_bits(self, bits: int) -> int | float:
         """The value whose bits() are `bits`."""
         return struct.unpack(self.code, struct.pack(self._bits_code, bits))[0]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:12]}...{text[-6:]}, {len(text)} digits"
 
 
 INT8 = Word("int8", 1, "i", "b", MPI.INT8_T)

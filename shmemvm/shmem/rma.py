@@ -178,7 +178,8 @@ def iput(target: np.ndarray, source: np.ndarray, pe: int, tst: int = 1, sst: int
         As put; ValueError for strides < 1.
     """
     t, s, n = pair(target, source, size, tst, sst, put_side=True)
-    strided.strided_bytes(context(ctx), t, s, target.itemsize, tst, sst, n, pe, writing=True)
+    strided.strided_bytes(context(ctx), t, s, target.itemsize, tst, sst, n, pe,
+                          writing=True, names=("tst", "sst"))
 
 
 def iget(target: np.ndarray, source: np.ndarray, pe: int, tst: int = 1, sst: int = 1,
@@ -199,7 +200,8 @@ def iget(target: np.ndarray, source: np.ndarray, pe: int, tst: int = 1, sst: int
         As get; ValueError for strides < 1.
     """
     t, s, n = pair(target, source, size, tst, sst, put_side=False)
-    strided.strided_bytes(context(ctx), t, s, target.itemsize, tst, sst, n, pe, writing=False)
+    strided.strided_bytes(context(ctx), t, s, target.itemsize, tst, sst, n, pe,
+                          writing=False, names=("tst", "sst"))
 
 
 def ptr(target: np.ndarray, pe: int) -> Optional[np.ndarray]:

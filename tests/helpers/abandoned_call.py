@@ -1,0 +1,107 @@
+"""Run by tests/test_reliability_abandoned.py as its own small MPI job:
+
+    mpiexec -n 3 python abandoned_call.py SCENARIO TIMEOUT STOP OUTDIR AGREEMENT [SPLIT]
+
+A PE stopped past the others' timeout (issue 25, item 3). The last PE stops
+itself (SIGSTOP; a child process sends SIGCONT after STOP seconds) just
+before the collective SCENARIO names; the others make it at once. Every PE
+writes OUTDIR/pe<N>.json: what the call raised (or that it returned) and
+after how long (the stopped PE counts from when it was resumed), what a
+second call raised, and how long finalize() took. AGREEMENT is
+SHMEMVM_AGREEMENT (mpi or board); SPLIT, where given, is node_split=.
+
+Scenarios: malloc (malloc(64), of a chunk already there), malloc-segment
+(malloc of a new segment, whose memory the PEs exchange), barrier
+(barrier_all()), team-sync (sync() of a team split from the world team, whose
+agreement is the team's own).
+
+Every PE leaves with os._exit once every PE has reported (or after a while):
+MPI's finalization could wait for requests a timed-out step left behind.
+"""
+
+import faulthandler
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from mpi4py import MPI
+
+from shmemvm import SymmetricHeap
+
+
+def record(outdir: str, number: int, **fields) -> None:
+    path = os.path.join(outdir, f"pe{number}.json")
+    with open(path + ".tmp", "w") as out:
+        json.dump(fields, out)
+    os.rename(path + ".tmp", path)
+
+
+def stop_for(seconds: float) -> None:
+    """SIGSTOP this process; a child resumes it `seconds` later."""
+    subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def main() -> None:
+    faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, in the job's log
+    scenario, timeout, stop, outdir, agreement = sys.argv[1:6]
+    split = int(sys.argv[6]) if len(sys.argv) > 6 else None
+    timeout, stop = float(timeout), float(stop)
+    heap = SymmetricHeap(MPI.COMM_WORLD, heap_size="4M", backend="host", timeout=timeout,
+                         agreement=agreement, node_split=split)
+    me, n = heap.my_pe, heap.n_pes
+    team = heap.team_split_strided(heap.team_world(), 0, 1, n) if scenario == "team-sync" \
+        else None
+    kept = heap.malloc(64)   # noqa: F841 - its chunk makes the malloc(64) below a cached one
+    heap.barrier_all()
+    late = me == n - 1
+    if late:
+        stop_for(stop)
+    start = time.monotonic()
+    fields = {"pe": me, "late": late}
+    try:
+        if scenario == "malloc":
+            heap.malloc(64)
+        elif scenario == "malloc-segment":
+            heap.malloc(1 << 20)       # a new segment: its memory is exchanged
+        elif scenario == "barrier":
+            heap.barrier_all()
+        elif scenario == "team-sync":
+            team.sync()
+        else:
+            raise ValueError(scenario)
+        fields.update(error=None)
+    except Exception as exc:  # recorded for the test to judge
+        fields.update(error=type(exc).__name__, message=str(exc))
+    fields["elapsed"] = time.monotonic() - start
+    start = time.monotonic()
+    try:
+        heap.malloc(16)
+        fields.update(second_error=None)
+    except Exception as exc:
+        fields.update(second_error=type(exc).__name__, second_message=str(exc))
+    fields["second_elapsed"] = time.monotonic() - start
+    start = time.monotonic()
+    try:
+        heap.finalize()
+    except Exception as exc:  # noqa: BLE001
+        fields["finalize_error"] = type(exc).__name__
+    fields["finalize_elapsed"] = time.monotonic() - start
+    record(outdir, me, **fields)
+    # stay (serving MPI) until every PE has reported, so that no PE's call waits
+    # for one that left; then leave without MPI_Finalize
+    until = time.monotonic() + 30
+    while time.monotonic() < until and not all(
+            os.path.exists(os.path.join(outdir, f"pe{pe}.json")) for pe in range(n)):
+        MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        time.sleep(0.01)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Run by tests/test_reliability_liveness.py as its own small MPI job:
+
+    mpiexec -disable-auto-cleanup -n N python liveness_jobs.py SCENARIO TIMEOUT OUTDIR [SPLIT]
+
+Waits that cannot end (issue 25, items 1 and 5): every PE writes, to
+OUTDIR/pe<N>.json, what its wait raised (or returned) and after how long. A PE
+that dies leaves with os._exit(3) (see peer_death.py for why not a signal);
+the others leave with os._exit too, since MPI_Finalize would wait for it,
+once every PE has reported (until then they serve MPI: a PE that left would
+make another's pending MPI operation on it wait for the timeout).
+SPLIT, where given, is node_split= (1: every PE on a node of its own, so the
+PEs see each other only through MPI).
+
+Scenarios (the wait each PE makes, none with a timeout of its own):
+  dead-holder     PE 2 takes the lock and dies holding it; PEs 0 and 1 set_lock
+  dead-queued     PE 1 holds the lock, PE 2 queues for it and dies while
+                  queued, PE 0 queues behind PE 2; PE 1 clears the lock (PE 2
+                  dead by then) and queues again: PEs 0 and 1 wait for PE 2's
+                  turn
+  signal-deadlock every PE waits in signal_wait_until for a signal the next PE
+                  would send after its own wait
+  mixed-deadlock  PE 0 holds the lock and waits in wait_until, PE 1 waits in
+                  signal_wait_until, PE 2 (and the rest) in set_lock
+  lock-order      PE 0 holds lock A and sets lock B; PE 1 holds B and sets A
+                  (the rest wait_until on a variable nobody sets)
+  legit-long-wait PE 0 waits in wait_until while the others compute for two
+                  timeouts, then PE 1 sets the variable: PE 0's wait returns
+  wait-on-dead    every PE but the last waits in wait_until; the last dies
+"""
+
+import faulthandler
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+from mpi4py import MPI
+
+from shmemvm import SymmetricHeap
+
+DEATH = 3  # os._exit status of the dying PE
+
+
+def record(outdir: str, number: int, **fields) -> None:
+    path = os.path.join(outdir, f"pe{number}.json")
+    with open(path + ".tmp", "w") as out:
+        json.dump(fields, out)
+    os.rename(path + ".tmp", path)
+
+
+def die(outdir: str, heap: SymmetricHeap) -> None:
+    record(outdir, heap.my_pe, died=True, directory=heap.channel.directory)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(DEATH)
+
+
+def main() -> None:
+    faulthandler.dump_traceback_later(float(os.environ.get("DUMP_AFTER", 100)), exit=True)  # a hang shows where, in the job's log
+    scenario, timeout, outdir = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    split = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    heap = SymmetricHeap(MPI.COMM_WORLD, heap_size="4M", backend="host", timeout=timeout,
+                         node_split=split)
+    me, n = heap.my_pe, heap.n_pes
+    locks = heap.zeros(2, torch.int64)
+    flags = heap.zeros(4, torch.int64)
+    sig = heap.zeros(1, torch.uint64)
+    heap.barrier_all()
+    lock_a, lock_b = locks[0:1], locks[1:2]
+    result = None
+
+    def wait():
+        if scenario == "dead-holder":
+            if me == 2:
+                heap.set_lock(lock_a)
+            heap.barrier_all()       # PE 2 holds it
+            if me == 2:
+                time.sleep(0.5)
+                die(outdir, heap)
+            heap.set_lock(lock_a)
+            return "acquired"
+        if scenario == "dead-queued":
+            if me == 1:
+                heap.set_lock(lock_a)
+            heap.barrier_all()
+            if me == 2:
+                threading.Timer(1.5, die, (outdir, heap)).start()
+                heap.set_lock(lock_a)                     # dies in here, queued
+                return "acquired (should have died)"
+            # queue behind PE 2 (PE 0), or clear once both queue and PE 2 is dead (PE 1)
+            taken = 2 if me == 0 else 3
+            while (heap.atomic_fetch(lock_a, 0) >> 32) < taken:
+                time.sleep(0.01)
+            if me == 0:
+                heap.set_lock(lock_a)
+                return "acquired"
+            time.sleep(2.0)
+            heap.clear_lock(lock_a)
+            heap.set_lock(lock_a)
+            return "acquired"
+        if scenario == "signal-deadlock":
+            heap.signal_wait_until(sig[0:1], "eq", 1)
+            return heap.put_signal(flags[0:1], torch.ones(1, dtype=torch.int64), sig[0:1], 1,
+                                   "set", (me + 1) % n)
+        if scenario == "mixed-deadlock":
+            if me == 0:
+                heap.set_lock(lock_a)
+                heap.barrier_all()
+                return heap.wait_until(flags[0:1], "eq", 7)
+            heap.barrier_all()
+            if me == 1:
+                return heap.signal_wait_until(sig[0:1], "ge", 3)
+            time.sleep(0.2)
+            heap.set_lock(lock_a)
+            return "acquired"
+        if scenario == "lock-order":
+            if me < 2:
+                heap.set_lock((lock_a, lock_b)[me])
+            heap.barrier_all()
+            if me < 2:
+                heap.set_lock((lock_b, lock_a)[me])
+                return "acquired"
+            return heap.wait_until(flags[1:2], "ne", 0)
+        if scenario == "legit-long-wait":
+            if me == 0:
+                return heap.wait_until(flags[2:3], "eq", 5)
+            time.sleep(2 * timeout)                       # computing, not waiting
+            if me == 1:
+                heap.atomic_set(flags[2:3], 5, 0)
+            return "computed"
+        if scenario == "wait-on-dead":
+            if me == n - 1:
+                time.sleep(0.5)
+                die(outdir, heap)
+            return heap.wait_until(flags[3:4], "eq", 1)
+        raise ValueError(scenario)
+
+    start = time.monotonic()
+    try:
+        result = wait()
+        fields = {"error": None, "result": repr(result)}
+    except Exception as exc:  # recorded for the test to judge
+        fields = {"error": type(exc).__name__, "message": str(exc)}
+    fields.update(pe=me, elapsed=time.monotonic() - start, timeout=heap.timeout)
+    if scenario == "legit-long-wait" and fields["error"] is None:
+        heap.barrier_all()   # the heap still works after a long wait
+        fields["barrier"] = True
+    start = time.monotonic()
+    try:
+        heap.finalize()
+    except Exception as exc:  # noqa: BLE001 - recorded
+        fields["finalize_error"] = type(exc).__name__
+    fields["finalize_elapsed"] = time.monotonic() - start
+    record(outdir, me, **fields)
+    # stay (serving MPI) until every PE has reported or died: a PE that left
+    # would make the others' next MPI operation on it wait for the timeout
+    until = time.monotonic() + 30
+    while time.monotonic() < until and not all(
+            os.path.exists(os.path.join(outdir, f"pe{pe}.json")) for pe in range(n)):
+        MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        time.sleep(0.01)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Every PE reports the same outcome of every call (issue 25, item 3): a PE
+stopped past the others' timeout, arriving at a collective they gave up on,
+raises for that call too, at once, instead of completing it (it used to get a
+tensor from malloc and learn only at its next call). A PE late by less than
+the timeout changes nothing: every PE's call succeeds.
+
+Not an `mpi` test: it starts its own 3-PE jobs (tests/helpers/abandoned_call.py),
+three at a time, with timeout 3 s; the last PE is stopped (SIGSTOP) for 6 s
+(or 1 s) just before the call. Through both transports of the agreement (an
+MPI allreduce, the board in shared memory), on a team's own agreement, and
+with every PE on a node of its own (the decision then goes through MPI).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from util import REPO, clean_env, mpiexec, run_jobs
+
+HELPER = REPO / "tests" / "helpers" / "abandoned_call.py"
+N_PES = 3
+TIMEOUT = 3.0
+STOP = 6.0
+MARGIN = 2.5
+JOB_LIMIT = 150
+
+# name -> (scenario, seconds stopped, agreement, node_split)
+JOBS = {
+    "malloc-mpi": ("malloc", STOP, "mpi", None),
+    "malloc-segment-mpi": ("malloc-segment", STOP, "mpi", None),
+    "barrier-mpi": ("barrier", STOP, "mpi", None),
+    "team-sync-mpi": ("team-sync", STOP, "mpi", None),
+    "malloc-board": ("malloc", STOP, "board", None),
+    "barrier-board": ("barrier", STOP, "board", None),
+    "malloc-off-node": ("malloc", STOP, "mpi", 1),
+    "in-time-mpi": ("malloc", 1.0, "mpi", None),
+    "in-time-board": ("barrier", 1.0, "board", None),
+    "in-time-off-node": ("malloc", 1.0, "mpi", 1),
+}
+BATCH = 3
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    launcher = mpiexec()
+    root = Path(tempfile.mkdtemp(prefix="shmemvm-abandoned-"))
+    results = {}
+    try:
+        names = list(JOBS)
+        for first in range(0, len(names), BATCH):
+            jobs = {}
+            for name in names[first:first + BATCH]:
+                scenario, stop, agreement, split = JOBS[name]
+                command = [launcher, "-n", str(N_PES), sys.executable, str(HELPER), scenario,
+                           f"{TIMEOUT:g}", f"{stop:g}", str(root / name), agreement]
+                if split is not None:
+                    command.append(str(split))
+                jobs[name] = (command, clean_env())
+            results.update(run_jobs(root, jobs, JOB_LIMIT, N_PES))
+        yield results
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _records(outcomes, name):
+    result = outcomes[name]
+    context = f"{name}: {result}"
+    assert result["returncode"] is not None, f"the job hung past {JOB_LIMIT} s: {context}"
+    records = result["records"]
+    assert sorted(records) == list(range(N_PES)), f"a PE did not report: {context}"
+    return records, context
+
+
+@pytest.mark.parametrize("name", [name for name, job in JOBS.items() if job[1] == STOP])
+def test_a_pe_arriving_after_the_others_gave_up_raises_for_that_call(outcomes, name):
+    records, context = _records(outcomes, name)
+    off_node = JOBS[name][3] is not None
+    for pe, record in records.items():
+        assert record["error"] == "PeerTimeoutError", context
+        if record["late"]:
+            # it learns at this call, not at the next, and without waiting a timeout
+            # of its own on the node (off the node: the decision waits for PE 0's MPI)
+            assert "gave up" in record["message"], context
+            assert record["elapsed"] <= (TIMEOUT if off_node else 0) + MARGIN, context
+        else:
+            assert TIMEOUT - 0.1 <= record["elapsed"] <= TIMEOUT + MARGIN, context
+        # the heap is unusable everywhere afterwards, and finalizes at once
+        assert record["second_error"] == "PeerTimeoutError", context
+        assert "unusable" in record["second_message"], context
+        assert record["second_elapsed"] < 1.0, context
+        assert record["finalize_elapsed"] < 5.0, context
+
+
+@pytest.mark.parametrize("name", [name for name, job in JOBS.items() if job[1] != STOP])
+def test_a_pe_late_by_less_than_the_timeout_changes_nothing(outcomes, name):
+    records, context = _records(outcomes, name)
+    for record in records.values():
+        assert record["error"] is None, context
+        assert record["second_error"] is None, context
+        assert "finalize_error" not in record, context

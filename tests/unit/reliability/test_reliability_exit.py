@@ -1,0 +1,57 @@
+"""global_exit ends the whole job at once, with an exit code that is nonzero
+whenever the status is: status & 255, or 1 where that is 0 (issue 25, item 7).
+
+Not an `mpi` test: each case starts its own 2-PE job in which PE 1 calls
+global_exit(status) (the torch face's or the NumPy face's) while PE 0 sleeps
+far longer than the test waits; the job must end promptly with that code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from util import REPO, clean_env, mpiexec
+
+JOB = """
+import sys, time
+from mpi4py import MPI
+status = eval(sys.argv[1])
+if sys.argv[2] == "shmem":
+    from shmemvm import shmem
+    exit_ = shmem.global_exit
+else:
+    import shmemvm
+    exit_ = shmemvm.global_exit
+if MPI.COMM_WORLD.Get_rank() == 1:
+    exit_(status)
+time.sleep(120)     # PE 0: only global_exit ends it
+"""
+
+CASES = [("3", 3), ("256", 1), ("512", 1), ("257", 1), ("2**40", 1), ("2**40 + 7", 7),
+         ("-1", 255), ("0", 0)]
+
+
+@pytest.mark.parametrize("face", ["torch", "shmem"])
+@pytest.mark.parametrize("status, code", CASES, ids=[status for status, _ in CASES])
+def test_global_exit_ends_the_job_with_a_nonzero_code_for_a_nonzero_status(face, status, code):
+    if face == "shmem" and status not in ("512", "2**40"):
+        pytest.skip("the NumPy face's global_exit is the torch face's: two cases suffice")
+    start = time.monotonic()
+    job = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-c", JOB, status, face],
+                           env=clean_env(), cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = job.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        pytest.fail(f"global_exit({status}) did not end the job")
+    elapsed = time.monotonic() - start
+    assert job.returncode == code, (job.returncode, output[-3000:])
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to end"

@@ -1,0 +1,142 @@
+"""Waits that cannot end raise on every PE instead of hanging (issue 25, items 1
+and 5): a lock whose holder, or a PE queued ahead, is dead; every PE waiting
+(wait_until, signal_wait_until, set_lock) with nothing changing; every live
+PE waiting on a PE that is dead. A long wait that a live, computing PE ends
+still waits.
+
+Not an `mpi` test: it starts its own small jobs (tests/helpers/liveness_jobs.py)
+with MPICH's mpiexec -disable-auto-cleanup (as test_reliability_peer_death.py),
+three at a time, 3 PEs each, timeout 3 s. Each PE reports what its wait raised
+and after how long.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from util import REPO, clean_env, mpiexec, run_jobs
+
+HELPER = REPO / "tests" / "helpers" / "liveness_jobs.py"
+N_PES = 3
+TIMEOUT = 3.0
+MARGIN = 3.0            # scheduling slack: 9 processes on 2 cores
+JOB_LIMIT = 120         # seconds: a job that takes longer than this hangs
+
+# name -> (scenario, node_split or None)
+JOBS = {
+    "dead-holder": ("dead-holder", None),
+    "dead-queued": ("dead-queued", None),
+    "wait-on-dead": ("wait-on-dead", None),
+    "signal-deadlock": ("signal-deadlock", None),
+    "mixed-deadlock": ("mixed-deadlock", None),
+    "lock-order": ("lock-order", None),
+    "legit-long-wait": ("legit-long-wait", None),
+    "signal-deadlock-off-node": ("signal-deadlock", 1),
+    "dead-holder-off-node": ("dead-holder", 1),
+}
+BATCH = 3
+
+
+def is_hydra(launcher: str) -> bool:
+    try:
+        out = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "HYDRA" in out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    launcher = mpiexec()
+    if not is_hydra(launcher):
+        pytest.skip(f"{launcher} is not MPICH's hydra; these jobs rely on -disable-auto-cleanup")
+    root = Path(tempfile.mkdtemp(prefix="shmemvm-liveness-"))
+    results = {}
+    try:
+        names = list(JOBS)
+        for first in range(0, len(names), BATCH):
+            jobs = {}
+            for name in names[first:first + BATCH]:
+                scenario, split = JOBS[name]
+                command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
+                           str(HELPER), scenario, f"{TIMEOUT:g}", str(root / name)]
+                if split is not None:
+                    command.append(str(split))
+                jobs[name] = (command, clean_env())
+            results.update(run_jobs(root, jobs, JOB_LIMIT, N_PES))
+        yield results
+    finally:
+        for result in results.values():
+            for record in result["records"].values():
+                directory = record.get("directory", "")
+                if Path(directory).name.startswith("shmemvm-"):
+                    shutil.rmtree(directory, ignore_errors=True)  # left by a dead PE
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _records(outcomes, name, dead=()):
+    result = outcomes[name]
+    context = f"{name}: {result}"
+    assert result["returncode"] is not None, f"the job hung past {JOB_LIMIT} s: {context}"
+    records = result["records"]
+    for pe in dead:
+        assert records.get(pe, {}).get("died"), context
+    live = [pe for pe in range(N_PES) if pe not in dead]
+    assert all(pe in records for pe in live), f"a live PE did not report: {context}"
+    return {pe: records[pe] for pe in live}, context
+
+
+@pytest.mark.parametrize("name", ["dead-holder", "dead-queued", "dead-holder-off-node"])
+def test_set_lock_raises_where_the_holder_or_a_pe_ahead_is_dead(outcomes, name):
+    records, context = _records(outcomes, name, dead=[2])
+    off_node = JOBS[name][1] is not None
+    for record in records.values():
+        assert record["error"] == "PeerDeadError", context
+        assert "PE 2" in record["message"] and "set_lock" in record["message"], context
+        # on the node a dead process is seen at once; off the node it is a PE that
+        # does not answer for the timeout
+        limit = (2 * TIMEOUT if off_node else TIMEOUT) + MARGIN
+        assert record["elapsed"] <= limit, context
+        assert record["finalize_elapsed"] < 5, context
+
+
+def test_waiting_on_a_dead_pe_raises(outcomes):
+    records, context = _records(outcomes, "wait-on-dead", dead=[N_PES - 1])
+    for record in records.values():
+        assert record["error"] == "PeerDeadError", context
+        assert f"PE {N_PES - 1}" in record["message"], context
+        assert "wait_until" in record["message"], context
+        assert record["elapsed"] <= TIMEOUT + MARGIN, context
+
+
+@pytest.mark.parametrize("name, waits", [
+    ("signal-deadlock", ["signal_wait_until"] * N_PES),
+    ("mixed-deadlock", ["wait_until", "signal_wait_until", "set_lock"]),
+    ("lock-order", ["set_lock", "set_lock", "wait_until"]),
+    ("signal-deadlock-off-node", ["signal_wait_until"] * N_PES),
+])
+def test_a_whole_job_deadlock_raises_on_every_pe_naming_each_wait(outcomes, name, waits):
+    records, context = _records(outcomes, name)
+    messages = set()
+    for pe, record in records.items():
+        assert record["error"] == "DeadlockError", context
+        assert record["elapsed"] <= TIMEOUT + MARGIN, context
+        assert record["finalize_elapsed"] < 5, context
+        message = record["message"]
+        messages.add(message[message.index("every PE"):] if "every PE" in message else message)
+        for other, wait in enumerate(waits):   # each PE's wait is named
+            assert f"PE {other}: {wait}" in message, context
+    assert len(messages) == 1, f"the PEs told different stories: {context}"
+
+
+def test_a_long_wait_that_a_computing_pe_ends_still_waits(outcomes):
+    records, context = _records(outcomes, "legit-long-wait")
+    assert records[0]["error"] is None and records[0]["result"] == "5", context
+    assert records[0]["elapsed"] >= 2 * TIMEOUT - 0.5, context
+    assert all(record.get("barrier") for record in records.values()), context
