@@ -23,7 +23,10 @@ agreement and everything that must hold for it to be trusted:
 - Blocks the garbage collector took are released only once every PE has
   dropped them (the `dead` offsets of collective()): the heap's `release`
   callback runs before the call's own error is raised and before the call
-  does anything, so a malloc can reuse them.
+  does anything, so a malloc can reuse them. The step carries a digest of
+  each PE's set: where every PE has the same one (the usual case), that set
+  is released with no further exchange; otherwise an allgather finds the
+  offsets dead on every PE.
 - Every PE reports the same outcome of every step, also where some PEs gave
   up on it at their deadline and a late PE then completes it (its MPI
   allreduce completes with the contributions the others made before they gave
@@ -49,6 +52,7 @@ agreement and everything that must hold for it to be trusted:
 from __future__ import annotations
 
 import array
+import hashlib
 import logging
 import os
 import time
@@ -59,8 +63,8 @@ from ..errors import PeerTimeoutError, ShmemError, SymmetryError
 from . import deadline
 from .board import Board
 from .liveness import ABANDONED, COMMITTED, DRAIN_S, Liveness
-from .protocol import (COUNTED, DEAD_SLOT, EMPTY_VECTOR, FLAG_SLOT, NEG_SEQ_SLOT,
-                       OUTCOMES, SEQ_SLOT, TIME_SLOT, Call, Outcome, Phase)
+from .protocol import (COUNTED, DEAD_DIGEST_SLOT, DEAD_SLOT, EMPTY_VECTOR, FLAG_SLOT,
+                       NEG_SEQ_SLOT, OUTCOMES, SEQ_SLOT, TIME_SLOT, Call, Outcome, Phase)
 
 log = logging.getLogger("shmemvm")
 
@@ -168,7 +172,8 @@ class Agreement:
         if flag:
             send[FLAG_SLOT] = -1
         if dead:
-            send[DEAD_SLOT] = -1
+            send[DEAD_SLOT] = -(digest := _digest(dead))
+            send[DEAD_DIGEST_SLOT] = digest
         send[TIME_SLOT] = -tick
         if board is not None:
             recv = board.allreduce_max(send, seq, lambda ready: self.wait_until(
@@ -207,16 +212,24 @@ class Agreement:
     def _outcome(self, call: Call, send: array.array, recv: array.array,
                  dead: set[int]) -> Outcome:
         """The step's outcome from this PE's vector and the MAX of everybody's."""
-        everywhere, dead_everywhere = recv[FLAG_SLOT] == -1, recv[DEAD_SLOT] == -1
+        everywhere = recv[FLAG_SLOT] == -1
+        # every PE has dead blocks; the same ones where the least and greatest digests agree
+        dead_everywhere = recv[DEAD_SLOT] < 0
+        same_dead = dead_everywhere and -recv[DEAD_SLOT] == recv[DEAD_DIGEST_SLOT]
         # Every word agrees iff its max is this PE's word and its -min this PE's
         # negated word: then the vectors are equal, once the flags and times are.
         recv[FLAG_SLOT], recv[DEAD_SLOT] = send[FLAG_SLOT], send[DEAD_SLOT]
+        recv[DEAD_DIGEST_SLOT] = send[DEAD_DIGEST_SLOT]
         recv[TIME_SLOT] = send[TIME_SLOT]
         if recv != send:
             self._raise_mismatch(call, self.describe(call))
         outcome = OUTCOMES[everywhere]
         if dead_everywhere:
-            released = self._release_dead(dead, self.describe(call))
+            if same_dead:   # the usual case (the NumPy face's free: its array dies after
+                released = frozenset(dead)   # it, on every PE alike): no allgather
+                self.release(released)
+            else:
+                released = self._release_dead(dead, self.describe(call))
             if released:
                 outcome = Outcome(outcome.flag_everywhere, released)
         if call.error is not None:
@@ -385,6 +398,14 @@ class Agreement:
         if agreed:
             self.release(agreed)
         return agreed
+
+
+def _digest(offsets) -> int:
+    """A digest of a set of heap offsets in 1 .. 2**62 - 1, the same on every PE
+    for the same set: 62 bits of BLAKE2b, so that two PEs whose different sets
+    share one (and would free different blocks) are a 2**-62 chance."""
+    data = array.array("q", sorted(offsets)).tobytes()
+    return (int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2) | 1
 
 
 def pe_list(pes) -> str:

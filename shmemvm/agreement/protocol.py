@@ -82,12 +82,15 @@ COUNTED = frozenset(p for p in Phase if Phase.INIT < p < 100)
 #: argument slots of a call; each takes two words of the allreduce
 N_ARGS = 5
 #: the allreduce vector (Call.vector): phase, 1 + 2 * N_ARGS words, step number; the
-#: same negated; the flag, the dead flag, and minus the PE's entry time (in ticks of
-#: the agreement's clock: the MAX is minus the earliest PE's; agreement.py)
+#: same negated; the flag; minus and plus the digest of the PE's dead blocks (0: none),
+#: whose MAX are minus the least and the greatest digest; and minus the PE's entry
+#: time (in ticks of the agreement's clock: the MAX is minus the earliest PE's;
+#: agreement.py)
 COMPARED_WORDS = 3 + 2 * N_ARGS
 SEQ_SLOT, NEG_SEQ_SLOT = COMPARED_WORDS - 1, 2 * COMPARED_WORDS - 1
-FLAG_SLOT, DEAD_SLOT, TIME_SLOT = 2 * COMPARED_WORDS, 2 * COMPARED_WORDS + 1, 2 * COMPARED_WORDS + 2
-EMPTY_VECTOR = bytes(8 * (2 * COMPARED_WORDS + 3))   # an empty receive vector
+FLAG_SLOT, DEAD_SLOT, DEAD_DIGEST_SLOT, TIME_SLOT = range(2 * COMPARED_WORDS,
+                                                          2 * COMPARED_WORDS + 4)
+EMPTY_VECTOR = bytes(8 * (2 * COMPARED_WORDS + 4))   # an empty receive vector
 _WORD = (1 << 63) - 1          # largest value whose negation fits an int64 too
 #: the words of a call that could not be formed: never a valid encoding (every word of one is >= 0)
 _REJECTED_WORDS = (-1,) * (1 + 2 * N_ARGS)
@@ -153,9 +156,9 @@ class Call:
     def vector(self) -> array.array:
         """What collective() reduces with MAX, less the step number, the
         flags and the time (zeros): the phase, the words, a slot for the step
-        number (COMPARED_WORDS words so far), the same negated, then the two
-        flag slots and the time slot. A copy of a cached array: callers fill in
-        the slots."""
+        number (COMPARED_WORDS words so far), the same negated, then the flag
+        slot, the two dead-block slots and the time slot. A copy of a cached
+        array: callers fill in the slots."""
         if self.error is not None:
             return _REJECTED[int(self.phase)][:]
         try:
@@ -167,7 +170,7 @@ class Call:
 
 def _make_vector(phase: int, words: tuple) -> array.array:
     head = (phase, *words, 0)
-    return array.array("q", (*head, *(-w for w in head), 0, 0, 0))
+    return array.array("q", (*head, *(-w for w in head), 0, 0, 0, 0))
 
 
 def _arguments(args: tuple) -> tuple:

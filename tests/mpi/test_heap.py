@@ -142,6 +142,30 @@ def test_block_dropped_on_one_pe_is_kept_until_all_drop_it(heap):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_blocks_dropped_on_every_pe_are_freed_whether_or_not_the_sets_differ(heap):
+    """Every PE drops `a`; PE 0 drops `b` too: the PEs' dead sets differ (their
+    digests do), so the step finds what is dead everywhere ({a}) and frees only
+    that; once every PE has dropped `b`, the sets are the same and `b` is freed
+    at that step."""
+    a, b = heap.empty(64, torch.float32), heap.empty(64, torch.float32)
+    offsets = offset_of(heap, a), offset_of(heap, b)
+    del a
+    if heap.my_pe == 0:
+        del b
+    gc.collect()
+    heap.barrier_all()        # the sets differ: {a, b} on PE 0, {a} elsewhere
+    assert heap.heap_info()["live_allocations"] == 1
+    reused = heap.empty(64, torch.float32)
+    assert offset_of(heap, reused) == offsets[0]                # a's block, freed
+    if heap.my_pe != 0:
+        del b
+    gc.collect()
+    heap.barrier_all()        # now b is dead everywhere (the same set on every PE)
+    assert heap.heap_info()["live_allocations"] == 1   # the reused one
+    assert offset_of(heap, heap.empty(64, torch.float32)) == offsets[1]
+
+
+@pytest.mark.mpi(min_size=2)
 def test_renewal_bumps_generation_and_peers_see_new_memory(heap):
     me, n = heap.my_pe, heap.n_pes
     big = heap.empty(16 << 20, torch.uint8)  # a segment of its own

@@ -37,14 +37,12 @@ CASES = [("3", 3), ("256", 1), ("512", 1), ("257", 1), ("2**40", 1), ("2**40 + 7
          ("-1", 255), ("0", 0)]
 
 
-# every case through the torch face; the NumPy face's global_exit is the torch face's,
-# so two cases suffice for it
+#: every case through the torch face; two through the NumPy face's, which is the same call
 RUNS = [("torch", status, code) for status, code in CASES] + \
-    [("shmem", status, code) for status, code in CASES if status in ("512", "2**40")]
+       [("shmem", status, code) for status, code in CASES if status in ("512", "2**40")]
 
 
-@pytest.mark.parametrize("face, status, code", RUNS,
-                         ids=[f"{status}-{face}" for face, status, _ in RUNS])
+@pytest.mark.parametrize("face, status, code", RUNS, ids=[f"{f}-{s}" for f, s, _ in RUNS])
 def test_global_exit_ends_the_job_with_a_nonzero_code_for_a_nonzero_status(face, status, code):
     start = time.monotonic()
     job = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-c", JOB, status, face],
