@@ -82,13 +82,18 @@ UNUSABLE = "This heap cannot be used any more; finalize() releases it"
 
 
 # -- the record --------------------------------------------------------------------------
+#: made once: json.dumps with separators= makes an encoder every call (set_lock publishes
+#: three times per acquisition and release)
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode(payload: dict) -> bytes:
     """The payload as the bytes after the header (JSON), cut to fit."""
-    data = json.dumps(payload, separators=(",", ":")).encode()
+    data = _JSON.encode(payload).encode()
     while len(data) > RECORD - _HEAD:   # texts too long for the record: shortened
         payload = dict(payload, wait=payload.get("wait", "")[: len(payload.get("wait", "")) // 2],
                        verdict=_shorter(payload.get("verdict")))
-        data = json.dumps(payload, separators=(",", ":")).encode()
+        data = _JSON.encode(payload).encode()
     return data
 
 
@@ -432,7 +437,8 @@ class Liveness:
 
     def lock_state(self, offset: int, ticket: int | None, how: str | None) -> None:
         """Publish that this PE takes a ticket for the lock at `offset` ("taking"),
-        queues with `ticket` ("queued"), holds it ("held"), or (how None) has let
+        queues with `ticket` ("queued": set_lock leaves it so while it holds the lock,
+        the ticket then being the one served), holds it ("held"), or (how None) has let
         it go."""
         with self._lock:
             if how is None:

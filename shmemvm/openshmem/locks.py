@@ -152,8 +152,7 @@ def acquire(heap: HeapCore, word: torch.Tensor, what: str = "set_lock") -> None:
                 break
             watch.tick(bits)   # (a ticket taken or served is progress)
             time.sleep(min(ahead * _SLEEP_PER_WAITER, _MAX_SLEEP))
-    _held(heap)[offset] = ticket
-    _publish(heap, offset, ticket, "held")
+    _held(heap)[offset] = ticket   # (published already: "queued" with the ticket now served)
 
 
 def test_lock(heap: HeapCore, lock: torch.Tensor) -> bool:
