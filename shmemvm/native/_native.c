@@ -242,20 +242,6 @@ static PyObject *native_wait(PyObject *self, PyObject *const *args, Py_ssize_t n
     return Py_BuildValue("(NN)", PyBool_FromLong(ok), from_bits(current, word));
 }
 
-/* copy(dst, src, nbytes) */
-static PyObject *native_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "copy(dst, src, nbytes)");
-        return NULL;
-    }
-    uintptr_t dst, src;
-    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
-    if (n < 0 && PyErr_Occurred()) return NULL;
-    if (parse_address(args[0], &dst, 0) < 0 || parse_address(args[1], &src, 0) < 0) return NULL;
-    if (n > 0) memmove((void *)dst, (const void *)src, (size_t)n);
-    Py_RETURN_NONE;
-}
-
 /* The GIL is let go around copies from this size on: other threads run meanwhile. */
 #define COPY_WITHOUT_GIL (64 * 1024)
 
@@ -267,6 +253,20 @@ static void copy_bytes(void *dst, const void *src, size_t n) {
     } else if (n > 0) {
         memmove(dst, src, n);
     }
+}
+
+/* copy(dst, src, nbytes) */
+static PyObject *native_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "copy(dst, src, nbytes)");
+        return NULL;
+    }
+    uintptr_t dst, src;
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n < 0 && PyErr_Occurred()) return NULL;
+    if (parse_address(args[0], &dst, 0) < 0 || parse_address(args[1], &src, 0) < 0) return NULL;
+    copy_bytes((void *)dst, (const void *)src, (size_t)n);
+    Py_RETURN_NONE;
 }
 
 /* address(buffer) -> int */

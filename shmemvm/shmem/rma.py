@@ -61,6 +61,8 @@ def _copied_by_cpu(symmetric, local, pe, put_side: bool) -> bool:
         return False
     start = native.address(symmetric)
     nbytes = min(symmetric.nbytes, local.nbytes)
+    if nbytes >= routines.CPU_COPY_MAX:    # torch's copy_ splits it over its threads
+        return False
     if not memory.address <= start <= memory.address + memory.nbytes - nbytes:
         return False
     there = routines.cpu_address(heap, memory.tensor, start, pe)
