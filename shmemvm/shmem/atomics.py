@@ -72,11 +72,7 @@ def _amo(ctx, target, pe, op: str, value=0, cond=0, *, what: str, writable: bool
     found = _on_cpu(target, pe, writable) if ctx is None else None
     if found is not None:   # the common case in two calls (docs/performance.md)
         there, word = found
-        routines.check_op(word, op, what)
-        value = word.value(value, what)
-        if op == "cas":
-            cond = word.value(cond, what, "cond")
-        return routines.at_address(there, word, op, value, cond)
+        return routines.at_address(there, word, op, value, cond, what=what)
     word, where = element(target, what, "target", writable)
     return routines.atomic(context(ctx), word, where, pe, op, value, cond, what=what)
 
