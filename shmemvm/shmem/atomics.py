@@ -60,6 +60,8 @@ def _on_cpu(target, pe, writable: bool) -> tuple[int, Word] | None:
     if word is None or memory is None:
         return None
     heap = arrays.heap()
+    if not heap.native:   # the compiled piece is not here (or SHMEMVM_NATIVE=0)
+        return None
     start = native.address(target)
     if not (0 <= pe < heap.n_pes
             and memory.address <= start <= memory.address + memory.nbytes - word.size):

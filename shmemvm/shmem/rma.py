@@ -57,7 +57,7 @@ def _copied_by_cpu(symmetric, local, pe, put_side: bool) -> bool:
     if memory is None:
         return False
     heap = arrays.heap()
-    if not 0 <= pe < heap.n_pes:
+    if not heap.native or not 0 <= pe < heap.n_pes:   # (native: the compiled piece is here)
         return False
     start = native.address(symmetric)
     nbytes = min(symmetric.nbytes, local.nbytes)
