@@ -20,7 +20,6 @@ MPI's finalization could wait for requests a timed-out step left behind.
 """
 
 import faulthandler
-import json
 import os
 import signal
 import subprocess
@@ -29,14 +28,8 @@ import time
 
 from mpi4py import MPI
 
+from job_records import finish
 from shmemvm import SymmetricHeap
-
-
-def record(outdir: str, number: int, **fields) -> None:
-    path = os.path.join(outdir, f"pe{number}.json")
-    with open(path + ".tmp", "w") as out:
-        json.dump(fields, out)
-    os.rename(path + ".tmp", path)
 
 
 def stop_for(seconds: float) -> None:
@@ -84,23 +77,7 @@ def main() -> None:
     except Exception as exc:
         fields.update(second_error=type(exc).__name__, second_message=str(exc))
     fields["second_elapsed"] = time.monotonic() - start
-    start = time.monotonic()
-    try:
-        heap.finalize()
-    except Exception as exc:  # noqa: BLE001
-        fields["finalize_error"] = type(exc).__name__
-    fields["finalize_elapsed"] = time.monotonic() - start
-    record(outdir, me, **fields)
-    # stay (serving MPI) until every PE has reported, so that no PE's call waits
-    # for one that left; then leave without MPI_Finalize
-    until = time.monotonic() + 30
-    while time.monotonic() < until and not all(
-            os.path.exists(os.path.join(outdir, f"pe{pe}.json")) for pe in range(n)):
-        MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
-        time.sleep(0.01)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish(heap, outdir, me, n, fields)
 
 
 if __name__ == "__main__":

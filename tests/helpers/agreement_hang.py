@@ -21,21 +21,14 @@ Scenarios:
 
 import faulthandler
 import gc
-import json
 import os
 import sys
 import time
 
 from mpi4py import MPI
 
+from job_records import record
 from shmemvm import SymmetricHeap
-
-
-def record(outdir: str, pe: int, **fields) -> None:
-    path = os.path.join(outdir, f"pe{pe}.json")
-    with open(path + ".tmp", "w") as out:
-        json.dump(fields, out)
-    os.rename(path + ".tmp", path)
 
 
 def main() -> None:

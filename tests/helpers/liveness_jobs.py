@@ -29,7 +29,6 @@ Scenarios (the wait each PE makes, none with a timeout of its own):
 """
 
 import faulthandler
-import json
 import os
 import sys
 import threading
@@ -38,16 +37,10 @@ import time
 import torch
 from mpi4py import MPI
 
+from job_records import finish, record
 from shmemvm import SymmetricHeap
 
 DEATH = 3  # os._exit status of the dying PE
-
-
-def record(outdir: str, number: int, **fields) -> None:
-    path = os.path.join(outdir, f"pe{number}.json")
-    with open(path + ".tmp", "w") as out:
-        json.dump(fields, out)
-    os.rename(path + ".tmp", path)
 
 
 def die(outdir: str, heap: SymmetricHeap) -> None:
@@ -147,23 +140,7 @@ def main() -> None:
     if scenario == "legit-long-wait" and fields["error"] is None:
         heap.barrier_all()   # the heap still works after a long wait
         fields["barrier"] = True
-    start = time.monotonic()
-    try:
-        heap.finalize()
-    except Exception as exc:  # noqa: BLE001 - recorded
-        fields["finalize_error"] = type(exc).__name__
-    fields["finalize_elapsed"] = time.monotonic() - start
-    record(outdir, me, **fields)
-    # stay (serving MPI) until every PE has reported or died: a PE that left
-    # would make the others' next MPI operation on it wait for the timeout
-    until = time.monotonic() + 30
-    while time.monotonic() < until and not all(
-            os.path.exists(os.path.join(outdir, f"pe{pe}.json")) for pe in range(n)):
-        MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
-        time.sleep(0.01)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish(heap, outdir, me, n, fields)
 
 
 if __name__ == "__main__":
