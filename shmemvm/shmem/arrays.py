@@ -142,6 +142,24 @@ def locate(a: np.ndarray, role: str) -> tuple[HeapMemory, int]:
     return memory, offset
 
 
+def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[SymmetricHeap, HeapMemory, int] | None:
+    """(heap, allocation, address) of the first `nbytes` of C-contiguous
+    array `a`, for the one-pass put/get/atomics (rma.py, atomics.py): where `a`
+    lies on the heap with that many bytes inside its allocation, `pe` is an
+    int PE number and the heap has the compiled piece; None for anything else,
+    and for anything wrong, which the general path then names."""
+    memory = owner(a)
+    if memory is None or type(pe) is not int:
+        return None
+    h = heap()
+    if not h.native or not 0 <= pe < h.n_pes:   # (native: every PE has the compiled piece)
+        return None
+    start = native.address(a)
+    if not memory.address <= start <= memory.address + memory.nbytes - nbytes:
+        return None
+    return h, memory, start
+
+
 def symmetric_bytes(a, role: str, writable: bool = True, count: int | None = None) -> torch.Tensor:
     """The bytes of symmetric array `a` (its first `count` elements in memory
     order; all by default), as a uint8 tensor over its block that the heap

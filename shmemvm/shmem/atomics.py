@@ -15,7 +15,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .. import native
 from ..openshmem import atomics as routines
 from ..openshmem import words
 from ..openshmem.words import Word
@@ -51,21 +50,15 @@ def _on_cpu(target, pe, writable: bool) -> tuple[int, Word] | None:
     """(address on PE `pe`, word) of a one-element symmetric `target` where the
     heap's atomics are the CPU's (routines.cpu_word()); None for anything else,
     and for anything wrong, which element() then names."""
-    if (type(target) is not np.ndarray or target.size != 1 or type(pe) is not int
+    if (type(target) is not np.ndarray or target.size != 1
             or (writable and not target.flags.writeable)):
         return None
     dtype = target.dtype
     word = words.of(dtype.kind, dtype.itemsize) if dtype.kind in "iuf" else None
-    memory = arrays.owner(target)
-    if word is None or memory is None:
+    found = None if word is None else arrays.one_pass(target, pe, word.size)
+    if found is None:
         return None
-    heap = arrays.heap()
-    if not heap.native:   # the compiled piece is not here (or SHMEMVM_NATIVE=0)
-        return None
-    start = native.address(target)
-    if not (0 <= pe < heap.n_pes
-            and memory.address <= start <= memory.address + memory.nbytes - word.size):
-        return None
+    heap, memory, start = found
     there = routines.cpu_word(heap, memory.tensor, start, word, pe)
     return None if there is None else (there, word)
 

@@ -50,21 +50,15 @@ def _copied_by_cpu(symmetric, local, pe, put_side: bool) -> bool:
     if (type(symmetric) is not np.ndarray or type(local) is not np.ndarray
             or symmetric.dtype != local.dtype or symmetric.dtype.hasobject
             or not (symmetric.flags.c_contiguous and local.flags.c_contiguous)
-            or not (symmetric if put_side else local).flags.writeable
-            or type(pe) is not int):
+            or not (symmetric if put_side else local).flags.writeable):
         return False
-    memory = arrays.owner(symmetric)
-    if memory is None:
-        return False
-    heap = arrays.heap()
-    if not heap.native or not 0 <= pe < heap.n_pes:   # (native: the compiled piece is here)
-        return False
-    start = native.address(symmetric)
     nbytes = min(symmetric.nbytes, local.nbytes)
     if nbytes >= routines.CPU_COPY_MAX:    # torch's copy_ splits it over its threads
         return False
-    if not memory.address <= start <= memory.address + memory.nbytes - nbytes:
+    found = arrays.one_pass(symmetric, pe, nbytes)
+    if found is None:
         return False
+    heap, memory, start = found
     there = routines.cpu_address(heap, memory.tensor, start, pe)
     if there is None:
         return False
