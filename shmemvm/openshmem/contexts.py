@@ -188,6 +188,8 @@ class Ctx(ContextOperations):
         finally:
             self._destroyed = True
             self.heap.drop_tracker(self.completion)
+            if self.team is not None:
+                self.team.forget_ctx(self)
 
     def __enter__(self) -> Ctx:
         return self

@@ -76,7 +76,7 @@ class Team(Group):
                  kind: str, config: dict | None = None):
         super().__init__(heap, comm, pes, agreement, kind=kind)
         self._config = dict(config) if config is not None else _config(None)
-        self._contexts: list = []
+        self._contexts: list = []   # the live contexts made from it (a destroyed one leaves)
 
     def __repr__(self) -> str:
         state = ", destroyed" if self.destroyed else ""
@@ -303,7 +303,7 @@ class Team(Group):
                              f"cannot be destroyed")
         with self.lock:
             self.check_usable()
-            for context in self._contexts:
+            for context in list(self._contexts):   # each leaves the list as it is destroyed
                 try:
                     context.destroy()
                 except ShmemError:  # the user destroyed it already
@@ -343,6 +343,14 @@ class Team(Group):
         context = contexts.Ctx(self.heap, options, team=self)
         self._contexts.append(context)
         return context
+
+    def forget_ctx(self, context) -> None:
+        """`context` (made by create_ctx) was destroyed: the team no longer
+        holds it, so contexts made and destroyed leave the team flat."""
+        try:
+            self._contexts.remove(context)
+        except ValueError:   # the team was destroyed (its list cleared) first
+            pass
 
     # -- collectives over the team (collectives.py), team-relative PE numbers ----------------
     def broadcast(self, dest, source, root: int) -> None:
