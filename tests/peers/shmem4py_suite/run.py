@@ -96,6 +96,13 @@ def pe_main(logdir: str, testdir: str, names: list) -> None:
     with open(os.path.join(logdir, f"pe{rank}.log"), "w", buffering=1) as stream:
         runner = unittest.TextTestRunner(stream=stream, verbosity=2, descriptions=False)
         unittest.main(module=None, argv=["shmem4py-suite"] + names, testRunner=runner, exit=False)
+    # Where this PE's shmemvm package lies: a traceback's frame is shmemvm's when its
+    # file is in there (a folder named shmemvm in the path says nothing: a checkout
+    # named shmemvm holds .venv/ with NumPy in it).
+    package = sys.modules.get("shmemvm")
+    if package is not None and getattr(package, "__file__", None):
+        Path(logdir, f"pe{rank}.package").write_text(
+            os.path.dirname(os.path.realpath(package.__file__)))
     # Exit 0 whatever the tests said: a non-zero exit makes mpirun/oshrun abort
     # the other PEs, possibly before they have written their results. The
     # runner reads the results from the logs; a non-zero mpirun status then
@@ -241,10 +248,19 @@ SEVERITY = {"ok": 0, "skipped": 0, "expected failure": 0, "unexpected success": 
             "FAIL": 2, "ERROR": 3, "hung": 4, "missing": 4}
 
 
-def merge(mod: str, expected: list, per_pe: dict, timed_out: bool, numpy1: bool = False) -> dict:
+def in_package(path: str, packages) -> bool:
+    """Whether the file `path` lies in one of the directories `packages`."""
+    where = os.path.realpath(path)
+    return any(where.startswith(os.path.realpath(p) + os.sep) for p in packages)
+
+
+def merge(mod: str, expected: list, per_pe: dict, timed_out: bool, numpy1: bool = False,
+          packages=()) -> dict:
     """Merge the PEs' records of one module into one outcome per test (`per_pe`
     may hold other modules' too: one launch for several). `numpy1`: the PEs run
-    NumPy 1, so NUMPY1_ONLY tests are not counted apart."""
+    NumPy 1, so NUMPY1_ONLY tests are not counted apart. `packages`: the
+    directories of the shmemvm package the PEs imported (a frame in one of them
+    is shmemvm's)."""
     results = {}
     failed_import = None
     for tests in per_pe.values():
@@ -301,7 +317,7 @@ def merge(mod: str, expected: list, per_pe: dict, timed_out: bool, numpy1: bool 
                 entry["note"] = "C-layer name, but not in the C_LAYER list: counted as an error"
             elif (key in NUMPY1_ONLY and not numpy1 and messages
                   and all(NUMPY1_ONLY_ERROR.search(m) for m in messages)
-                  and not any("/shmemvm/" in f[0] for r in recs.values() if r
+                  and not any(in_package(f[0], packages) for r in recs.values() if r
                               for f in r.get("frames") or [])):
                 entry["outcome"] = "numpy1"
                 entry["numpy1_reason"] = NUMPY1_ONLY[key]
@@ -399,13 +415,14 @@ def run_launch(chosen: dict, args, tree: Path, all_tests: dict, workdir: Path,
     for log in sorted(logdir.glob("pe*.log")):
         per_pe[log.stem[2:]] = parse_log(log.read_text(errors="replace"))
     mpirun_log = (logdir / "mpirun.log").read_text(errors="replace")
+    packages = {p.read_text().strip() for p in logdir.glob("pe*.package")}
     results = {}
     for mod, given in chosen.items():
         expected = all_tests[mod]
         if given:  # only the named tests (mod.Class.test) and classes (mod.Class)
             wanted = [n[len(mod) + 1:] for n in given]
             expected = [t for t in expected if t in wanted or t.split(".")[0] in wanted]
-        tests = merge(mod, expected, per_pe, timed_out, args.numpy1)
+        tests = merge(mod, expected, per_pe, timed_out, args.numpy1, packages)
         counts = {k: 0 for k in OUTCOMES}
         for t in tests.values():
             counts[t["outcome"]] += 1
