@@ -36,14 +36,51 @@ def test_every_phase_of_run_all_has_a_budget():
     assert phases == set(_budget())
 
 
-def test_ci_runs_the_readmes_test_command():
+def _commands(lines) -> list[str]:
+    """Shell lines without their comments, spaces folded; empty ones left out."""
+    out = []
+    for line in lines:
+        command = " ".join(line.split(" #")[0].split())
+        if command and not command.startswith("#"):
+            out.append(command)
+    return out
+
+
+def _quick_start() -> list[str]:
+    """The commands of the README's Quick start (its first code block)."""
     readme = (REPO / "README.md").read_text()
     quick_start = readme[readme.index("## Quick start"):readme.index("## Using it")]
-    commands = [line.split("#")[0].strip() for line in quick_start.splitlines()
-                if line.startswith("tests/")]
-    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    block = quick_start.split("```bash\n", 1)[1].split("```", 1)[0]
+    return _commands(block.splitlines())
+
+
+def _ci_quick_start() -> list[str]:
+    """.ci/run's commands after its line `# Quick start`."""
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    return _commands(lines[lines.index("# Quick start") + 1:])
+
+
+def test_ci_runs_the_readmes_test_command():
+    commands = [c for c in _quick_start() if c.startswith("tests/")]
     assert commands == ["tests/run_all.sh"]
-    assert ci[-1] == commands[0]
+    assert _ci_quick_start()[-1] == commands[0]
+
+
+def test_ci_runs_the_quick_start_line_for_line():
+    """CI's commands are the Quick start's, all of them and in order (a step only
+    CI has, hip-python once, made the README's test command fail its skip budget
+    for a reader who followed it): the Quick start alone passes the suite."""
+    assert _quick_start()[0].startswith("python3 -m venv .venv")
+    assert _ci_quick_start() == _quick_start()
+
+
+def test_ci_runs_in_a_folder_named_shmemvm():
+    """`git clone .../shmemvm` makes a folder named shmemvm, with .venv/ inside:
+    CI runs there (a path test that took any /shmemvm/ for the package's once
+    failed only so), whatever its own clone is called."""
+    script = (REPO / ".ci" / "run").read_text()
+    before = script[:script.index("\n# Quick start\n")]
+    assert re.search(r'^cd "\$work/shmemvm"$', before, re.MULTILINE), before
 
 
 def test_the_test_files_the_docs_name_exist():
