@@ -106,3 +106,14 @@ def test_ci_installs_as_the_readme_says():
           for line in (REPO / ".ci" / "run").read_text().splitlines()]
     assert pip and all(command in ci for command in pip), (pip, ci)
     assert any(" -e " in command for command in pip)
+
+
+def test_one_launch_form():
+    """README, docs/ and the examples launch a program one way, `mpirun -n N python
+    app.py` (the Quick start's): a second form (`python -m mpi4py app.py`) told
+    readers one of them was less safe."""
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+             *sorted((REPO / "examples").rglob("*.py"))]
+    found = [f"{path.relative_to(REPO)}: {match}" for path in files
+             for match in re.findall(r"python3? -m mpi4py [\w./-]+\.py", path.read_text())]
+    assert found == []
