@@ -20,7 +20,9 @@ state lives in this class. The core is built by setup.py; SymmetricHeap
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -47,6 +49,18 @@ from ..transport.route import Routes
 log = logging.getLogger("shmemvm")
 
 Feature = TypeVar("Feature")
+
+#: heap_bases()' warning where a host heap's table is made outside Triton's interpreter
+HOST_BASES_HINT = (
+    "heap_bases() of a host heap, with TRITON_INTERPRET unset: Triton kernels run on the CPU "
+    "only in its interpreter, and a kernel launched without it fails with Triton's "
+    "'0 active drivers' where there is no GPU. For kernels over a host heap, set "
+    "TRITON_INTERPRET=1 before importing triton; to use the table without Triton, ignore this")
+
+
+def _triton_interprets() -> bool:
+    """Whether TRITON_INTERPRET turns Triton's interpreter on (Triton's own reading)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y")
 
 
 class Context(Protocol):
@@ -278,11 +292,20 @@ class HeapCore:
             A 1-D int64 tensor of n_pes entries on the heap's device (the same
             tensor on every call: do not write to it).
 
+        Warns:
+            RuntimeWarning: once per heap, where the heap holds host memory and
+                TRITON_INTERPRET is not set: Triton runs kernels on the CPU only
+                in its interpreter, and a kernel launched without it fails with
+                Triton's bare "0 active drivers" where there is no GPU. (A
+                warning, not an error: code other than Triton may read the table.)
+
         Raises:
             ShmemError: the heap is finalized or unusable.
         """
         self.check_usable()
         if self._bases is None:   # the windows never move: made once
+            if self.device.type == "cpu" and not _triton_interprets():
+                warnings.warn(HOST_BASES_HINT, RuntimeWarning, stacklevel=2)
             table = [0] * self.n_pes
             table[self.my_pe] = self.local.base
             for pe, window in self.peers.windows.items():
