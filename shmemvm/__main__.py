@@ -25,10 +25,27 @@ def _versions() -> dict:
             versions[name] = None
     try:
         from mpi4py import MPI
-        versions["MPI"] = MPI.Get_library_version().splitlines()[0].strip()
+        # the first line, its padding collapsed ("MPICH Version:      5.0.2")
+        versions["MPI"] = " ".join(MPI.Get_library_version().splitlines()[0].split())
     except Exception as exc:  # noqa: BLE001 - a broken MPI is what info must show
         versions["MPI"] = f"unavailable ({exc})"
     return versions
+
+
+def _settings() -> dict:
+    """config.SETTINGS with each one's value here; a value the table refuses is
+    shown with the error it raises (info reports it rather than failing on it)."""
+    shown = {}
+    for name, entry in config.SETTINGS.items():
+        value = config.raw(name)
+        try:
+            config.setting(name)
+            problem = None
+        except ValueError as exc:
+            problem = str(exc)
+        shown[name] = {"value": value, "default": entry.default, "meaning": entry.meaning,
+                       "accepted": entry.accepted, "error": problem}
+    return shown
 
 
 def info() -> dict:
@@ -37,8 +54,7 @@ def info() -> dict:
         "versions": _versions(),
         "backends": {name: backends.available(name) for name in ("host", "cuda", "hip")},
         "native": native.built(),
-        "settings": {name: {"value": config.setting(name), "default": default, "meaning": meaning}
-                     for name, (default, meaning) in config.SETTINGS.items()},
+        "settings": _settings(),
     }
 
 
@@ -60,9 +76,12 @@ def main(argv=None) -> int:
           + (f"built ({data['native']})" if data["native"] else
              "not built: the pure Python paths (pip install builds it; a source tree "
              "on sys.path hides an installed copy)"))
-    print("settings (environment variable = value   [default] meaning):")
+    print("settings (environment variable = value   [default] meaning; accepted values):")
     for name, entry in data["settings"].items():
-        print(f"  {name} = {entry['value']!r:10} [{entry['default']}] {entry['meaning']}")
+        print(f"  {name} = {entry['value']!r:10} [{entry['default']}] {entry['meaning']}; "
+              f"accepts {entry['accepted']}")
+        if entry["error"]:
+            print(f"    REFUSED: {entry['error']}")
     return 0
 
 

@@ -32,7 +32,7 @@ def available(name: str) -> bool:
 def create_backend(name: str | VMMBackend | None = None, **options) -> VMMBackend:
     if isinstance(name, VMMBackend):
         return name
-    name = config.setting("SHMEMVM_BACKEND", name).lower()
+    name = config.setting("SHMEMVM_BACKEND", name).strip().lower()
     if name == "auto":
         name = next((n for n in ("cuda", "hip") if available(n)), "host")
     if name not in _REGISTRY:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import setting
+from ..config import gpu_index, setting
 from ..errors import ShmemError, UnsupportedError
 from .base import VMMBackend
 
@@ -262,8 +262,8 @@ class CudaBackend(VMMBackend):
                                    "torch.cuda.is_available() is False (use SHMEMVM_BACKEND=host)")
         count = torch.cuda.device_count()
         if device is None:  # argument, then SHMEMVM_DEVICE, then one GPU per node-local PE
-            env = setting("SHMEMVM_DEVICE").strip()
-            device = int(env) if env else local_rank % count
+            env = gpu_index(setting("SHMEMVM_DEVICE"))   # '1', 'cuda:1' or empty
+            device = env if env is not None else local_rank % count
         index = int(device)
         if not 0 <= index < count:
             raise ValueError(f"CUDA device {index} does not exist: this process sees {count} "

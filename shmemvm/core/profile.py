@@ -31,17 +31,28 @@ it on, each timed call costs about a microsecond of wrapper.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from contextlib import contextmanager
 
-ENABLED = os.environ.get("SHMEMVM_PROFILE", "") not in ("", "0")
+from ..config import setting
 
 _totals: dict[str, int] = {}     # step path -> nanoseconds
 _counts: dict[str, int] = {}     # step path -> calls
 _stack: list[str] = []           # the steps being timed, outermost first
-_recording = [ENABLED]           # only calls inside measuring() are summed (all, with
-                                 # SHMEMVM_PROFILE=1)
+_recording = [False]             # only calls inside measuring() are summed (all, once a
+                                 # heap started with SHMEMVM_PROFILE=1)
+
+
+def enabled() -> bool:
+    """SHMEMVM_PROFILE=1 (config.SETTINGS; ValueError for a value it refuses)."""
+    return setting("SHMEMVM_PROFILE").strip() == "1"
+
+
+def start(heap) -> None:
+    """SHMEMVM_PROFILE=1 at a heap's init: time its steps and sum every call
+    from now on, not only those inside measuring()."""
+    instrument(heap)
+    _recording[0] = True
 
 
 def reset() -> None:

@@ -27,7 +27,7 @@ from ..agreement.agreement import Agreement
 from ..agreement.deadline import DEFAULT_TIMEOUT, duplicate, parse_timeout, persistent_collectives
 from ..agreement.liveness import Liveness
 from ..agreement.protocol import Call, Phase
-from ..config import setting
+from ..config import check_all, setting
 from ..errors import ShmemError
 from ..memory.buddy import Segment
 from ..memory.vmm import VMemPow2Allocator
@@ -49,7 +49,8 @@ def open_heap(core: HeapCore, comm: MPI.Comm | None, heap_size, backend, *, time
               anchor=None, native=None) -> None:
     """Build `core` (collective over `comm`, default COMM_WORLD). On any failure
     what was made is released (teardown) and the error raised."""
-    if setting("SHMEMVM_DEBUG") not in ("", "0"):
+    check_all()   # every setting, used by this heap or not (ValueError naming it)
+    if setting("SHMEMVM_DEBUG").strip() == "1":
         log.setLevel(logging.DEBUG)
     try:
         core.thread_level = thread_levels.provide(thread_level)
@@ -153,8 +154,8 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
                          mpi_memory=core.backend.mpi_accessible, native=core.native)
     core.agreement.collective(call.step(Phase.INIT_READY, "peers ready"))
     core.agreement.initialized = True
-    if profile.ENABLED:   # SHMEMVM_PROFILE=1: time every step (profile.py)
-        profile.instrument(core)
+    if profile.enabled():   # SHMEMVM_PROFILE=1: time every step (profile.py)
+        profile.start(core)
     log.debug("PE %d/%d ready: node PEs %s, backend %s", core.my_pe, core.n_pes,
               core.node_pes, core.backend.name)
 
@@ -227,7 +228,7 @@ def _make_anchor(core: HeapCore, call: Call, size: int) -> Anchor | None:
     if anchor is not None:
         anchor.close()
     log.warning("shmemvm: PE %d: no anchor (%s): sharing new memory with the node's "
-                "other PEs may be 5-20x slower (SHMEMVM_ANCHOR, docs/performance.md)",
+                "other PEs may be 8-12x slower (SHMEMVM_ANCHOR, docs/performance.md)",
                 core.my_pe, failure or "some PE could not make its anchor")
     return None
 

@@ -2,8 +2,10 @@
 descriptor stays open) and mapped by every PE of the node, for the heap's life.
 
 It holds no data. It is there because the CUDA driver shares fresh memory
-between processes 5-20x faster while a process holds both (measured on
-2 x H200 with tools/cuda_peer_map_probe.py; docs/performance.md):
+between processes about 8-12x faster while a process holds both (the
+library's stored runs: a fresh 64 MiB malloc 7.6x, a fresh 1 GiB one 11.7x;
+docs/performance.md). What it takes, measured on 2 x H200 with
+tools/cuda_peer_map_probe.py:
 
 - an open exported descriptor: without one, each export takes 1-2 ms and
   closing the last descriptor about as long; with one, an export takes

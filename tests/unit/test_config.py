@@ -62,3 +62,129 @@ def test_info_command_names_what_it_runs_on():
     text = subprocess.run([sys.executable, "-m", "shmemvm", "info"], capture_output=True,
                           text=True, timeout=120, check=True).stdout
     assert f"torch {versions['torch']}" in text and "MPI " in text
+
+
+# -- one table: every setting the code reads, `info` and the README list, each checked --------
+
+import re as _re
+
+import shmemvm.config as config
+
+PACKAGE = Path(shmemvm.backends.__file__).resolve().parents[1]
+README = PACKAGE.parent / "README.md"
+
+#: a value each setting refuses (issue 32 item 14: DEBUG, PROFILE and DEVICE took anything)
+BAD = {"SHMEMVM_HEAP_SIZE": "lots", "SHMEMVM_BACKEND": "gpu", "SHMEMVM_VA_FACTOR": "0",
+       "SHMEMVM_HOST_GRANULARITY": "3000", "SHMEMVM_CHUNK_SIZE": "100K",
+       "SHMEMVM_TIMEOUT": "-1", "SHMEMVM_DEVICE": "abc", "SHMEMVM_NODE_SPLIT": "two",
+       "SHMEMVM_AGREEMENT": "fast", "SHMEMVM_ANCHOR": "big", "SHMEMVM_NATIVE": "maybe",
+       "SHMEMVM_DEBUG": "abc", "SHMEMVM_PROFILE": "abc"}
+
+
+def _names_read_in_the_package() -> dict[str, str]:
+    """Every SHMEMVM_ name the library's code reads: a whole string literal
+    "SHMEMVM_X" (setting("SHMEMVM_X"), os.environ.get("SHMEMVM_X"), ...)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in _re.findall(r"""["'](SHMEMVM_[A-Z0-9_]+)["']""", path.read_text()):
+            found.setdefault(name, str(path.relative_to(PACKAGE.parent)))
+    return found
+
+
+def test_every_setting_the_code_reads_is_in_the_table():
+    found = _names_read_in_the_package()
+    assert found, "the scan found no setting at all"
+    missing = {name: where for name, where in found.items() if name not in config.SETTINGS}
+    assert not missing, f"read but not in config.SETTINGS: {missing}"
+
+
+def test_only_config_reads_the_environment_for_settings():
+    """The environment is read in config.py alone, so every read is checked there."""
+    readers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "config.py" and path.parent == PACKAGE:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if ("os.environ" in line or "getenv" in line) and "SHMEMVM_" in line:
+                readers.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}")
+    assert not readers, "read SHMEMVM_ settings through config.setting():\n" + "\n".join(readers)
+
+
+def test_every_setting_has_a_bad_value_here():
+    assert set(BAD) == set(config.SETTINGS)
+
+
+def test_every_setting_is_in_the_readme_with_its_default():
+    rows = dict(_re.findall(r"^\| `(SHMEMVM_[A-Z0-9_]+)` \|\s*([^|]*?)\s*\|", README.read_text(),
+                            _re.MULTILINE))
+    assert set(rows) == set(config.SETTINGS), (
+        f"README settings table vs config.SETTINGS: only in the README "
+        f"{sorted(set(rows) - set(config.SETTINGS))}, only in the table "
+        f"{sorted(set(config.SETTINGS) - set(rows))}")
+    for name, entry in config.SETTINGS.items():
+        if entry.default:
+            assert rows[name].strip() == f"`{entry.default}`", (name, rows[name], entry.default)
+
+
+def test_info_lists_every_setting_with_what_it_accepts():
+    from shmemvm.__main__ import info, main
+    import contextlib
+    import io
+
+    data = info()["settings"]
+    assert list(data) == list(config.SETTINGS)
+    for name, entry in config.SETTINGS.items():
+        assert data[name]["default"] == entry.default and data[name]["meaning"] == entry.meaning
+        assert data[name]["accepted"] == entry.accepted
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main([])
+    for name in config.SETTINGS:
+        assert f"  {name} = " in out.getvalue(), name
+
+
+def test_info_anchor_figures_are_the_readmes():
+    """One figure for what the anchor gains, where both say it (issue 33 item 6)."""
+    readme = _re.findall(r"(\d+)[–-](\d+)× faster", README.read_text())
+    ours = _re.findall(r"(\d+)-(\d+)x faster", config.SETTINGS["SHMEMVM_ANCHOR"].meaning)
+    assert readme and ours and readme == ours, (readme, ours)
+
+
+def test_info_mpi_line_has_no_padding():
+    from shmemvm.__main__ import info
+
+    version = info()["versions"]["MPI"]
+    assert "  " not in version and "\t" not in version, version
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_value_of_every_setting_is_refused(monkeypatch, name):
+    monkeypatch.setenv(name, BAD[name])
+    entry = config.SETTINGS[name]
+    for read in (lambda: config.setting(name), config.check_all):
+        with pytest.raises(ValueError) as info:
+            read()
+        message = str(info.value)
+        assert name in message and repr(BAD[name]) in message, message
+        assert entry.accepted in message, message
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_the_default_of_every_setting_is_accepted(monkeypatch, name):
+    monkeypatch.setenv(name, config.SETTINGS[name].default)
+    assert config.setting(name) == config.SETTINGS[name].default
+
+
+@pytest.mark.parametrize("name", ["SHMEMVM_DEBUG", "SHMEMVM_PROFILE", "SHMEMVM_DEVICE"])
+def test_a_host_heap_refuses_a_bad_setting_it_does_not_use(name):
+    """SHMEMVM_DEVICE=abc on a host heap, SHMEMVM_DEBUG=abc and SHMEMVM_PROFILE=abc
+    were accepted (issue 32 item 14): init checks every setting."""
+    from util import REPO, clean_env
+
+    code = ("from mpi4py import MPI; from shmemvm import SymmetricHeap\n"
+            "SymmetricHeap(MPI.COMM_WORLD, heap_size='4M', backend='host', timeout=30)\n")
+    env = {**clean_env(), name: "abc"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert f"{name}='abc'" in done.stderr and "ValueError" in done.stderr, done.stderr[-2000:]
