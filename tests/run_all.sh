@@ -94,8 +94,10 @@ MPI_PYTEST=(python -m pytest -rfEs -p no:cacheprovider --with-mpi -m mpi)
 
 echo "== single process"
 phase single 0 "${PYTEST[@]}" -m "not mpi" "$@"
-# The agreement's two transports (SHMEMVM_AGREEMENT): the default at 1 and 2
-# PEs, the shared-memory board for every heap at 4.
+# The agreement's two transports (SHMEMVM_AGREEMENT): the default (auto) at 1
+# and 2 PEs, which is the board where every PE has the compiled piece, else the
+# MPI allreduce here (MPICH has persistent collectives); the board for every
+# heap at 4, the Python board too (heaps with native=0).
 for n in 1 2 4; do
     agreement=auto
     [ "$n" = 4 ] && agreement=board
