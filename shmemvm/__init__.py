@@ -23,7 +23,7 @@ from .api import *  # noqa: F401,F403 - the module functions, listed in api.__al
 from .errors import (DeadlockError, FreedTensorError, HeapExhaustedError, NotSymmetricError,
                      PeerDeadError, PeerTimeoutError, ResourceLimitError, ShmemError,
                      SymmetryError, UnsupportedError)
-from .heap import SymmetricHeap
+from .heap import FACTORIES, SymmetricHeap
 from .memory.buddy import Pow2Allocator
 from .memory.vmm import VMemPow2Allocator
 from .openshmem.alloc import MALLOC_ATOMICS_REMOTE, MALLOC_SIGNAL_REMOTE
@@ -33,11 +33,27 @@ from .openshmem.teams import Team
 from .thread_levels import THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED, THREAD_SINGLE
 
 
+def _make_ccl(heap):
+    """heap.ccl's object (heap.FACTORIES): Triton, an optional dependency, is imported
+    at the first use."""
+    try:
+        from .device.ccl import Ccl
+    except ImportError as exc:
+        raise UnsupportedError(f"heap.ccl runs Triton kernels: pip install triton (or "
+                               f"shmemvm[triton]); importing it failed: {exc}") from exc
+    return Ccl(heap)
+
+
+FACTORIES["ccl"] = _make_ccl
+
+
 def __getattr__(name):
     # DeviceAllReduce needs Triton, an optional dependency: imported on first use
     if name == "DeviceAllReduce":
         from .device.allreduce import DeviceAllReduce
         return DeviceAllReduce
+    if name == "ccl":   # the default heap's collectives (shmemvm.ccl.all_gather(...))
+        return api.default_heap().ccl
     raise AttributeError(f"module 'shmemvm' has no attribute {name!r}")
 
 

@@ -18,14 +18,21 @@ name. A routine's per-heap state lives in its own module (HeapCore.feature).
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from mpi4py import MPI
 
 from .agreement.protocol import Call, Phase
 from .core import setup
 from .core.state import HeapCore
-from .errors import SymmetryError
+from .errors import SymmetryError, UnsupportedError
 from .openshmem import (alloc, barrier, collectives, contexts, external, locks, rma, signals,
                         teams, waits)
+
+#: makers of the faces above this layer that a heap hands out as attributes, by name:
+#: "ccl" (heap.ccl, shmemvm.device.ccl.Ccl) is set by shmemvm/__init__.py, since the
+#: device layer sits above the heap and needs Triton, an optional dependency
+FACTORIES: dict[str, Callable[[Any], Any]] = {}
 
 
 class SymmetricHeap(HeapCore, contexts.ContextOperations):
@@ -125,6 +132,24 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
     set_lock = locks.set_lock
     test_lock = locks.test_lock
     clear_lock = locks.clear_lock
+
+    # -- device collectives (shmemvm.device.ccl) --------------------------------------------
+    @property
+    def ccl(self):
+        """Iris's collectives on this heap, on its device: `heap.ccl.all_gather(out, inp)`,
+        all_reduce, reduce_scatter, all_to_all, broadcast, reduce, gather, scatter,
+        barrier, send/recv, and all_to_all_v (the MoE dispatch). A
+        shmemvm.device.ccl.Ccl, made at first use (local; its first call
+        allocates, collectively as every call). docs/device.md has the table.
+
+        Raises:
+            UnsupportedError: Triton is not installed.
+        """
+        make = FACTORIES.get("ccl")
+        if make is None:
+            raise UnsupportedError("heap.ccl is made by shmemvm's device layer, which "
+                                   "`import shmemvm` registers; it was not registered")
+        return self.feature("ccl", lambda: make(self))
 
     # -- lifetime -------------------------------------------------------------------------
     def finalize(self) -> None:
