@@ -244,6 +244,14 @@ def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
 
     Raises:
         Nothing at run time; a cache modifier Triton does not know fails to compile.
+
+    bfloat16 in Triton's interpreter: get() copies the bits exactly, but Triton
+    3.6's interpreter keeps bfloat16 as uint16 and does arithmetic on those
+    integers, so a kernel that adds what it read in bfloat16 gets garbage
+    there: Triton alone, ``v = tl.load(x); tl.store(out, v + v)`` of ones
+    gives 0x3F80 + 0x3F80 = 0x7F00 = 1.7e38, not 2.0 (right when compiled).
+    In the interpreter, compute in float32 (``.to(tl.float32)``, which it
+    converts correctly). tests/mpi/device/test_triton.py shows both.
     """
     data = tl.load(translate(from_ptr, from_rank, to_rank, heap_bases, hint), mask=mask,
                    other=other, cache_modifier=load_cache_modifier)

@@ -206,6 +206,96 @@ def test_put_then_get_round_trip_through_a_peer(heap):
     assert torch.equal(dst, torch.arange(count, dtype=torch.float64) * (left + 1) + 0.5)
 
 
+# -- get of every dtype, and bfloat16 arithmetic in the interpreter (issue 33, item 14) -------
+@triton.jit
+def get_from(x, out, n, me, peer, heap_bases, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    sv.get(x + offs, out + offs, me, peer, heap_bases, mask=mask)
+
+
+@triton.jit
+def get_sum(x, out, me, N_PES: tl.constexpr, BLOCK: tl.constexpr, heap_bases):
+    """out <- the sum over every PE of its x, each read with get() into out first
+    (Iris's get-and-accumulate), accumulated in float32."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for pe in tl.static_range(N_PES):
+        sv.get(x + offs, out + offs, me, pe, heap_bases)
+        acc += tl.load(out + offs).to(tl.float32)
+    tl.store(out + offs, acc.to(out.dtype.element_ty))
+
+
+@triton.jit
+def bf16_add_self(x, out, BLOCK: tl.constexpr):
+    """Triton alone, no shmemvm: out <- x + x."""
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x + offs)
+    tl.store(out + offs, v + v)
+
+
+GET_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+              torch.float32, torch.float64]
+BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", GET_DTYPES, ids=str)
+def test_get_copies_the_peers_values_bit_for_bit(heap, dtype):
+    """get() moves bits: every dtype, bfloat16 included, arrives exactly as the
+    peer holds it (values of the peer's own, random, with a masked tail)."""
+    me, n = heap.my_pe, heap.n_pes
+    peer = (me + 1) % n
+    count, block = 300, 128
+    x = heap.zeros(count, dtype)
+    gen = torch.Generator().manual_seed(1000 + me)
+    if dtype.is_floating_point:
+        mine = torch.randn(count, generator=gen).to(dtype) * (me + 1)
+    else:
+        mine = torch.randint(-100, 100, (count,), generator=gen).to(dtype) + me
+    x.copy_(mine)
+    heap.barrier_all()
+    out = torch.full((count + 5,), 7, dtype=dtype)
+    get_from[(triton.cdiv(count, block),)](x, out, count, me, peer, heap.heap_bases(),
+                                           BLOCK=block)
+    heap.barrier_all()
+    gen = torch.Generator().manual_seed(1000 + peer)
+    if dtype.is_floating_point:
+        theirs = torch.randn(count, generator=gen).to(dtype) * (peer + 1)
+    else:
+        theirs = torch.randint(-100, 100, (count,), generator=gen).to(dtype) + peer
+    as_bits = BITS[dtype.itemsize]
+    assert torch.equal(out[:count].view(as_bits), theirs.view(as_bits)), (me, peer, out[:8])
+    assert (out[count:] == 7).all()        # masked lanes: nothing written
+
+
+@pytest.mark.mpi
+def test_get_and_accumulate_bfloat16_in_float32(heap):
+    """Iris's get-and-accumulate in bfloat16, the case the new user saw return
+    about 1.7e38: get() is right (above); the sum was wrong because Triton
+    3.6's interpreter adds bfloat16 as the integers of their bits (it keeps
+    bfloat16 as uint16 and applies NumPy's add): bf16_add_self, Triton alone,
+    gives 1.0 + 1.0 = 0x3F80 + 0x3F80 = 0x7F00 = 1.7014e38 there, and 2.0
+    compiled. Accumulated in float32 (the interpreter converts bfloat16 to and
+    from float32 correctly), as kernels do for precision anyway, it is right."""
+    me, n = heap.my_pe, heap.n_pes
+    block = 16
+    x = heap.zeros(block, torch.bfloat16)
+    x.fill_(me + 1)
+    out = heap.zeros(block, torch.bfloat16)
+    heap.barrier_all()
+    get_sum[(1,)](x, out, me, n, block, heap.heap_bases())
+    heap.barrier_all()
+    assert torch.equal(out, torch.full((block,), n * (n + 1) // 2, dtype=torch.bfloat16)), out
+    # what the interpreter does to bfloat16 arithmetic itself, without shmemvm
+    ones = torch.ones(4, dtype=torch.bfloat16)
+    twice = torch.zeros(4, dtype=torch.bfloat16)
+    bf16_add_self[(1,)](ones, twice, BLOCK=4)
+    assert twice.view(torch.int16).tolist() in ([0x4000] * 4, [0x7F00] * 4), twice  # 2.0, or
+    # Triton 3.6's interpreter's 1.7e38: if this fails, the interpreter changed; say so in
+    # shmemvm/device/triton.py's get() docstring
+
+
 # -- atomics -----------------------------------------------------------------------------------
 @pytest.mark.mpi
 def test_every_atomic_from_every_program_of_every_pe_loses_nothing(heap):
