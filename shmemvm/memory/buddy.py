@@ -429,10 +429,20 @@ class Pow2Allocator:
                   f"that size, held while any block in them lives: a smaller SHMEMVM_CHUNK_SIZE "
                   f"wastes less)" if self.chunk > self.granularity and (size < self.chunk or self._small_users)
                   else "")
-        return (f"cannot allocate {nbytes} bytes (size class {format_bytes(size)}): it {why}; "
+        if size == self.chunk and nbytes < size // 2:   # a small one, needing a new chunk
+            rounded = f"{format_bytes(nbytes)}, carved from a new {format_bytes(size)} chunk"
+        elif size != nbytes:
+            rounded = (f"{format_bytes(nbytes)} -> {format_bytes(size)}: requests round up to "
+                       f"a power of two")
+        else:
+            rounded = f"size class {format_bytes(size)}"
+        needed = live + size if why != "exceeds the whole heap" else size
+        allocations = "allocation" if len(self._blocks) == 1 else "allocations"
+        return (f"cannot allocate {nbytes} bytes ({rounded}): it {why}; "
                 f"heap size {format_bytes(self.budget)}, {format_bytes(live)} held by "
-                f"{len(self._blocks)} live allocations, {format_bytes(self.cached_bytes)} "
-                f"cached{carved}. Free tensors, or raise the heap size (heap_size= or "
+                f"{len(self._blocks)} live {allocations}, {format_bytes(self.cached_bytes)} "
+                f"cached{carved}. With what is held now it needs a heap size of at least "
+                f"{format_bytes(needed)}: free tensors, or raise the heap size (heap_size= or "
                 f"SHMEMVM_HEAP_SIZE)")
 
 
