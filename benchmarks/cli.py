@@ -9,7 +9,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from . import footprint, live, malloc, putget, schema
+from . import bench_trace, footprint, live, malloc, putget, schema
 from .common import Bench, Options, cpu_busy, parse_list, setup_logging
 from .plot import matplotlib_missing
 from .targets import evaluate, format_results
@@ -19,6 +19,7 @@ FAMILIES = {
     "malloc": malloc.run,       # collective malloc/free latency, cached and fresh
     "live": live.run,           # malloc latency against live allocations
     "footprint": footprint.run,  # physical bytes per requested byte
+    "trace": bench_trace.run,   # what the torch.profiler ranges cost an 8 B put
 }
 
 USAGE = """\
@@ -27,7 +28,7 @@ mpirun -n N python -m benchmarks [BENCH ...] [options]
        python -m benchmarks host-vs-oshmem [options]      (see benchmarks/host_vs_oshmem.py)
        python -m benchmarks check [RESULT.json ...]
 
-BENCH is one or more of: all (default), putget, malloc, live, footprint."""
+BENCH is one or more of: all (default), putget, malloc, live, footprint, trace."""
 
 METHOD = ("Every figure is the median of --repeat repeats (min, max and quartiles beside it); "
           "a repeat is one timed loop of at least --min-time seconds; each figure's baseline is "
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
     busy = {}
     bench.heap = SymmetricHeap(comm, heap_size=options.heap_size, backend=options.backend)
     try:
+        paths = schema.heap_paths(bench.heap)
+        if warning := schema.paths_warning(paths):
+            bench.progress("WARNING: %s", warning)
         busy["before"] = _idle_sample(bench, args.quick)
         bench.progress("%d PEs, %s backend, benchmarks: %s%s; CPU busy before: %s", bench.n_pes,
                        bench.heap.backend.name, ", ".join(chosen), " (quick)" if args.quick else "",
@@ -120,7 +124,10 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
         "elapsed_s": round(time.perf_counter() - bench.started, 1),
         # the share of the CPU other processes used while this run's PEs rested
         "cpu_busy_while_idle": busy,
+        "paths": paths,
     }
+    if warning := schema.paths_warning(paths):
+        run.notes.append(warning)
     run.measurements = bench.records
     run.summary = {"targets": targets}
     doc = run.document()

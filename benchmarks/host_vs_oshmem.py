@@ -26,6 +26,11 @@ MPICH on its network module (MPIR_CVAR_NOLOCAL=1); OSHMEM with UCX over TCP
 The result (benchmarks/schema.py) has, per operation and mode, shmemvm's figure,
 OSHMEM's as its baseline and their ratio (shmemvm / OSHMEM: for times above 1 is
 slower, for bandwidth below 1 is slower), and the chart draws the slowdowns.
+Without the peer, the table and the chart compare each face with its same-run
+baseline instead (operations without one, the atomics, get no bar). The result
+says which of shmemvm's paths each face ran (settings.paths: the compiled piece,
+the agreement's transport, the atomics' path), and a run without the compiled
+piece says so as it starts.
 """
 
 from __future__ import annotations
@@ -164,6 +169,7 @@ def merge(outs: list[dict]) -> dict:
     collectives."""
     first = outs[0]
     merged = {"load": [first["load_start"][0], first["load_end"][0]], "module": first["module"],
+              "paths": first.get("paths"),
               "versions": first["versions"], "environment": first["environment"],
               "checks": {k: all(o["checks"].get(k) is not False for o in outs)
                          for k in first["checks"]},
@@ -275,6 +281,12 @@ def build(run: schema.Run, launches: dict, rounds: int, peer_why: str | None) ->
         run.summary.setdefault("checks", {})[f"{n} PEs{' split' if split else ''}"] = {
             impl: v["checks"] for impl, v in pooled.items()}
     run.summary["table"] = table
+    paths = {impl: r["paths"] for by_impl in launches.values() for impl, results in
+             by_impl.items() for r in results if isinstance(r, dict) and r.get("paths")}
+    run.settings["paths"] = paths
+    for impl, ran in paths.items():
+        if warning := schema.paths_warning(ran):
+            run.notes.append(f"{FACES[impl]}: {warning}")
     if peer_why:
         run.notes.append(f"the peer was not measured: {peer_why}")
 
@@ -293,8 +305,19 @@ def display(key: str) -> str:
     return key
 
 
+def _peer_measured(rows: list[dict]) -> bool:
+    return any(r.get("oshmem") is not None for r in rows)
+
+
+def _figure(v, unit: str) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:,.0f} {unit}" if v >= 1000 else f"{v:.3g} {unit}"
+
+
 def markdown(doc: dict) -> str:
-    """The comparison table of a result, one block per mode."""
+    """The comparison table of a result, one block per mode: against OSHMEM where
+    the peer was measured, else each face against its own same-run baseline."""
     rows = doc["summary"]["table"]
     out = []
     modes = sorted({(r["n_pes"], r["node_split"]) for r in rows})
@@ -303,18 +326,33 @@ def markdown(doc: dict) -> str:
         load = mine[0]["load"]
         loads = ", ".join(f"{impl} {lo:.1f}-{hi:.1f}" for impl, (lo, hi) in load.items())
         where = ", off-node path (SHMEMVM_NODE_SPLIT=1; OSHMEM on TCP)" if split else ""
-        out += [f"**{n} PEs{where}**, medians of {doc['settings']['rounds']} alternating "
-                f"rounds; load average (1 min) during the launches: {loads}.", "",
+        head = (f"**{n} PEs{where}**, medians of {doc['settings']['rounds']} alternating "
+                f"rounds; load average (1 min) during the launches: {loads}.")
+        if not _peer_measured(mine):
+            out += [head + " The peer was not measured: each face against its same-run "
+                    "baseline (ratio: face ÷ baseline, for bandwidth the share of it).", "",
+                    "| operation | shmemvm.shmem | same-run baseline | ratio "
+                    "| torch API | same-run baseline | ratio |",
+                    "|---|---:|---|---:|---:|---|---:|"]
+            for r in mine:
+                unit = "GB/s" if r["unit"] == "GB/s" else "µs"
+                cells = []
+                for impl in FACES:
+                    own = r.get(f"{impl}_own")
+                    if own is None:
+                        cells += [_figure(r.get(impl), unit), "none", "n/a"]
+                        continue
+                    name, base, ratio = own
+                    cells += [_figure(r.get(impl), unit), f"{_figure(base, unit)} ({name})",
+                              "n/a" if ratio is None else f"{ratio:.2f}×"]
+                out.append(f"| {display(r['operation'])} | " + " | ".join(cells) + " |")
+            out.append("")
+            continue
+        out += [head, "",
                 "| operation | OSHMEM | shmemvm.shmem | ratio | torch API | ratio |",
                 "|---|---:|---:|---:|---:|---:|"]
         for r in mine:
             unit = "GB/s" if r["unit"] == "GB/s" else "µs"
-
-            def fig(key):
-                v = r.get(key)
-                if v is None:
-                    return "n/a"
-                return f"{v:,.0f} {unit}" if v >= 1000 else f"{v:.3g} {unit}"
 
             def ratio(key):
                 v = r.get(f"{key}_ratio")
@@ -323,52 +361,78 @@ def markdown(doc: dict) -> str:
                 if unit == "GB/s":
                     return f"{v:.2f} of its bandwidth"
                 return f"{v:.2g}× slower" if v >= 1 else f"{1 / v:.2g}× faster"
-            out.append(f"| {display(r['operation'])} | {fig('oshmem')} | {fig('shmemvm')} | "
-                       f"{ratio('shmemvm')} | {fig('torch')} | {ratio('torch')} |")
+            out.append(f"| {display(r['operation'])} | {_figure(r.get('oshmem'), unit)} | "
+                       f"{_figure(r.get('shmemvm'), unit)} | {ratio('shmemvm')} | "
+                       f"{_figure(r.get('torch'), unit)} | {ratio('torch')} |")
         out.append("")
     return "\n".join(out)
 
 
-def plot(doc: dict, path: str) -> None:
-    """Slowdown against OSHMEM per operation (time ratio; inverse bandwidth ratio), one
-    panel per mode, both faces."""
+def chart(doc: dict) -> tuple[str, dict]:
+    """What the chart draws: (what a bar is, {(n_pes, node_split): [(operation,
+    {face: slowdown})]}), slowdowns against OSHMEM where the peer was measured, else
+    against each face's same-run baseline; a slowdown is a time ratio, or the inverse
+    of a bandwidth ratio (> 1: slower). Operations without either are left out."""
+    rows = doc["summary"]["table"]
+    peer = _peer_measured(rows)
+    panels: dict = {}
+    for r in rows:
+        bars = {}
+        for impl in FACES:
+            if peer:
+                v = r.get(f"{impl}_ratio")
+            else:
+                v = (r.get(f"{impl}_own") or [None, None, None])[2]
+            if v:
+                bars[impl] = 1 / v if r["unit"] == "GB/s" else v
+        if bars:
+            panels.setdefault((r["n_pes"], r["node_split"]), []).append(
+                (display(r["operation"]), bars))
+    what = ("slowdown against OSHMEM (median; >1 slower)" if peer else
+            "slowdown against the same-run baseline (median; >1 slower; the peer was not "
+            "measured)")
+    return what, dict(sorted(panels.items()))
+
+
+def write_chart(doc: dict, path: str) -> bool:
+    """Draw chart(doc) into the PNG `path`, one panel per mode, both faces; False
+    (nothing written) where it has no bar."""
+    what, panels = chart(doc)
+    if not panels:
+        return False
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in doc["summary"]["table"] if r.get("shmemvm_ratio") or r.get("torch_ratio")]
-    modes = sorted({(r["n_pes"], r["node_split"]) for r in rows})
-    if not modes:
-        return
-    fig, axes = plt.subplots(1, len(modes), figsize=(max(9, 6.5 * len(modes)), 7), squeeze=False)
-    for ax, (n, split) in zip(axes[0], modes):
-        mine = [r for r in rows if (r["n_pes"], r["node_split"]) == (n, split)]
-        labels = [display(r["operation"]) for r in mine]
-        y = range(len(mine))
+    peer = _peer_measured(doc["summary"]["table"])
+    loads = {(r["n_pes"], r["node_split"]): r["load"] for r in doc["summary"]["table"]}
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(9, 6.5 * len(panels)), 7),
+                             squeeze=False)
+    for ax, ((n, split), bars) in zip(axes[0], panels.items()):
+        y = range(len(bars))
         for offset, impl, color in ((-0.2, "shmemvm", "tab:blue"), (0.2, "torch", "tab:orange")):
-            values = []
-            for r in mine:
-                v = r.get(f"{impl}_ratio")
-                values.append(0 if v is None else (1 / v if r["unit"] == "GB/s" else v))
-            ax.barh([i + offset for i in y], values, 0.4, color=color, label=FACES[impl])
+            ax.barh([i + offset for i in y], [b.get(impl, 0) for _, b in bars], 0.4,
+                    color=color, label=FACES[impl])
         ax.axvline(1, color="black", lw=1)
-        ax.axvline(GOAL, color="red", ls=":", lw=1, label=f"goal: {GOAL}x (latency)")
+        if peer:
+            ax.axvline(GOAL, color="red", ls=":", lw=1, label=f"goal: {GOAL}x (latency)")
         ax.set_xscale("log")
-        ax.set_yticks(list(y), labels, fontsize=8)
+        ax.set_yticks(list(y), [label for label, _ in bars], fontsize=8)
         ax.invert_yaxis()
-        load = mine[0]["load"]
         ax.set_title(f"{n} PEs{' off-node (split)' if split else ''}; load "
-                     + ", ".join(f"{k} {lo:.1f}-{hi:.1f}" for k, (lo, hi) in load.items()),
-                     fontsize=9)
-        ax.set_xlabel("slowdown against OSHMEM (median; >1 slower)")
+                     + ", ".join(f"{k} {lo:.1f}-{hi:.1f}"
+                                 for k, (lo, hi) in loads[(n, split)].items()), fontsize=9)
+        ax.set_xlabel(what)
         ax.grid(True, axis="x", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"shmemvm vs shmem4py on OSHMEM, one script (benchmarks/shmem4py_ops.py), "
+    against = "shmem4py on OSHMEM" if peer else "same-run baselines (no peer)"
+    fig.suptitle(f"shmemvm vs {against}, one script (benchmarks/shmem4py_ops.py), "
                  f"{doc['date'][:16]} UTC, commit {doc['code']['commit'][:10]}", fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=72)
     plt.close(fig)
+    return True
 
 
 def _check_measured(run: schema.Run, module: str, args, ap) -> None:
@@ -452,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
         "UCX_TLS=tcp,self, --mca btl self,tcp)", "shmemvm_launch": f"{mpirun} -n N (split: "
         "SHMEMVM_NODE_SPLIT=1 MPIR_CVAR_NOLOCAL=1)", "environment": schema.environment()}
     build(run, launches, args.rounds, why)
+    for impl, ran in run.settings["paths"].items():
+        if warning := schema.paths_warning(ran):
+            log(f"WARNING: {FACES[impl]}: {warning}")
     run.notes += [f"error: {e}" for e in errors]
     run.notes.append("the machine is shared: every figure carries the 1-minute load average "
                      "at the start and end of its launches (params.load_average_1min, "
@@ -462,8 +529,10 @@ def main(argv: list[str] | None = None) -> int:
         schema.write(doc, args.json)
         log(f"wrote {args.json}")
     if args.plot:
-        plot(doc, args.plot)
-        log(f"wrote {args.plot}")
+        if write_chart(doc, args.plot):
+            log(f"wrote {args.plot}")
+        else:
+            log(f"no chart written to {args.plot}: no operation has a ratio to draw")
     return 1 if errors else 0
 
 

@@ -31,7 +31,10 @@ def matplotlib_missing() -> str | None:
         import matplotlib  # noqa: F401
     except ImportError as exc:
         return (f"--plot needs matplotlib, which cannot be imported here ({exc}); install "
-                f"it with: pip install \".[bench]\" (from the checkout)")
+                f"it with: pip install matplotlib (or, from the checkout: pip install "
+                f"--no-build-isolation -e \".[bench]\"; an install without -e would replace "
+                f"the editable one, and the benchmarks would then measure the pure Python "
+                f"paths)")
     return None
 
 

@@ -39,6 +39,21 @@ def _pes(doc) -> int:
     return doc["settings"]["n_pes"]
 
 
+def _paths(docs: list[dict]) -> str:
+    """Which of shmemvm's paths the runs took (settings.paths), as a sentence."""
+    said = []
+    for d in docs:
+        ran = d["settings"].get("paths")
+        if not ran:
+            continue
+        piece = ("the compiled piece" if ran.get("native") else
+                 "the pure Python paths (compiled piece "
+                 + ("unused" if ran.get("compiled_piece") else "missing") + ")")
+        said.append(f"{_pes(d)} PEs: {piece}, agreement through {ran.get('agreement')}, "
+                    f"atomics through {ran.get('atomics')}")
+    return ("Paths: " + "; ".join(said) + ". ") if said else ""
+
+
 def markdown(docs: list[dict], chart: str | None = None, paths: list[str] | None = None) -> str:
     """The summary of host-suite results `docs` (read from `paths`, named in it)."""
     order = sorted(range(len(docs)), key=lambda i: _pes(docs[i]))
@@ -58,7 +73,8 @@ def markdown(docs: list[dict], chart: str | None = None, paths: list[str] | None
         f"{v['mpi']}; runs of "
         f"{', '.join(d['date'][:16].replace('T', ' ') + ' UTC' for d in docs)} "
         f"({_load(docs)}). {docs[0]['method']} "
-        f"Reproduce with `mpirun -n N python -m benchmarks --json host-Npe.json --plot DIR`.",
+        f"{_paths(docs)}Reproduce with "
+        + "; ".join(f"`{d['command']}`" for d in docs) + ".",
         "",
         "| target | " + " | ".join(f"{_pes(d)} PEs" for d in docs) + " |",
         "|---|" + "---|" * len(docs),

@@ -14,7 +14,9 @@ A result is one JSON object, written by every benchmark through this module:
     machine       {"cpu", "cores", "memory_gib", "kernel", "host", "gpus",
                   "load_average": {"start": [1, 5, 15 min], "end": [...]}}
     versions      {"python", "torch", "numpy", "mpi4py", "mpi", "triton", ...}: None where absent
-    settings      what the run was asked: PEs, backend, sizes, environment, ...
+    settings      what the run was asked: PEs, backend, sizes, environment, ...; and
+                  paths: which of shmemvm's paths ran (heap_paths(): backend, the
+                  compiled piece, the agreement's transport, the atomics' path)
     method        how the figures were taken (interleaving, repeats, statistic)
     measurements  [{"name", "params", "unit", "better": "higher"|"lower"|None,
                     "value": STATS,
@@ -157,6 +159,37 @@ def code_state(root: str = ROOT) -> dict:
     state["changed"] = changed
     state["clean"] = not changed
     return state
+
+
+def heap_paths(heap) -> dict:
+    """Which of shmemvm's paths `heap` runs (a result records it in settings.paths):
+    backend; compiled_piece, the file of the compiled piece where it could be
+    imported (None: the pure Python paths only, e.g. a checkout's unbuilt shmemvm/
+    hiding an installed copy); native, whether every PE uses it (SHMEMVM_NATIVE);
+    agreement, the collectives' transport ("board" or "mpi"); atomics, their path
+    ("cpu", "window" or "kernel"); shmemvm, where the package was imported from."""
+    import shmemvm
+    from shmemvm import native
+
+    agreement = getattr(heap, "agreement", None)
+    routes = getattr(heap, "routes", None)
+    return {"backend": heap.backend.name, "compiled_piece": native.built(),
+            "native": bool(getattr(heap, "native", False)),
+            "agreement": "board" if getattr(agreement, "board", None) is not None else "mpi",
+            "atomics": getattr(getattr(routes, "atomics", None), "value", None),
+            "shmemvm": os.path.dirname(os.path.abspath(shmemvm.__file__))}
+
+
+def paths_warning(paths: dict) -> str | None:
+    """What a reader of figures taken on `paths` (heap_paths) must know, or None."""
+    if paths.get("compiled_piece") is None:
+        return ("the compiled piece (shmemvm/native) could not be imported: these figures are "
+                "of the pure Python paths. From a checkout, install in place (pip install "
+                "--no-build-isolation -e .): the checkout's shmemvm/ hides an installed copy")
+    if not paths.get("native"):
+        return ("the compiled piece is built but not used (SHMEMVM_NATIVE=0, or a PE without "
+                "it): these figures are of the pure Python paths")
+    return None
 
 
 def _cpu_model() -> str:

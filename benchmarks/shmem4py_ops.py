@@ -386,6 +386,10 @@ def main(argv=None) -> int:
     measure = Measure(ops, args.repeat, args.min_time, comm)
     checks = measure.run(args.quick)
     module = sys.modules["shmem4py" if args.impl == "oshmem" else "shmemvm"]
+    paths = None
+    if args.impl != "oshmem":   # which of shmemvm's paths ran (benchmarks/schema.py)
+        from benchmarks.schema import heap_paths
+        paths = heap_paths(sys.modules["shmemvm"].current_heap())
     out = {"impl": args.impl, "face": ops.face, "pe": ops.me, "n_pes": ops.n,
            "module": os.path.dirname(os.path.abspath(module.__file__)),
            "load_start": [round(x, 2) for x in load_start],
@@ -394,7 +398,7 @@ def main(argv=None) -> int:
            "min_time_s": args.min_time, "versions": _versions(args.impl),
            "environment": {k: v for k, v in sorted(os.environ.items())
                            if k.startswith(("SHMEMVM_", "UCX_", "MPIR_CVAR_", "OMPI_MCA_"))},
-           "checks": checks, "ops": measure.results}
+           "paths": paths, "checks": checks, "ops": measure.results}
     with open(f"{args.out}.pe{ops.me}.json", "w") as f:
         json.dump(out, f, indent=1)
     ops.finalize()

@@ -34,6 +34,11 @@ def test_bench_quick_writes_a_result_of_the_schema(tmp_path):
         chart = os.path.join(directory, f"{doc['settings']['backend']}-{comm.size}pe.png")
         assert os.path.getsize(chart) > 1000
     assert doc["benchmark"] == "host-suite" and doc["settings"]["n_pes"] == comm.size
+    from shmemvm import native
+    paths = doc["settings"]["paths"]   # which of shmemvm's paths ran
+    assert paths["backend"] == doc["settings"]["backend"], paths
+    assert paths["compiled_piece"] == native.built() and isinstance(paths["native"], bool), paths
+    assert paths["agreement"] in ("board", "mpi") and paths["atomics"] in ("cpu", "window"), paths
     assert doc["command"].startswith(f"mpirun -n {comm.size} python -m benchmarks --quick")
     assert len(doc["code"]["commit"]) == 40 and isinstance(doc["code"]["clean"], bool)
     assert all(len(doc["machine"]["load_average"][k]) == 3 for k in ("start", "end"))
