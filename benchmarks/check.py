@@ -7,7 +7,11 @@
     exists, and a JSON one validates;
   - in the README's Performance section every paragraph or table that quotes a
     figure (µs, ms, GB/s, a ratio) names the stored result it comes from, and
-    one that names a result of results/history/ says it is history.
+    one that names a result of results/history/ says it is history;
+  - every stored result outside history/ describes the current code: no file
+    under shmemvm/ changed since its commit (`git diff --name-only COMMIT HEAD --
+    shmemvm/`; the problem gives the command that makes it again), and the
+    host benchmarks' results say which of shmemvm's paths ran (settings.paths).
 
 tests/unit/benchmarks/test_results.py runs the same checks in the
 single-process test pass.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import subprocess
 import sys
 
 from . import schema
@@ -45,6 +50,59 @@ def check_results() -> list[str]:
             problems.append(f"{rel}: not readable JSON: {exc}")
             continue
         problems += [f"{rel}: {p}" for p in schema.validate(doc, path)]
+    return problems
+
+
+#: the benchmarks whose results record settings.paths (schema.heap_paths)
+PATHS_RECORDED = ("host-suite", "host-vs-oshmem")
+
+
+def stale(doc: dict, root: str = ROOT) -> str | None:
+    """Why `doc` is older than the code it describes (files under shmemvm/ changed
+    between its commit and HEAD of the checkout at `root`), or None."""
+    commit = doc["code"]["commit"]
+    try:
+        diff = subprocess.run(["git", "-C", root, "diff", "--name-only", commit, "HEAD", "--",
+                               "shmemvm/"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot tell whether it is current: git could not be run ({exc!r})"
+    if diff.returncode != 0:
+        return (f"its commit {commit[:10]} is not in this checkout's history "
+                f"({diff.stderr.strip()[:200]}): run again: {doc['command']}")
+    changed = diff.stdout.split()
+    if not changed:
+        return None
+    shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+    return (f"made from {commit[:10]}, and shmemvm/ changed since ({shown}): its figures are "
+            f"not of the current code; run again: {doc['command']}")
+
+
+def current_problems(doc: dict, rel: str, root: str | None = ROOT) -> list[str]:
+    """A stored result's problems as a description of the current code: stale
+    (root None: not asked), or without settings.paths where its benchmark records
+    them. History results are old by definition: none."""
+    if doc.get("history"):
+        return []
+    problems = []
+    if doc.get("benchmark") in PATHS_RECORDED and not (doc.get("settings") or {}).get("paths"):
+        problems.append(f"{rel}: records no settings.paths (which of shmemvm's paths ran: the "
+                        f"compiled piece, the agreement's transport); run again: "
+                        f"{doc['command']}")
+    if root is not None and (why := stale(doc, root)):
+        problems.append(f"{rel}: {why}")
+    return problems
+
+
+def check_current() -> list[str]:
+    """current_problems() of every stored result (benchmarks/results/, not history/)."""
+    problems = []
+    for path in stored_results():
+        try:
+            doc = schema.load(path)
+        except (OSError, ValueError):
+            continue   # check_results() names it
+        if not schema.validate(doc, path):
+            problems += current_problems(doc, os.path.relpath(path, ROOT))
     return problems
 
 
@@ -158,7 +216,8 @@ def main(argv: list[str]) -> int:
     if argv:
         problems, count = check_files(argv), len(argv)
     else:
-        problems = check_results() + check_references() + check_readme_figures()
+        problems = (check_results() + check_references() + check_readme_figures()
+                    + check_current())
         count = len(stored_results())
     for p in problems:
         print(p, file=sys.stderr)

@@ -115,3 +115,44 @@ def test_check_names_the_problems_of_given_files(tmp_path):
     problems = check.check_files([str(bad), str(tmp_path / "missing.json")])
     assert len(problems) == 2 and "median with median" in problems[0], problems
     assert check.main([str(good)]) == 0 and check.main([str(bad)]) == 1
+
+
+def _git(root, *args):
+    import subprocess
+    return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
+                           *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_check_finds_a_result_older_than_the_code_it_describes(tmp_path):
+    """`python -m benchmarks check` fails on a stored result whose commit is behind
+    the code: files under shmemvm/ changed since (git diff --name-only COMMIT HEAD)."""
+    (tmp_path / "shmemvm").mkdir()
+    (tmp_path / "shmemvm" / "heap.py").write_text("a = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    doc = _good()
+    doc["code"]["commit"] = _git(tmp_path, "rev-parse", "HEAD")
+    doc["command"] = "mpirun -n 2 python -m benchmarks --json benchmarks/results/x.json"
+    assert check.stale(doc, str(tmp_path)) is None
+    (tmp_path / "README.md").write_text("docs only\n")        # not code: still current
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "docs")
+    assert check.stale(doc, str(tmp_path)) is None
+    (tmp_path / "shmemvm" / "heap.py").write_text("a = 2\n")
+    _git(tmp_path, "commit", "-q", "-am", "code")
+    problem = check.stale(doc, str(tmp_path))
+    assert problem and "shmemvm/heap.py" in problem and doc["command"] in problem, problem
+    doc["code"]["commit"] = "f" * 40
+    assert "not in this checkout's history" in check.stale(doc, str(tmp_path))
+
+
+def test_check_wants_a_result_to_say_which_paths_ran():
+    doc = _good()
+    doc["benchmark"] = "host-suite"
+    assert any("settings.paths" in p for p in check.current_problems(doc, "x.json", None))
+    doc["settings"]["paths"] = {"backend": "host", "compiled_piece": "/x.so", "native": True,
+                                "agreement": "board", "atomics": "cpu", "shmemvm": "/x"}
+    assert check.current_problems(doc, "x.json", None) == []
+    doc["history"] = True        # history results are old by definition
+    assert check.current_problems(dict(doc, settings={}), "x.json", None) == []
