@@ -8,6 +8,8 @@
   - in the README's Performance section every paragraph or table that quotes a
     figure (µs, ms, GB/s, a ratio) names the stored result it comes from, and
     one that names a result of results/history/ says it is history;
+  - every figure such a block quotes from results outside history/ is one of
+    theirs (a median, a baseline's, a ratio, to the decimals quoted);
   - every stored result outside history/ describes the current code: no file
     under shmemvm/ changed since its commit (`git diff --name-only COMMIT HEAD --
     shmemvm/`; the problem gives the command that makes it again), and the
@@ -196,6 +198,75 @@ def check_readme_figures(doc: str = "README.md", section: str = "## Performance"
     return problems
 
 
+NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
+GOAL = re.compile(r"[≥≤<>]\s*$")
+
+
+def _figures(result: dict) -> dict[str, set]:
+    """A result's figures by what a quote of them ends with: times ("µs", "ms";
+    its medians and baselines' in us), bandwidths ("GB/s"), and ratios ("×": each
+    median/median ratio and its inverse)."""
+    found: dict[str, set] = {"µs": set(), "ms": set(), "GB/s": set(), "×": set()}
+    for m in result["measurements"]:
+        medians = [m["value"].get("median"), ((m.get("baseline") or {}).get("value") or {})
+                   .get("median")]
+        for value in (v for v in medians if isinstance(v, (int, float)) and v > 0):
+            if m["unit"] in ("us", "µs"):
+                found["µs"].add(value)
+                found["ms"].add(value / 1000)
+            elif m["unit"] == "GB/s":
+                found["GB/s"].add(value)
+        if isinstance(m.get("ratio"), (int, float)) and m["ratio"] > 0:
+            found["×"] |= {m["ratio"], 1 / m["ratio"]}
+    found["us"], found["x"] = found["µs"], found["×"]
+    return found
+
+
+def _matches(figure: str, candidates: set) -> bool:
+    """Whether `figure` ("249", "0.83", "1,221") is one of `candidates` rounded to
+    the decimals quoted."""
+    digits = figure.replace(",", "")
+    decimals = len(digits.split(".")[1]) if "." in digits else 0
+    return any(round(c, decimals) == float(digits) for c in candidates)
+
+
+def check_quoted_figures(doc: str = "README.md", section: str = "## Performance") -> list[str]:
+    """Every figure of a block of `section` that names only current results (not
+    history/) is one of theirs of its unit, to the decimals quoted (a median, a
+    baseline's median, a ratio or its inverse); a goal (a figure after ≥, ≤, <, >)
+    is not a figure of a result. A result made again thus fails the README's old
+    figures here until they are copied from it."""
+    with open(os.path.join(ROOT, doc)) as f:
+        text = f.read()
+    chosen, inside = [], False
+    for number, line in _prose(text):
+        if line.startswith("## "):
+            inside = line.strip() == section
+            continue
+        if inside:
+            chosen.append((number, line))
+    problems = []
+    for first, block in _blocks(chosen):
+        refs = [r for r in REFERENCE.findall(block) if r.endswith(".json")]
+        if not refs or any("/history/" in r for r in refs):
+            continue
+        candidates: dict[str, set] = {}
+        for ref in refs:
+            for path in glob.glob(os.path.join(ROOT, ref)):
+                for unit, values in _figures(schema.load(path)).items():
+                    candidates.setdefault(unit, set()).update(values)
+        quoted = REFERENCE.sub("", block)
+        for match in FIGURE.finditer(quoted):
+            if GOAL.search(quoted[:match.start()]):
+                continue
+            figure = NUMBER.match(match.group(0))
+            unit = match.group(0)[figure.end():].strip() if figure else ""
+            if figure and not _matches(figure.group(0), candidates.get(unit, set())):
+                problems.append(f"{doc}:{first}: quotes {match.group(0)!r}, which is no figure "
+                                f"of {', '.join(refs)} (copy it from the result made again)")
+    return problems
+
+
 def check_files(paths: list[str]) -> list[str]:
     """The problems of the results at `paths` (stored ones or not)."""
     problems = []
@@ -217,7 +288,7 @@ def main(argv: list[str]) -> int:
         problems, count = check_files(argv), len(argv)
     else:
         problems = (check_results() + check_references() + check_readme_figures()
-                    + check_current())
+                    + check_quoted_figures() + check_current())
         count = len(stored_results())
     for p in problems:
         print(p, file=sys.stderr)

@@ -156,3 +156,25 @@ def test_check_wants_a_result_to_say_which_paths_ran():
     assert check.current_problems(doc, "x.json", None) == []
     doc["history"] = True        # history results are old by definition
     assert check.current_problems(dict(doc, settings={}), "x.json", None) == []
+
+
+def test_every_readme_figure_is_one_of_the_result_it_names():
+    assert check.check_quoted_figures() == []
+
+
+def test_a_readme_figure_that_is_not_its_results_is_found(tmp_path, monkeypatch):
+    """A figure quoted from a current result must be one of its medians or ratios
+    (to the decimals quoted, in its unit): a result made again leaves the old
+    figures wrong, and check says which."""
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    schema.write(_good(), str(results / "x.json"))      # put 3.0 us, MPI Put 1.5 us, ratio 2.0
+    (tmp_path / "README.md").write_text(
+        "# x\n\n## Performance\n\n"
+        "A put takes 3.0 µs, 2.0× MPI's 1.5 µs (goal ≤ 3×; `benchmarks/results/x.json`).\n\n"
+        "A put takes 3.5 µs, 0.50× (`benchmarks/results/x.json`).\n\n"
+        "A put: 2.9 µs (history: `benchmarks/results/history/x.json`).\n")
+    monkeypatch.setattr(check, "ROOT", str(tmp_path))
+    problems = check.check_quoted_figures()
+    assert len(problems) == 1 and "README.md:7:" in problems[0], problems
+    assert "'3.5 µs'" in problems[0]           # 0.50x: the inverse of the ratio, accepted
