@@ -186,3 +186,30 @@ def test_a_result_says_which_paths_ran():
     assert "pure Python" in schema.paths_warning({**built, "native": False})
     missing = schema.paths_warning({**built, "compiled_piece": None, "native": False})
     assert "pure Python" in missing and "-e ." in missing
+
+
+def test_the_documented_benchmark_commands_write_under_benchmarks():
+    """The README's and docs' benchmark commands write into benchmarks/out/ (which git
+    ignores) or benchmarks/results/: their outputs once landed, untracked, in the
+    checkout's root."""
+    import re
+
+    from benchmarks import schema
+
+    root = schema.ROOT
+    docs = [os.path.join(root, "README.md")] + sorted(
+        os.path.join(root, "docs", name) for name in os.listdir(os.path.join(root, "docs"))
+        if name.endswith(".md"))
+    written = []
+    for doc in docs:
+        with open(doc) as f:
+            for line in f:
+                if "benchmarks" not in line:
+                    continue
+                written += [(os.path.basename(doc), path) for path in
+                            re.findall(r"--(?:json|plot|markdown|out)[ =]([^\s`|)]+)", line)
+                            if path != "..." and not path.isupper()]
+    assert written, "no benchmark command with an output found"
+    outside = [f"{doc}: {path}" for doc, path in written
+               if not path.startswith(("benchmarks/out/", "benchmarks/results/"))]
+    assert outside == []
