@@ -24,6 +24,7 @@ from typing import TypeVar
 import torch
 from mpi4py import MPI
 
+from .core import trace
 from .core.state import HeapCore
 from .errors import ShmemError
 from .heap import SymmetricHeap
@@ -47,6 +48,7 @@ def _documented_by(routine: Callable) -> Callable[[Function], Function]:
 
 
 # -- the default heap --------------------------------------------------------------------------
+@trace.named("shmemvm.init")   # a range in torch.profiler traces; the rest are the heap's
 def init(comm: MPI.Comm | None = None, heap_size: int | str | None = None, backend=None,
          **options) -> SymmetricHeap:
     """Create the default heap (collective). Returns it; usable as a context

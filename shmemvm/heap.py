@@ -23,7 +23,7 @@ from typing import Any, Callable
 from mpi4py import MPI
 
 from .agreement.protocol import Call, Phase
-from .core import setup
+from .core import setup, trace
 from .core.state import HeapCore
 from .errors import SymmetryError, UnsupportedError
 from .openshmem import (alloc, barrier, collectives, contexts, external, locks, rma, signals,
@@ -35,6 +35,7 @@ from .openshmem import (alloc, barrier, collectives, contexts, external, locks, 
 FACTORIES: dict[str, Callable[[Any], Any]] = {}
 
 
+@trace.traced   # each routine a range in torch.profiler traces (core/trace.py)
 class SymmetricHeap(HeapCore, contexts.ContextOperations):
     """One symmetric heap over the PEs of `comm` (collective constructor).
 

@@ -30,6 +30,7 @@ context will issue no stores) has nothing to skip at quiet().
 from __future__ import annotations
 
 from .. import _args
+from ..core import trace
 from ..core.state import HeapCore
 from ..errors import ShmemError
 from ..transport.completion import CompletionTracker
@@ -42,6 +43,7 @@ CTX_NOSTORE = 4
 _OPTIONS = {"CTX_SERIALIZED": CTX_SERIALIZED, "CTX_PRIVATE": CTX_PRIVATE,
             "CTX_NOSTORE": CTX_NOSTORE}
 
+@trace.traced   # each operation a range in torch.profiler traces (core/trace.py)
 class ContextOperations:
     """The one-sided operations a context issues, bound once for both kinds of
     context: SymmetricHeap (the default context) and Ctx. Each is written once
@@ -79,6 +81,7 @@ class ContextOperations:
     put_signal_nbi = signals.put_signal_nbi
 
 
+@trace.traced(skip=("world_pe",))   # quiet, fence, destroy: ranges in torch.profiler traces
 class Ctx(ContextOperations):
     """A communication context of `heap` (shmem_ctx_create); see the module doc.
 

@@ -42,6 +42,9 @@ FOREIGN_PRIVATES = {
     "_getframe": "sys._getframe",
     "_cuda_isCurrentStreamCapturing": "torch._C's test for a CUDA graph capture in progress",
     "_replace": "a NamedTuple's copy with fields changed (a public method, underscored)",
+    "_autograd": "torch._C._autograd._profiler_enabled: whether a torch profiler records "
+                 "(core/trace.py; the flag record_function checks, with no public name)",
+    "_profiler_enabled": "that flag",
 }
 
 
