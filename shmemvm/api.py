@@ -31,7 +31,7 @@ from .heap import SymmetricHeap
 from .openshmem import (alloc, atomics, barrier, collectives, contexts, external, locks, rma,
                         signals, strided, teams, waits)
 from .openshmem.contexts import Ctx
-from .openshmem.info import global_exit, info_get_name, info_get_version, pcontrol
+from .openshmem.info import HeapInfo, global_exit, info_get_name, info_get_version, pcontrol
 from .openshmem.teams import Team
 
 _heap: SymmetricHeap | None = None
@@ -191,7 +191,7 @@ def import_external_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @_documented_by(alloc.heap_info)
-def heap_info() -> dict:
+def heap_info() -> HeapInfo:
     return default_heap().heap_info()
 
 

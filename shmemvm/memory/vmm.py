@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
@@ -61,6 +62,21 @@ def chunk_size(value, budget: int, granularity: int) -> int:
                              f"(SHMEMVM_CHUNK_SIZE, or auto)")
     return min(chunk, 1 << (budget.bit_length() - 1))
 
+
+
+class HeapStats(TypedDict):
+    """VMemPow2Allocator.stats(): this process's heap in bytes and counts."""
+    heap_size: int              # the physical budget
+    chunk: int                  # allocations below it are carved from chunks of this size
+    used: int                   # bytes in blocks (deferred ones too)
+    requested: int              # bytes asked for
+    mapped: int                 # physical bytes backing the heap
+    cached: int                 # mapped bytes of freed segments kept for reuse
+    free: int                   # bytes that can still be allocated
+    live_allocations: int
+    segments: int
+    deferred_allocations: int   # freed, still viewed by some storage
+    deferred_bytes: int
 
 
 @dataclass(eq=False)
@@ -213,16 +229,15 @@ class VMemPow2Allocator:
                 raise
             return self.external_tensor_for(block, lead, tensor)
 
-    def stats(self) -> dict:
+    def stats(self) -> HeapStats:
         """Bytes and counts of this heap; all zero but heap_size once closed.
         `used` counts deferred blocks (freed, still viewed) too; they are also
         reported on their own."""
         with self._lock:
             if self.closed:
-                return dict.fromkeys(("used", "requested", "mapped", "cached", "free",
-                                      "live_allocations", "segments", "deferred_allocations",
-                                      "deferred_bytes"), 0) | {"heap_size": self._core.budget,
-                                                               "chunk": self._core.chunk}
+                return HeapStats(heap_size=self._core.budget, chunk=self._core.chunk, used=0,
+                                 requested=0, mapped=0, cached=0, free=0, live_allocations=0,
+                                 segments=0, deferred_allocations=0, deferred_bytes=0)
             self._release_dead()
             core = self._core
             deferred = [r.block for r in self._records.values() if r.freed]

@@ -28,6 +28,7 @@ from ..core import sharing
 from ..core.state import HeapCore
 from ..errors import ShmemError
 from ..memory.buddy import Block
+from .info import HeapInfo
 
 #: malloc_with_hints' hints (OpenSHMEM 1.5 values): accepted and recorded, no effect yet
 MALLOC_ATOMICS_REMOTE = 1
@@ -444,12 +445,13 @@ def realloc(heap: HeapCore, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         raise
 
 
-def heap_info(heap: HeapCore) -> dict:
+def heap_info(heap: HeapCore) -> HeapInfo:
     """This PE's heap in numbers (local, not collective).
 
     Returns:
-        A dict: heap_size (the physical budget), chunk (allocations below
-        it are carved from segments of that size: SHMEMVM_CHUNK_SIZE), used
+        A HeapInfo (a TypedDict, openshmem/info.py): heap_size (the physical
+        budget), chunk (allocations below it are carved from segments of that
+        size: SHMEMVM_CHUNK_SIZE), used
         (bytes in blocks), requested (bytes asked for), mapped (physical
         bytes backing the heap), cached (mapped bytes of freed segments kept for reuse), free
         (bytes that can still be allocated), live_allocations, segments,
@@ -463,11 +465,10 @@ def heap_info(heap: HeapCore) -> dict:
     """
     if heap.closed:  # stats of released memory would mislead; a broken heap still reports
         raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
-    stats = heap.local.stats()
-    stats.update(pe=heap.my_pe, n_pes=heap.n_pes, backend=heap.backend.name,
-                 device=str(heap.device), node_pes=list(heap.node_pes),
-                 anchor=heap.anchor.size if heap.anchor is not None else 0)
-    return stats
+    return HeapInfo(**heap.local.stats(), pe=heap.my_pe, n_pes=heap.n_pes,
+                    backend=heap.backend.name, device=str(heap.device),
+                    node_pes=list(heap.node_pes),
+                    anchor=heap.anchor.size if heap.anchor is not None else 0)
 
 
 def trim(heap: HeapCore) -> int:

@@ -11,9 +11,22 @@ from mpi4py import MPI
 
 from .. import _args
 from .._version import __version__
+from ..memory.vmm import HeapStats
 
 #: the OpenSHMEM specification version whose routines these follow
 SPEC_VERSION = (1, 5)
+
+
+
+class HeapInfo(HeapStats):
+    """heap_info(): HeapStats (memory/vmm.py) and where the heap runs."""
+    pe: int
+    n_pes: int
+    backend: str           # "host", "cuda" or "hip"
+    device: str            # torch's name of the heap's device, e.g. "cpu", "cuda:0"
+    node_pes: list[int]    # the heap PE numbers of this node
+    anchor: int            # bytes of this PE's anchor, outside the heap size (SHMEMVM_ANCHOR)
+
 
 _pcontrol_level = 1   # OpenSHMEM's default: profiling enabled at the default level
 

@@ -30,6 +30,8 @@ reveal_type(heap.atomic_fetch_add(x[0], 1, 0))
 reveal_type(shmem.put)
 reveal_type(shmemvm.team_world())
 reveal_type(heap.ctx_create().put)
+reveal_type(shmemvm.heap_info()["free"])
+reveal_type(heap.heap_info()["backend"])
 '''
 
 
@@ -60,8 +62,8 @@ def test_a_type_checker_sees_real_types(tmp_path):
          "--cache-dir", str(tmp_path / "cache"), str(program)],
         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     revealed = re.findall(r'Revealed type is "(.*)"', result.stdout)
-    assert len(revealed) == 7, result.stdout + result.stderr
-    put, malloc, fetch_add, fetched, shmem_put, team, ctx_put = revealed
+    assert len(revealed) == 9, result.stdout + result.stderr
+    put, malloc, fetch_add, fetched, shmem_put, team, ctx_put, free, backend = revealed
     assert put.startswith("def (dest: torch._tensor.Tensor, source: torch._tensor.Tensor, "
                           "pe: int)"), put
     assert malloc == "def (nbytes: int) -> torch._tensor.Tensor", malloc
@@ -71,4 +73,5 @@ def test_a_type_checker_sees_real_types(tmp_path):
     assert shmem_put.startswith("def (target: numpy.ndarray"), shmem_put
     assert team == "shmemvm.openshmem.teams.Team", team
     assert ctx_put.startswith("def (dest: torch._tensor.Tensor"), ctx_put
+    assert (free, backend) == ("int", "str"), (free, backend)   # a TypedDict, not Any
     assert "error" not in result.stdout, result.stdout
