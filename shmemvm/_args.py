@@ -16,6 +16,7 @@ import operator
 import torch
 
 from .backends import _dlpack
+from .errors import plural
 
 
 def integer(value, name: str) -> int:
@@ -44,7 +45,8 @@ def pe(value, n_pes: int, name: str = "pe") -> int:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     number = integer(value, name)
     if not 0 <= number < n_pes:
-        raise ValueError(f"{name} {number} is out of range: there are {n_pes} PEs "
+        raise ValueError(f"{name} {number} is out of range: there "
+                         f"{'is' if n_pes == 1 else 'are'} {plural(n_pes, 'PE')} "
                          f"(0..{n_pes - 1})")
     return number
 

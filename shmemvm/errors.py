@@ -74,3 +74,23 @@ class Attempts:
     def raise_first(self) -> None:
         if self.failure is not None:
             raise self.failure
+
+
+# -- message text ------------------------------------------------------------------------
+def plural(count: int, noun: str) -> str:
+    """'1 PE', '2 PEs': a count and its noun, agreeing."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters: whole, or cut at the last word
+    boundary that leaves room for ' ...' (mid-word only where one word is
+    longer than the room), for another error's text embedded in a message."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    room = max(0, limit - 4)
+    cut = text[:room]
+    if text[room] != " " and " " in cut:
+        cut = cut[:cut.rindex(" ")]
+    return cut.rstrip() + " ..."

@@ -25,7 +25,7 @@ from mpi4py import MPI
 from .agreement.protocol import Call, Phase
 from .core import setup, trace
 from .core.state import HeapCore
-from .errors import SymmetryError, UnsupportedError
+from .errors import SymmetryError, UnsupportedError, clip
 from .openshmem import (alloc, barrier, collectives, contexts, external, locks, rma, signals,
                         teams, waits)
 
@@ -178,7 +178,7 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
         if leaving is not None:
             what = f"{type(leaving).__name__}: {leaving}" if str(leaving) else \
                 type(leaving).__name__
-            text = f"finalize() (leaving a with block on {what[:200]})"
+            text = f"finalize() (leaving a with block on {clip(what, 200)})"
         try:
             if not self.broken:
                 with self.lock:

@@ -56,7 +56,7 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
-from ..errors import DeadlockError, PeerDeadError, PeerTimeoutError
+from ..errors import DeadlockError, PeerDeadError, PeerTimeoutError, clip
 
 log = logging.getLogger("shmemvm")
 
@@ -100,7 +100,7 @@ def encode(payload: dict) -> bytes:
 def _shorter(verdict):
     if not verdict:
         return verdict
-    return dict(verdict, text=verdict["text"][: len(verdict["text"]) * 3 // 4] + " ...")
+    return dict(verdict, text=clip(verdict["text"], len(verdict["text"]) * 3 // 4))
 
 
 def write_record(buffer, sequence: int, data: bytes) -> None:
@@ -703,6 +703,6 @@ class Watch:
             liveness._verdict(kind, text)
         elif adopted:
             liveness._verdict(kind, text)   # passed on: a PE that reads only this one agrees
-        liveness.on_verdict(f"{kind}: {text[:200]}")
+        liveness.on_verdict(f"{kind}: {clip(text, 200)}")
         error = DeadlockError if kind == "deadlock" else PeerDeadError
         raise error(f"PE {liveness.my_pe}: {text}")

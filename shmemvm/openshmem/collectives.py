@@ -50,6 +50,7 @@ from mpi4py import MPI
 from .. import _args, _docs
 from ..agreement.protocol import Phase
 from ..core.state import HeapCore
+from ..errors import plural
 from . import group
 
 class Operand(NamedTuple):
@@ -119,7 +120,7 @@ def _pair(heap: HeapCore, team: group.Group, what: str, dest: Operand, source: O
     dest_count = factor * source.count
     if dest.count != dest_count:
         raise ValueError(f"{what}: dest must have {dest_count} elements for a source of "
-                         f"{source.count} on {len(team.pes)} PEs, got {dest.count}")
+                         f"{source.count} on {plural(len(team.pes), 'PE')}, got {dest.count}")
     _disjoint(what, d, dest.data.numel(), s, source.data.numel(), identical_ok)
     return d, s
 
@@ -503,7 +504,8 @@ def alltoalls_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
         for role, operand, span, stride in (("dest", dest, spans[0], "dst"),
                                             ("source", source, spans[1], "sst")):
             if operand.count < span:
-                raise ValueError(f"alltoalls: {role} has {operand.count} elements; {n} PEs x "
+                raise ValueError(f"alltoalls: {role} has {operand.count} elements; "
+                                 f"{plural(n, 'PE')} x "
                                  f"{count} elements with {stride}={ds if role == 'dest' else ss}"
                                  f" need at least {span}")
         size = dest.itemsize

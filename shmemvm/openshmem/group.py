@@ -29,7 +29,7 @@ from .. import _args
 from ..agreement.agreement import Agreement
 from ..agreement.protocol import Call, Outcome, Phase
 from ..core.state import HeapCore
-from ..errors import ShmemError
+from ..errors import ShmemError, plural
 
 
 def pe_text(pes) -> str:
@@ -87,8 +87,9 @@ class Group:
         """A group PE number as an int in 0..n-1, or TypeError/ValueError."""
         number = _args.integer(pe, role)
         if not 0 <= number < len(self.pes):
-            raise ValueError(f"{role} {number} is out of range: {self.name} has {len(self.pes)} "
-                             f"PEs (0..{len(self.pes) - 1}); PE numbers in team calls are "
+            raise ValueError(f"{role} {number} is out of range: {self.name} has "
+                             f"{plural(len(self.pes), 'PE')} (0..{len(self.pes) - 1}); PE "
+                             f"numbers in team calls are "
                              f"team-relative")
         return number
 

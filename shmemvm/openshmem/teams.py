@@ -33,7 +33,7 @@ from .. import _args
 from ..agreement.agreement import Agreement
 from ..agreement.protocol import Call, Phase
 from ..core.state import HeapCore
-from ..errors import ShmemError
+from ..errors import ShmemError, plural
 from . import barrier, collectives, contexts
 from .group import Group, agreement, same_heap
 
@@ -178,13 +178,14 @@ class Team(Group):
             if count < 1:
                 raise ValueError(f"{text}: size must be >= 1")
             if not 0 <= first < n:
-                raise ValueError(f"{text}: start is out of range: the parent team has {n} PEs "
-                                 f"(0..{n - 1})")
+                raise ValueError(f"{text}: start is out of range: the parent team has "
+                                 f"{plural(n, 'PE')} (0..{n - 1})")
             last = first + (count - 1) * step
             if last >= n:
                 raise ValueError(f"{text}: the last PE would be {last}, but the parent team has "
-                                 f"{n} PEs (0..{n - 1}); at most {(n - 1 - first) // step + 1} "
-                                 f"PEs fit from start {first} with stride {step}")
+                                 f"{plural(n, 'PE')} (0..{n - 1}); at most "
+                                 f"{plural((n - 1 - first) // step + 1, 'PE')} fit from start "
+                                 f"{first} with stride {step}")
             made = _config(config)   # agreed too: every PE's team has the same config
             return (first, step, count, _agreed(made)), f"{text[:-1]}, config={made})"
 

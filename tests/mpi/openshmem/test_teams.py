@@ -445,7 +445,7 @@ def test_bad_arguments_give_clear_errors_on_every_pe(mheap):
     x = h.zeros(4, torch.int64)
     y = h.zeros(4 * n, torch.int64)
     if half is not None:
-        with pytest.raises(ValueError, match=r"root 1 is out of range: .* has 1 PEs"):
+        with pytest.raises(ValueError, match=r"root 1 is out of range: .* has 1 PE \(0..0\)"):
             half.broadcast(x, x, 1)
         with pytest.raises(ValueError, match="team_pe 1 is out of range"):
             half.world_pe(1)
@@ -466,7 +466,7 @@ def test_bad_arguments_give_clear_errors_on_every_pe(mheap):
         with pytest.raises(ValueError, match=f"do not split into {n} equal blocks"):
             h.alltoall(uneven_a, uneven_b)
     with pytest.raises(ValueError, match=rf"dest must have {4 * n} elements for a source of 4 "
-                                         rf"on {n} PEs"):
+                                         rf"on {n} PEs?\b"):
         w.fcollect(y[:-1], x)
     # a team of another heap is refused
     other = SymmetricHeap(WORLD, heap_size="4M", backend="host", timeout=30)
