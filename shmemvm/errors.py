@@ -36,13 +36,19 @@ class UnsupportedError(ShmemError):
 
 
 class NotSymmetricError(ShmemError, ValueError):
-    """A tensor that is not a live symmetric tensor of this heap was used as one
-    (memory of another allocator, another heap's, or a freed one's)."""
+    """A tensor (or NumPy array) that is not a live symmetric one of this heap
+    was used as one. Raised as itself for memory that never was this heap's
+    (a local tensor, memory of another allocator or another heap); raised as
+    its subclass FreedTensorError for this heap's memory that was freed. So
+    `except NotSymmetricError` catches both, `except FreedTensorError` only
+    the freed case. Docstrings name NotSymmetricError wherever either can be
+    raised."""
 
 
 class FreedTensorError(NotSymmetricError):
-    """A tensor whose symmetric block was freed (or a view of one) was used as
-    a symmetric tensor."""
+    """A NotSymmetricError for a tensor of this heap whose block was freed (by
+    free() or realloc()), or a view of one, or a tensor made from an address
+    inside the heap that is no live allocation."""
 
 
 class ResourceLimitError(ShmemError):

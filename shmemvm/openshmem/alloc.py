@@ -342,7 +342,8 @@ def free(heap: HeapCore, tensor: torch.Tensor) -> None:
         None.
 
     Raises:
-        FreedTensorError: `tensor` is not a live tensor of this heap.
+        NotSymmetricError: `tensor` is not a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         TypeError: `tensor` is not a torch.Tensor.
         SymmetryError: the PEs freed different tensors (nothing was freed).
         PeerTimeoutError: a PE did not join within the heap's timeout.
@@ -405,7 +406,8 @@ def realloc(heap: HeapCore, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         PeerTimeoutError: a PE did not join within the heap's timeout
             (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
         ShmemError: the heap is finalized.
-        FreedTensorError: `tensor` is not a live tensor of this heap.
+        NotSymmetricError: `tensor` is not a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         TypeError, ValueError: `nbytes` is not an integer, is negative or
             not a multiple of the element size.
     """

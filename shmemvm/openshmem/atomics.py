@@ -311,7 +311,18 @@ def tensor_word(tensor, what: str, role: str = "target") -> tuple[Word, torch.Te
         raise ValueError(f"{what}: the {role} must be one element (a view like counter[3] "
                          f"or counter[3:4]), got shape {tuple(tensor.shape)} with "
                          f"{tensor.numel()} elements; index the element to update")
-    return word, tensor.reshape(1).view(torch.uint8)
+    return word, element_bytes(tensor, what, role)
+
+
+def element_bytes(tensor: torch.Tensor, what: str, role: str) -> torch.Tensor:
+    """The bytes of one-element `tensor` (any strides: one element has no
+    layout) as a uint8 tensor over its memory; ValueError for a negative view
+    (x._neg_view(): its memory holds -x, which an atomic would act on)."""
+    if tensor.is_neg() or tensor.is_conj():
+        raise ValueError(f"{what}: the {role} is a lazily negated or conjugated view, whose "
+                         f"memory holds other values than it shows; an atomic acts on the "
+                         f"memory. Pass the tensor itself (and negate the values instead)")
+    return tensor.as_strided((1,), (1,)).view(torch.uint8)
 
 
 def _on_tensor(ctx: Context, dest, pe, op: str, value=0, cond=0, *, what: str):
@@ -319,7 +330,7 @@ def _on_tensor(ctx: Context, dest, pe, op: str, value=0, cond=0, *, what: str):
     # the common case in two calls where the heap's atomics are the CPU's (2 us
     # against 4 through apply()); anything else, or wrong, takes apply()
     word = (words.of_torch(dest.dtype) if type(dest) is torch.Tensor and dest.numel() == 1
-            else None)
+            and not dest.is_neg() else None)
     there = None if word is None else cpu_word(heap, dest, dest.data_ptr(), word, pe)
     if there is not None:
         return at_address(there, word, op, value, cond, what=what)
@@ -334,7 +345,8 @@ _RAISES = """
             uint8..uint64), or `pe` or a value is not an integer.
         ValueError: `dest` is not one element, `pe` is out of range, or a
             value does not fit dest's dtype.
-        FreedTensorError: `dest` is not a view of a live tensor of this heap.
+        NotSymmetricError: `dest` is not a view of a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         UnsupportedError: a device heap and `pe` on another node (device
             memory is not given to MPI), a device heap without Triton or with
             an 8- or 16-bit dtype, or MPI could not make the heap's window.
@@ -352,7 +364,8 @@ _documented_float = _docs.appended("""
             value is not an integer (a real number for float tensors).
         ValueError: `dest` is not one element, `pe` is out of range, or a
             value does not fit dest's dtype.
-        FreedTensorError: `dest` is not a view of a live tensor of this heap.
+        NotSymmetricError: `dest` is not a view of a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         UnsupportedError: a device heap and `pe` on another node (device
             memory is not given to MPI), a device heap without Triton or with
             an 8- or 16-bit dtype, or MPI could not make the heap's window.
@@ -600,7 +613,7 @@ def _nbi_on_tensor(ctx: Context, fetch, dest, pe, op: str, value=0, cond=0, *, w
     heap, pe = ctx.core, ctx.world_pe(pe)
     word, where = tensor_word(dest, what)
     apply(heap, word, where, pe, op, value, cond, what=what,
-          into=fetch.reshape(1).view(torch.uint8), tracker=ctx.tracker)
+          into=element_bytes(fetch, what, "fetch"), tracker=ctx.tracker)
 
 
 _NBI_RAISES = """
@@ -611,7 +624,8 @@ _NBI_RAISES = """
         ValueError: `dest` or `fetch` is not one element, `fetch` is on the
             meta device, `pe` is out of range, or a value does not fit
             dest's dtype.
-        FreedTensorError: `dest` is not a view of a live tensor of this heap.
+        NotSymmetricError: `dest` is not a view of a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         UnsupportedError: a device heap and `pe` on another node (device
             memory is not given to MPI), a device heap without Triton, or MPI
             could not make the heap's window.

@@ -83,6 +83,13 @@ def tensor_operand(tensor, role: str, what: str) -> Operand:
                          f"{tuple(tensor.stride())}, which is not contiguous; collectives "
                          f"work on contiguous symmetric tensors (a whole tensor or a slice "
                          f"of its first dimension)")
+    if tensor.is_conj() or tensor.is_neg():   # (view(torch.uint8) would raise torch's error)
+        kind = "conjugated (.conj())" if tensor.is_conj() else "negated"
+        raise ValueError(f"{what}: {role} is a lazily {kind} view, whose memory holds other "
+                         f"values than it shows, and collectives move and combine the memory; "
+                         f"pass the tensor itself and conjugate or negate the result "
+                         f"(dest.conj_physical_()), or make the values in a symmetric tensor "
+                         f"first (x.copy_(y.conj()))")
     return Operand(tensor.reshape(-1).view(torch.uint8), tensor.element_size(), tensor.dtype)
 
 
@@ -162,7 +169,8 @@ _RAISES = """SymmetryError: the members made different calls or passed different
             arguments (every member raises it; nothing was done).
         PeerTimeoutError: a member did not join within the heap's timeout
             (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
-        FreedTensorError: a tensor is not a live symmetric tensor of this heap.
+        NotSymmetricError: a tensor is not a symmetric tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         ShmemError: the heap is finalized, or the team destroyed.
         TypeError: `team` is not a Team (a split returns None on PEs it
             leaves out: they are not members and must not call)."""
@@ -714,7 +722,8 @@ def all_reduce(heap: HeapCore, dest, source, op: str = "sum", *, team=None) -> N
             not apply to the dtype.
         ValueError: an unknown op, non-contiguous or overlapping tensors, or
             different numbers of elements.
-        FreedTensorError: a tensor is not a live tensor of this heap.
+        NotSymmetricError: a tensor is not a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         PeerTimeoutError: a PE did not join within the heap's timeout.
     """
     reduce(heap, dest, source, op, team=team)

@@ -71,7 +71,8 @@ def _publish(heap: HeapCore, offset: int, ticket: int | None, how: str | None) -
 
 def _lock_bytes(heap: HeapCore, lock, what: str) -> torch.Tensor:
     """The lock word's bytes, after checking it is a one-element int64 symmetric
-    tensor (TypeError, ValueError, FreedTensorError otherwise)."""
+    tensor (TypeError, ValueError, NotSymmetricError or its subclass
+    FreedTensorError otherwise)."""
     if not isinstance(lock, torch.Tensor):
         raise TypeError(f"{what}: lock must be a symmetric int64 tensor of one element, got "
                         f"{type(lock).__name__}")
@@ -113,7 +114,8 @@ def set_lock(heap: HeapCore, lock: torch.Tensor) -> None:
     Raises:
         TypeError: `lock` is not a tensor of dtype int64.
         ValueError: `lock` is not one element.
-        FreedTensorError: `lock` is not a live symmetric tensor of this heap.
+        NotSymmetricError: `lock` is not a symmetric tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         ShmemError: this PE already holds `lock` (it would wait for itself).
         UnsupportedError: the heap's memory is not reachable by MPI (a device
             heap: keep locks in a host-backend heap).
@@ -169,7 +171,8 @@ def test_lock(heap: HeapCore, lock: torch.Tensor) -> bool:
     Raises:
         TypeError: `lock` is not a tensor of dtype int64.
         ValueError: `lock` is not one element.
-        FreedTensorError: `lock` is not a live symmetric tensor of this heap.
+        NotSymmetricError: `lock` is not a symmetric tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         UnsupportedError: the heap's memory is not reachable by MPI.
         PeerTimeoutError: PE 0 did not answer within the heap's timeout.
     """
@@ -210,7 +213,8 @@ def clear_lock(heap: HeapCore, lock: torch.Tensor) -> None:
     Raises:
         TypeError: `lock` is not a tensor of dtype int64.
         ValueError: `lock` is not one element.
-        FreedTensorError: `lock` is not a live symmetric tensor of this heap.
+        NotSymmetricError: `lock` is not a symmetric tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         ShmemError: this PE does not hold `lock`, or the word was changed by
             something other than set_lock/clear_lock/test_lock.
         UnsupportedError: the heap's memory is not reachable by MPI.

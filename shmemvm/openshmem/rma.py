@@ -37,7 +37,8 @@ def ptr(heap: HeapCore, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
     Raises:
         TypeError: `pe` is not an integer.
         ValueError: `pe` is out of range.
-        FreedTensorError: `tensor` is not a live tensor of this heap.
+        NotSymmetricError: `tensor` is not a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
     """
     pe = heap.check_pe(pe)
     block = heap.symmetric(tensor, "tensor")
@@ -73,7 +74,8 @@ def put(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None
         ValueError: the numbers of elements differ.
         TypeError: `pe` is not an integer, or a tensor is not a torch.Tensor.
         ValueError: `pe` is out of range.
-        FreedTensorError: the symmetric tensor is not a live tensor of this heap.
+        NotSymmetricError: the symmetric tensor is not a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         UnsupportedError: `pe` is on another node and the heap has no MPI
             window, or holds device memory that MPI is not given.
         PeerTimeoutError: `pe` is on another node and did not complete the
@@ -102,7 +104,8 @@ def get(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None
         ValueError: the numbers of elements differ.
         TypeError: `pe` is not an integer, or a tensor is not a torch.Tensor.
         ValueError: `pe` is out of range.
-        FreedTensorError: the symmetric tensor is not a live tensor of this heap.
+        NotSymmetricError: the symmetric tensor is not a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         UnsupportedError: `pe` is on another node and the heap has no MPI
             window, or holds device memory that MPI is not given.
         PeerTimeoutError: `pe` is on another node and did not complete the
@@ -247,11 +250,34 @@ def transfer(heap: HeapCore, dest: torch.Tensor, source: torch.Tensor, pe: int, 
             window.get(local, remote, pe, block, tracker)
         return
     dst, src = (remote, local) if writing else (local, remote)
+    if route is Route.SELF and _overlap(dst, src):
+        # memmove's meaning, as the one-memmove path gives it: the source as it was
+        # before the copy (torch's copy_ refuses a partial overlap)
+        src = src.clone()
     if tracker is None:
         if not _copied_by_cpu(heap, dst, src):
             heap.backend.copy(dst, src, True)
     else:
         tracker.copy(dst, src)
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes [start, stop) that `tensor`'s elements lie in (torch's strides
+    are never negative)."""
+    start = tensor.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return start, start + (last + 1) * tensor.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of this process share a byte (not the same view: a
+    copy onto itself is no copy at all)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    if a0 == b0 and a.stride() == b.stride() and a.shape == b.shape:
+        return False
+    return a0 < b1 and b0 < a1
 
 
 #: copies below this many bytes on the host are one memmove: torch's copy_ costs
@@ -262,13 +288,19 @@ CPU_COPY_MAX = 4 << 20
 
 def _copied_by_cpu(heap: HeapCore, dst: torch.Tensor, src: torch.Tensor) -> bool:
     """A blocking host copy of whole contiguous tensors of one dtype and shape,
-    done by the compiled piece's memmove where it pays (CPU_COPY_MAX); False
-    (nothing done) otherwise."""
+    neither a lazy conjugate nor a negative view, done by the compiled piece's
+    memmove where it pays (CPU_COPY_MAX); False (nothing done) otherwise: what
+    it copies, the general path (torch's copy_) copies alike, byte for byte
+    (tests/mpi/reliability/test_differential.py)."""
     if not heap.native or heap.backend.name != "host":
         return False
     nbytes = dst.numel() * dst.element_size()
     if not (0 < nbytes < CPU_COPY_MAX and src.dtype == dst.dtype and src.shape == dst.shape
             and src.device.type == "cpu" and dst.is_contiguous() and src.is_contiguous()):
+        return False
+    # lazy views: a memmove moves the bits, while copy_ reads or writes them conjugated
+    # or negated (x.conj(), x._neg_view()); copy_ gets them right
+    if src.is_conj() or dst.is_conj() or src.is_neg() or dst.is_neg():
         return False
     native.copy(dst.data_ptr(), src.data_ptr(), nbytes)
     return True

@@ -43,7 +43,8 @@ def put_signal(ctx: Context, dest: torch.Tensor, source: torch.Tensor, sig: torc
 
     Raises:
         ValueError: `op` is not "set" or "add", or as for put and the atomics.
-        TypeError, FreedTensorError, UnsupportedError: as for put and the atomics.
+        TypeError, NotSymmetricError (FreedTensorError: freed), UnsupportedError:
+            as for put and the atomics.
         PeerTimeoutError: PE `pe` did not take the data or the signal within the
             heap's timeout (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
     """

@@ -73,7 +73,8 @@ def iput(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
         ValueError: a tensor is not 1-D, a stride is < 1 or above 2**63 - 1,
             nelems < 0, the strided elements run past the end of a tensor, or
             pe is out of range (also when nelems is 0).
-        FreedTensorError, UnsupportedError, PeerTimeoutError: as put().
+        NotSymmetricError (FreedTensorError), UnsupportedError, PeerTimeoutError:
+            as put().
     """
     nelems = _count(nelems, "iput")
     target = _strided(dest, dst, nelems, "iput", "dest", "dst")
@@ -107,7 +108,8 @@ def iget(ctx: Context, dest: torch.Tensor, source: torch.Tensor, dst: int, sst: 
         ValueError: a tensor is not 1-D, a stride is < 1 or above 2**63 - 1,
             nelems < 0, the strided elements run past the end of a tensor, or
             pe is out of range (also when nelems is 0).
-        FreedTensorError, UnsupportedError, PeerTimeoutError: as get().
+        NotSymmetricError (FreedTensorError), UnsupportedError, PeerTimeoutError:
+            as get().
     """
     nelems = _count(nelems, "iget")
     target = _strided(dest, dst, nelems, "iget", "dest", "dst")

@@ -83,7 +83,8 @@ LOCAL_RAISES = """
             variable is not one element, or `value` does not fit its dtype.
         TypeError: the variable is not of an integer type (int8..int64,
             uint8..uint64), or `value` is not an integer.
-        FreedTensorError: the variable is not a view of a live tensor of this heap.
+        NotSymmetricError: the variable is not a view of a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         UnsupportedError: a device heap where Triton is not installed.
 """
 
@@ -210,7 +211,8 @@ _VECTOR_RAISES = """
             "eq", "ne", "gt", "ge", "lt", "le", a value does not fit ivars'
             dtype, or `status` (or `values`) does not have one entry per
             element of `ivars`.
-        FreedTensorError: `ivars` is not a view of a live tensor of this heap.
+        NotSymmetricError: `ivars` is not a view of a tensor of this heap
+            (its subclass FreedTensorError: of one that was freed).
         UnsupportedError: MPI could not make the heap's window (host heaps;
             device heaps read their own memory directly).
 """

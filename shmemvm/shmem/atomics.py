@@ -5,7 +5,10 @@ Each call hands openshmem/atomics.py the target's word (words.py: the NumPy
 dtype's integer of 8, 16, 32 or 64 bits, signed or not, or float32/float64 for
 fetch, set and swap) and bytes (arrays.py): the same apply() as the torch
 face's, through the MPI datatype of each integer type. Values are checked
-against the word (an unsigned target takes 0 and up).
+against the word (an unsigned target takes 0 and up). A dtype of the other
+byte order (np.dtype('>i8') on a little-endian machine) is refused with a
+TypeError by every word operation (atomics, waits, tests, signals): the
+CPU's and MPI's atomics would add to and compare the swapped bits.
 """
 
 from __future__ import annotations
@@ -28,8 +31,17 @@ _FETCHING = {"set": "swap", "inc": "add", "add": "add", "and": "and", "or": "or"
 
 
 def word_of(dtype: np.dtype, what: str, role: str = "target") -> Word:
-    """The word of a NumPy dtype: any integer type, float32 and float64; else TypeError."""
+    """The word of a NumPy dtype: any integer type, float32 and float64 in the
+    machine's byte order; else TypeError."""
     word = words.of(dtype.kind, dtype.itemsize) if dtype.kind in "iuf" else None
+    if word is not None and not dtype.isnative:
+        # the CPU's and MPI's atomics add and compare in the machine's order: refused
+        # rather than done on the swapped bits (docs/openshmem.md)
+        raise TypeError(f"{what}: the {role} has dtype {dtype.str}, whose byte order is not "
+                        f"this machine's ({'little' if np.little_endian else 'big'}-endian); "
+                        f"atomics, waits, tests and signals work on words in the machine's "
+                        f"byte order. Allocate it with dtype "
+                        f"{dtype.newbyteorder('=').name!r} (put/get/reduce move any order)")
     if word is None:
         raise TypeError(f"{what}: the {role} has dtype {dtype}; atomics and point-to-point "
                         f"synchronization take {words.INTEGER_TEXT} ({words.FLOAT_TEXT} for "
@@ -54,7 +66,8 @@ def _on_cpu(target, pe, writable: bool) -> tuple[int, Word] | None:
             or (writable and not target.flags.writeable)):
         return None
     dtype = target.dtype
-    word = words.of(dtype.kind, dtype.itemsize) if dtype.kind in "iuf" else None
+    word = (words.of(dtype.kind, dtype.itemsize) if dtype.kind in "iuf" and dtype.isnative
+            else None)
     found = None if word is None else arrays.one_pass(target, pe, word.size)
     if found is None:
         return None
