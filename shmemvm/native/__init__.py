@@ -73,7 +73,10 @@ def wait(address: int, code: str, cmp: str, value, spins: int):
 
 
 def copy(dst: int, src: int, nbytes: int) -> None:
-    """memmove(dst, src, nbytes) between checked addresses."""
+    """memmove(dst, src, nbytes) between checked addresses. Like every entry
+    point here, ValueError (never a crash) for a negative length, a null
+    address or one below the lowest mappable page, or a range past the
+    highest user address; the callers check the rest (the live block)."""
     _native.copy(dst, src, nbytes)
 
 

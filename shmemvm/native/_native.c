@@ -8,19 +8,25 @@
  *   load(address, word)                     an atomic read (acquire).
  *   wait(address, word, cmp, value, spins)  poll that read until the
  *       comparison holds, at most `spins` times; returns (held, last value).
- *   copy(dst, src, nbytes)                  memcpy between addresses.
+ *   copy(dst, src, nbytes)                  memmove between addresses.
  *   address(buffer)                         where a C-contiguous buffer (a
  *       NumPy array) starts: 0.1 us, against 0.8 for __array_interface__.
  *   copy_from(dst, buffer, nbytes), copy_into(buffer, src, nbytes)
- *                                           memcpy from/into a buffer's
+ *                                           memmove from/into a buffer's
  *       first nbytes (checked against its length): a small put or get of
  *       the NumPy face in one call.
- *   board_step(...)                         one step of the agreement's
- *       shared-memory board (agreement/board.py has the layout and protocol).
+ *   board_write(slot, vector, seq), board_read(slot, words, seq, seq_word,
+ *       spins, out)                         write this PE's slot of a step of
+ *       the agreement's shared-memory board, poll another's (agreement/
+ *       board.py has the layout and protocol).
  *
  * Every function takes plain integers (addresses) and keeps no state: the
  * Python side checks every argument first (bounds, alignment, the live block)
- * and decides when to call. The GIL is released only around waits.
+ * and decides when to call. What C can check cheaply it checks too, so that a
+ * wrong call is a ValueError, not a crash: a negative length, a null address
+ * or one below the lowest page a process can map (vm.mmap_min_addr, 64 KiB),
+ * a range that runs past the highest user address. The GIL is released
+ * around waits and large copies. Multi-phase initialisation (PEP 489).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -123,6 +129,30 @@ static int apply(uintptr_t address, int word, int op, uint64_t v, uint64_t c, ui
     return -1;
 }
 
+/* No address below this is ever mapped (Linux's default vm.mmap_min_addr), and
+ * none at or above MAX_ADDRESS is a user address (57-bit: 5-level paging). */
+#define MIN_ADDRESS ((unsigned long long)64 * 1024)
+#define MAX_ADDRESS ((unsigned long long)1 << 57)
+
+/* 0, or -1 with a ValueError where [address, address + nbytes) is not a range
+ * of user addresses (it runs past MAX_ADDRESS, or wraps). */
+static int check_range(uintptr_t address, unsigned long long nbytes, const char *what) {
+    if (nbytes > MAX_ADDRESS || (unsigned long long)address > MAX_ADDRESS - nbytes) {
+        PyErr_Format(PyExc_ValueError, "%s: %llu bytes at %p run past the highest user "
+                     "address; not memory of this process", what, nbytes, (void *)address);
+        return -1;
+    }
+    return 0;
+}
+
+/* A length argument: a Py_ssize_t >= 0, or -1 with an error set. */
+static Py_ssize_t parse_length(PyObject *obj, const char *what) {
+    Py_ssize_t n = PyLong_AsSsize_t(obj);
+    if (n < 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "%s: nbytes must be >= 0, got %zd", what, n);
+    return n < 0 ? -1 : n;
+}
+
 static int parse_address(PyObject *obj, uintptr_t *address, int size) {
     unsigned long long a = PyLong_AsUnsignedLongLong(obj);
     if (a == (unsigned long long)-1 && PyErr_Occurred()) return -1;
@@ -130,6 +160,13 @@ static int parse_address(PyObject *obj, uintptr_t *address, int size) {
         PyErr_SetString(PyExc_ValueError, "address is null");
         return -1;
     }
+    if (a < MIN_ADDRESS) {   /* (%p: PyErr_Format has no %llx) */
+        PyErr_Format(PyExc_ValueError, "address %p is below the lowest address a process "
+                     "can map (64 KiB): not memory of this process", (void *)(uintptr_t)a);
+        return -1;
+    }
+    if (check_range((uintptr_t)a, (unsigned long long)(size ? size : 1), "address") < 0)
+        return -1;
     if (size && a % (unsigned long long)size) {   /* (%p: PyErr_Format has no %#llx) */
         PyErr_Format(PyExc_ValueError, "address %p is not aligned to %d bytes",
                      (void *)(uintptr_t)a, size);
@@ -262,9 +299,12 @@ static PyObject *native_copy(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     uintptr_t dst, src;
-    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
-    if (n < 0 && PyErr_Occurred()) return NULL;
-    if (parse_address(args[0], &dst, 0) < 0 || parse_address(args[1], &src, 0) < 0) return NULL;
+    Py_ssize_t n = parse_length(args[2], "copy");
+    if (n < 0) return NULL;
+    if (parse_address(args[0], &dst, 0) < 0 || parse_address(args[1], &src, 0) < 0
+        || check_range(dst, (unsigned long long)n, "copy") < 0
+        || check_range(src, (unsigned long long)n, "copy") < 0)
+        return NULL;
     copy_bytes((void *)dst, (const void *)src, (size_t)n);
     Py_RETURN_NONE;
 }
@@ -287,12 +327,12 @@ static PyObject *buffer_copy(PyObject *const *args, Py_ssize_t nargs, int into) 
     }
     uintptr_t address;
     Py_buffer view;
-    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
-    if (n < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "nbytes must be >= 0");
+    const char *what = into ? "copy_into" : "copy_from";
+    Py_ssize_t n = parse_length(args[2], what);
+    if (n < 0) return NULL;
+    if (parse_address(args[into ? 1 : 0], &address, 0) < 0
+        || check_range(address, (unsigned long long)n, what) < 0)
         return NULL;
-    }
-    if (parse_address(args[into ? 1 : 0], &address, 0) < 0) return NULL;
     if (PyObject_GetBuffer(args[into ? 0 : 1], &view, into ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
         return NULL;
     if (n > view.len) {
@@ -352,6 +392,10 @@ static PyObject *native_board_write(PyObject *self, PyObject *const *args, Py_ss
     if (PyObject_GetBuffer(args[1], &vector, PyBUF_SIMPLE) < 0) return NULL;
     int64_t *words = (int64_t *)slot;
     size_t n = (size_t)vector.len / 8;
+    if (check_range(slot, (unsigned long long)(n + 2) * 8, "board_write") < 0) {
+        PyBuffer_Release(&vector);
+        return NULL;
+    }
     memcpy(words + 1, vector.buf, n * 8);
     __atomic_store_n(words + 1 + n, (int64_t)crc32_of(vector.buf, n * 8), __ATOMIC_RELAXED);
     __atomic_store_n(words, (int64_t)seq, __ATOMIC_RELEASE);   /* last: readers poll it */
@@ -373,7 +417,13 @@ static PyObject *native_board_read(PyObject *self, PyObject *const *args, Py_ssi
     Py_buffer out;
     int ok = 0;
     if (PyErr_Occurred()) return NULL;
-    if (parse_address(args[0], &slot, 8) < 0) return NULL;
+    if (n < 0 || n > (Py_ssize_t)(MAX_ADDRESS / 8)) {
+        PyErr_Format(PyExc_ValueError, "board_read: words must be >= 0, got %zd", n);
+        return NULL;
+    }
+    if (parse_address(args[0], &slot, 8) < 0
+        || check_range(slot, (unsigned long long)(n + 2) * 8, "board_read") < 0)
+        return NULL;
     if (PyObject_GetBuffer(args[5], &out, PyBUF_WRITABLE) < 0) return NULL;
     if (out.len < n * 8 || seq_word < 0 || seq_word >= n) {
         PyBuffer_Release(&out);
@@ -417,13 +467,23 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static int exec_module(PyObject *module) {
+    (void)module;
+    crc_init();   /* the same table every time: a second module object may redo it */
+    return 0;
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
+    {0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",
     "CPU atomics, waits, copies and the board's steps on shared memory (see the source).",
-    -1, methods,
+    0, methods, slots, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    crc_init();
-    return PyModule_Create(&module);
+    return PyModuleDef_Init(&module);
 }
