@@ -72,53 +72,81 @@ def call_range(label: str, arguments: dict[str, Any]) -> record_function:
     return record_function(describe(label, arguments))
 
 
+#: wrapper factories by the parameter list they take: compiled once each, many at a time
+_factories: dict[str, Callable] = {}
+
+
+def _shape(function: Callable) -> str:
+    """The source of a factory making `function`'s wrapper: a function with
+    `function`'s parameters (names, kinds, which have defaults) that asks the
+    flag, then calls it. Read from its code object (inspect.signature costs
+    several times more, for all the routines at every import)."""
+    code = function.__code__
+    n_positional, n_keyword = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames[:n_positional + n_keyword]
+    n_defaults = len(function.__defaults__ or ())
+    keyword_defaults = function.__kwdefaults__ or {}
+    defined, passed = [], []
+    for i, name in enumerate(names[:n_positional]):
+        default = i >= n_positional - n_defaults
+        defined.append(f"{name}=_defaults[{name!r}]" if default else name)
+        passed.append(name)
+        if i + 1 == code.co_posonlyargcount:
+            defined.append("/")
+    extra = n_positional + n_keyword
+    if code.co_flags & inspect.CO_VARARGS:
+        defined.append(f"*{code.co_varnames[extra]}")
+        passed.append(f"*{code.co_varnames[extra]}")
+        extra += 1
+    elif n_keyword:
+        defined.append("*")
+    for name in names[n_positional:]:
+        defined.append(f"{name}=_defaults[{name!r}]" if name in keyword_defaults else name)
+        passed.append(f"{name}={name}")
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        defined.append(f"**{code.co_varnames[extra]}")
+        passed.append(f"**{code.co_varnames[extra]}")
+    arguments = ", ".join(f"{name!r}: {name}" for name in names)
+    call = f"_call({', '.join(passed)})"
+    return (f"    def wrapper({', '.join(defined)}):\n"
+            f"        if _profiling():\n"
+            f"            with _range(_label, {{{arguments}}}):\n"
+            f"                return {call}\n"
+            f"        return {call}\n"
+            f"    return wrapper\n")
+
+
+def _compile(shapes: set[str]) -> None:
+    """Make the factories of `shapes` not made yet, in one compile."""
+    missing = sorted(shape for shape in shapes if shape not in _factories)
+    if not missing:
+        return
+    source = "".join(f"def factory_{i}(_call, _label, _defaults, _profiling, _range):\n{shape}"
+                     for i, shape in enumerate(missing))
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<shmemvm.core.trace>", "exec"), namespace)  # noqa: S102
+    for i, shape in enumerate(missing):
+        _factories[shape] = namespace[f"factory_{i}"]
+
+
+def _wrap(function: Function, label: str, shape: str) -> Function:
+    defaults = dict(zip(function.__code__.co_varnames[function.__code__.co_argcount
+                                                      - len(function.__defaults__ or ()):],
+                        function.__defaults__ or ()))
+    defaults.update(function.__kwdefaults__ or {})
+    wrapper = _factories[shape](function, label, defaults, profiling, call_range)
+    functools.update_wrapper(wrapper, function)
+    wrapper.__shmemvm_traced__ = label    # type: ignore[attr-defined]
+    return wrapper    # type: ignore[no-any-return]
+
+
 def ranged(function: Function, label: str) -> Function:
     """`function` with a range named `label` per call while a profiler records,
     and with its own signature, docstring and attributes (inspect, help and
     typing see the original, through __wrapped__)."""
-    signature = inspect.signature(function)
-    namespace: dict[str, Any] = {"_call": function, "_profiling": profiling,
-                                 "_range": call_range, "_label": label}
-    defined, passed, named = [], [], []
-    keyword_only = positional_only = False
-    for parameter in signature.parameters.values():
-        name = parameter.name
-        if parameter.kind is parameter.VAR_POSITIONAL:
-            defined.append(f"*{name}")
-            passed.append(f"*{name}")
-            keyword_only = True
-            continue
-        if parameter.kind is parameter.VAR_KEYWORD:
-            defined.append(f"**{name}")
-            passed.append(f"**{name}")
-            continue
-        if positional_only and parameter.kind is not parameter.POSITIONAL_ONLY:
-            defined.append("/")
-            positional_only = False
-        if parameter.kind is parameter.POSITIONAL_ONLY:
-            positional_only = True
-        if parameter.kind is parameter.KEYWORD_ONLY and not keyword_only:
-            defined.append("*")
-            keyword_only = True
-        text = name
-        if parameter.default is not parameter.empty:
-            namespace[f"_default_{name}"] = parameter.default
-            text += f"=_default_{name}"
-        defined.append(text)
-        passed.append(f"{name}={name}" if parameter.kind is parameter.KEYWORD_ONLY else name)
-        named.append(f"{name!r}: {name}")
-    if positional_only:
-        defined.append("/")
-    call = f"_call({', '.join(passed)})"
-    source = (f"def {function.__name__}({', '.join(defined)}):\n"
-              f"    if _profiling():\n"
-              f"        with _range(_label, {{{', '.join(named)}}}):\n"
-              f"            return {call}\n"
-              f"    return {call}\n")
-    exec(compile(source, f"<shmemvm.core.trace: {label}>", "exec"), namespace)  # noqa: S102
-    wrapper = functools.update_wrapper(namespace[function.__name__], function)
-    wrapper.__shmemvm_traced__ = label    # type: ignore[attr-defined]
-    return wrapper    # type: ignore[return-value]
+    shape = _shape(function)
+    _compile({shape})
+    return _wrap(function, label, shape)
 
 
 def named(label: str) -> Callable[[Function], Function]:
@@ -135,8 +163,11 @@ def traced(cls: Class | None = None, *, skip: tuple[str, ...] = ()) -> Any:
     business; properties, static and class methods are left alone."""
     if cls is None:
         return functools.partial(traced, skip=skip)
-    for name, value in list(vars(cls).items()):
-        if not name.startswith("_") and name not in skip and inspect.isfunction(value) \
-                and not hasattr(value, "__shmemvm_traced__"):
-            setattr(cls, name, ranged(value, f"shmemvm.{name}"))
+    routines = {name: value for name, value in vars(cls).items()
+                if not name.startswith("_") and name not in skip and inspect.isfunction(value)
+                and not hasattr(value, "__shmemvm_traced__")}
+    shapes = {name: _shape(function) for name, function in routines.items()}
+    _compile(set(shapes.values()))
+    for name, function in routines.items():
+        setattr(cls, name, _wrap(function, f"shmemvm.{name}", shapes[name]))
     return cls
