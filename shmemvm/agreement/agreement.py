@@ -59,7 +59,7 @@ import time
 
 from mpi4py import MPI
 
-from ..errors import PeerTimeoutError, ShmemError, SymmetryError
+from ..errors import PeerDeadError, PeerTimeoutError, ShmemError, SymmetryError
 from . import deadline
 from .board import Board
 from .liveness import ABANDONED, COMMITTED, DRAIN_S, Liveness
@@ -306,7 +306,8 @@ class Agreement:
             return
         after = deadline.UNUSABLE if self.initialized else "init failed; no heap was made"
         try:
-            deadline.wait_until(ready, self.timeout, what, self.my_pe, after)
+            deadline.wait_until(ready, self.timeout, what, self.my_pe, after,
+                                None if self.liveness is None else lambda: self._left(what))
             return
         except PeerTimeoutError as exc:
             if sub is None or self.liveness is None:
@@ -327,6 +328,15 @@ class Agreement:
         self.mark_broken(f"{_text(what)} timed out after {self.timeout:g} s")
         raise PeerTimeoutError(f"{timed_out}; a PE that arrives at this call later raises "
                                f"for it too") from None
+
+    def _left(self, what) -> None:
+        """PeerDeadError where another PE has left on an exception or a signal
+        (liveness.py): it will never join this step."""
+        left = self.liveness.left_peer()
+        if left:
+            self.mark_broken(f"{_text(what)}: {left}")
+            raise PeerDeadError(f"PE {self.my_pe}: {_text(what)}: {left}, so it will never "
+                                f"join this step. {deadline.UNUSABLE}")
 
     def _settle(self, sub: int, proposal: int, what) -> int:
         """The register's decision on wait `sub` of the current step."""

@@ -54,18 +54,28 @@ def wait(request: MPI.Request, timeout: float, what, my_pe: int,
     wait_until(request.Test, timeout, what, my_pe, after)
 
 
-def wait_until(ready, timeout: float, what, my_pe: int, after: str = UNUSABLE) -> None:
+#: how often a wait calls its `check` (a PE that left: agreement.py)
+CHECK_S = 0.1
+
+
+def wait_until(ready, timeout: float, what, my_pe: int, after: str = UNUSABLE,
+               check=None) -> None:
     """Poll `ready()` until it is True, or raise PeerTimeoutError after
-    `timeout` s (as wait())."""
+    `timeout` s (as wait()). `check()`, where given, is called every CHECK_S
+    seconds (it raises where the wait cannot end)."""
     if ready():
         return
     now = time.monotonic()
     deadline, keep_core = now + timeout, now + _SPIN_S
+    next_check = now + CHECK_S
     spins = 0
     while not ready():
         spins += 1
         if spins % 64 == 0:
             now = time.monotonic()
+            if check is not None and now > next_check:
+                next_check = now + CHECK_S
+                check()
             if now > deadline:
                 what = what() if callable(what) else what
                 raise PeerTimeoutError(

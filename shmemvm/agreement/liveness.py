@@ -3,7 +3,7 @@ some PEs gave up on (issue 25). Each heap has one Liveness, made at init.
 
 Every PE publishes a *record*: whether it waits (in wait_until, the
 wait_until_* family, signal_wait_until or set_lock), for what (a text naming
-the call, the variable or lock and what it sees), a progress epoch (bumped
+the call, the variable or lock and what it sees), whether it left,, a progress epoch (bumped
 whenever what the wait reads changes), the locks it holds or queues for with
 their tickets, whether its heap broke or closed, and a *verdict* once it has
 found a wait that cannot end. On the node the record lies in a small file in
@@ -15,20 +15,29 @@ heap beats in it (a counter, a few times per timeout, no MPI call): a PE of
 another node is dead when its record does not answer, or its heartbeat does
 not move, for the timeout (a stopped PE too).
 
-A waiting PE (Watch) checks a few times a second:
+A waiting PE (Watch) checks a few times a second, in every heap of its
+process (a deadlock may span heaps over the same PEs; the waits, serial and
+epoch in each record are the whole process's: process.py):
 
-- a verdict published by another PE: it raises the same error (DeadlockError
-  or PeerDeadError, the same text), so every waiting PE reports the same
-  outcome;
+- a PE that has left on an exception or a signal (its record says "left"):
+  PeerDeadError at once, naming it;
+- a verdict proposed by another PE for this PE as it is now: it adopts it
+  (Watch's doc), and raises the same error (DeadlockError or PeerDeadError,
+  the same text) once every live PE has, so every PE reaches the same
+  outcome for the same waits, or waits on where one of them went on;
 - set_lock: the PE that holds, or queues with, the ticket now served is dead
   (on the node its pid is gone or a zombie; off the node it has not answered
   for the timeout) or its heap broke: PeerDeadError at once;
 - every other PE waits too, is dead, or has left the heap, and neither its
-  wait nor what this PE's wait reads has changed for the heap's timeout:
-  PeerDeadError where some PE is dead or gone, else DeadlockError, naming
-  each PE's wait. A PE that runs (computes, or waits anywhere but in those
-  calls, or has a Python thread outside them) can end the others' waits, so
-  while one does, nobody raises: a long wait that such a PE ends still waits.
+  wait nor what this PE's wait reads has changed for the heap's timeout: it
+  proposes PeerDeadError where some PE is dead or gone, else DeadlockError,
+  naming each PE's wait. A PE that runs (computes, waits anywhere but in those
+  calls, waits with a timeout of its own, or has a thread outside them that
+  is not idle: process.py) can end the others' waits, so while one does,
+  nobody raises: a long wait that such a PE ends still waits.
+
+Records are checked for their shape as well as their CRC: a same-user process
+can write a PE's file, and a record of another shape is ignored.
 
 The *register* decides a step that some PEs gave up on (agreement.py): a PE
 whose wait for a step reached the deadline proposes ABANDONED, a PE that
@@ -57,13 +66,16 @@ from collections.abc import Callable
 from mpi4py import MPI
 
 from ..errors import DeadlockError, PeerDeadError, PeerTimeoutError, clip
+from . import process
 
 log = logging.getLogger("shmemvm")
 
 #: bytes of one PE's record; the register follows it in the file and the window
 RECORD = 4096
 REGISTER_SLOTS = 64
-SIZE = RECORD + 8 * REGISTER_SLOTS
+#: the register's word of deadlock verdicts (Watch: every PE reaches the same one)
+VERDICT_AT = RECORD + 8 * REGISTER_SLOTS
+SIZE = VERDICT_AT + 8
 _HEAD = 24                        # sequence, payload length, CRC-32 of the payload
 _NAME = "liveness"                # the file in the PE's private directory
 
@@ -125,10 +137,49 @@ def read_record(buffer) -> dict | None:
         if zlib.crc32(data) == int.from_bytes(buffer[16:24], "little") and \
                 bytes(buffer[0:8]) == sequence:
             try:
-                return json.loads(data)
+                return checked(json.loads(data))
             except ValueError:
                 return None
     return None
+
+
+_FIELDS = {"pid": int, "serial": int, "epoch": int, "waiting": bool, "wait": str,
+           "locks": list, "beat": int, "failed": list}
+_OPTIONAL_TEXT = ("gone", "left")
+
+
+def checked(record) -> dict | None:
+    """`record` where it has the shape this module writes (a same-user process
+    can write a PE's file: a right CRC says nothing of the fields), else None."""
+    if not isinstance(record, dict):
+        return None
+    for name, kind in _FIELDS.items():
+        value = record.get(name, kind())
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return None
+    if any(not isinstance(record.get(name), (str, type(None))) for name in _OPTIONAL_TEXT):
+        return None
+    for lock in record.get("locks", ()):
+        if not (isinstance(lock, list) and len(lock) == 3 and isinstance(lock[0], str)
+                and lock[0].isdigit() and isinstance(lock[1], (int, type(None)))
+                and not isinstance(lock[1], bool) and isinstance(lock[2], str)):
+            return None
+    if not all(_proposal_id(entry) for entry in record.get("failed", ())):
+        return None
+    verdict = record.get("verdict")
+    if verdict is not None and not (
+            isinstance(verdict, dict) and isinstance(verdict.get("kind"), str)
+            and isinstance(verdict.get("text"), str) and _proposal_id(verdict.get("id"))
+            and isinstance(verdict.get("at"), dict)
+            and all(isinstance(pe, str) and pe.isdigit() and isinstance(state, list)
+                    and len(state) == 2 and all(type(n) is int for n in state)
+                    for pe, state in verdict["at"].items())):
+        return None
+    return record
+
+
+def _proposal_id(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(type(n) is int for n in value)
 
 
 # -- processes on this node ---------------------------------------------------------------
@@ -182,6 +233,16 @@ def _decide(old: int, tag: int, counter: int, proposal: int) -> tuple[int | None
     return None, new - (1 << 64) if new >> 63 else new
 
 
+def _decide_exactly(old: int, tag: int, counter: int, proposal: int) -> tuple[int | None, int]:
+    """As _decide, for the verdicts' word: only this very counter is decided
+    (proposals of different PEs are not ordered)."""
+    old &= (1 << 64) - 1
+    if old >> 48 == tag and (old >> 2) & ((1 << _COUNTER_BITS) - 1) == counter:
+        return old & 3, old
+    new = (tag << 48) | (counter << 2) | proposal
+    return None, new - (1 << 64) if new >> 63 else new
+
+
 class FileRegister:
     """The register in PE 0's file, changed under an exclusive flock (every PE of
     the heap is on this node). The descriptor stays open for the heap's life,
@@ -192,9 +253,14 @@ class FileRegister:
         self._lock = threading.Lock()   # flock does not exclude threads of one process
         self.timeout = timeout
 
-    def settle(self, key: int, counter: int, proposal: int, what: str, my_pe: int) -> int:
+    def settle(self, key: int, counter: int, proposal: int, what: str, my_pe: int,
+               at: int | None = None) -> int:
+        """The outcome of step `counter` of agreement `key` (the first proposal
+        wins); `at`: the verdicts' word instead, where the word's counter must
+        be this one exactly (verdict())."""
         slot, tag = _slot(key)
-        at = RECORD + 8 * slot
+        decide = _decide if at is None else _decide_exactly
+        at = RECORD + 8 * slot if at is None else at
         deadline = time.monotonic() + self.timeout
         with self._lock:
             while True:
@@ -212,7 +278,7 @@ class FileRegister:
                 time.sleep(0.001)
             try:
                 old = int.from_bytes(os.pread(self._fd, 8, at), "little", signed=True)
-                decided, new = _decide(old, tag, counter, proposal)
+                decided, new = decide(old, tag, counter, proposal)
                 if decided is not None:
                     return decided
                 os.pwrite(self._fd, new.to_bytes(8, "little", signed=True), at)
@@ -233,12 +299,14 @@ class WindowRegister:
     def __init__(self, window: LivenessWindow):
         self._window = window
 
-    def settle(self, key: int, counter: int, proposal: int, what: str, my_pe: int) -> int:
+    def settle(self, key: int, counter: int, proposal: int, what: str, my_pe: int,
+               at: int | None = None) -> int:
         slot, tag = _slot(key)
-        at = RECORD + 8 * slot
+        decide = _decide if at is None else _decide_exactly
+        at = RECORD + 8 * slot if at is None else at
         old = self._window.fetch_word(0, at, what)
         while True:
-            decided, new = _decide(old, tag, counter, proposal)
+            decided, new = decide(old, tag, counter, proposal)
             if decided is not None:
                 return decided
             seen = self._window.compare_swap(0, at, old, new, what)
@@ -314,11 +382,6 @@ class LivenessWindow:
 
 
 # -- one heap's liveness --------------------------------------------------------------------
-#: heartbeat threads running (liveness of heaps over several nodes): not counted
-#: among the threads that could end a wait (Liveness.waiting)
-_BEATING = [0]
-
-
 class Peer:
     """What this PE knows of another: where its record is, and what it saw of it."""
 
@@ -355,10 +418,11 @@ class Liveness:
         finally:
             os.close(fd)
         self._mine = memoryview(self._map)[:RECORD]
-        self._lock = threading.RLock()
+        self._lock = process.LOCK        # one for every heap of the process (process.py)
         self._sequence = 0
-        self._state = {"pid": os.getpid(), "waits": [], "serial": 0, "epoch": 0,
-                       "locks": {}, "verdict": None, "gone": None, "beat": 0}
+        # this heap's part of the record; the waits, serial and epoch are the process's
+        self._state = {"pid": os.getpid(), "locks": {}, "verdict": None, "gone": None,
+                       "left": None, "beat": 0, "failed": [], "proposals": 0}
         self._beating: threading.Event | None = None
         self.peers: dict[int, Peer] = {}
         self.window: LivenessWindow | None = None
@@ -366,7 +430,13 @@ class Liveness:
         self.closed = False
         #: called once this PE raised a verdict (the heap marks itself broken)
         self.on_verdict: Callable[[str], None] = lambda why: None
-        self._publish()
+        process.install()
+        with self._lock:
+            #: its place among the heaps this process made (the same on every PE
+            #: for heaps made together): where a verdict spanning them is proposed
+            self.number = process.COUNTS["heaps"] = process.COUNTS["heaps"] + 1
+            process.OPEN.add(self)
+            self._publish()
 
     # -- set-up ------------------------------------------------------------------------
     def connect(self, comm: MPI.Comm, node: dict[int, tuple[int, str]]) -> None:
@@ -398,7 +468,6 @@ class Liveness:
             self.register = WindowRegister(self.window)
             self._publish()
             self._beating = threading.Event()
-            _BEATING[0] += 1
             threading.Thread(target=self._beat, args=(self._beating,), daemon=True,
                              name=f"shmemvm-heartbeat-pe{self.my_pe}").start()
 
@@ -406,6 +475,7 @@ class Liveness:
         """The heartbeat (over several nodes): a counter in the record, a few
         times per timeout, so that the PEs of other nodes see this one live
         while it computes. No MPI call: the window's memory is written here."""
+        process.BEATING.add(threading.get_native_id())
         try:
             while not stop.wait(self.timeout / 4):
                 with self._lock:
@@ -414,24 +484,26 @@ class Liveness:
                     self._state["beat"] += 1
                     self._publish()
         finally:
-            _BEATING[0] -= 1
+            process.BEATING.discard(threading.get_native_id())
 
     # -- this PE's record ---------------------------------------------------------------
-    def _publish(self) -> None:
+    def _publish(self, waiting: bool | None = None) -> None:
         with self._lock:
+            if self._map is None:
+                return    # closed
             state = self._state
-            waits = state["waits"]
-            payload = {"pid": state["pid"], "serial": state["serial"], "epoch": state["epoch"],
-                       "waiting": self.waiting(),
-                       "wait": "; ".join(watch.text for watch in waits),
+            payload = {"pid": state["pid"], "serial": process.COUNTS["serial"],
+                       "epoch": process.COUNTS["epoch"],
+                       "waiting": process.waiting() if waiting is None else waiting,
+                       "wait": "; ".join(watch.text for watch in process.WAITS),
                        "locks": [[offset, ticket, how] for offset, (ticket, how)
                                  in state["locks"].items()],
                        "verdict": state["verdict"], "gone": state["gone"],
+                       "left": state["left"], "failed": state["failed"],
                        "beat": state["beat"]}
             data = encode(payload)
             self._sequence += 1
-            if self._map is not None:
-                write_record(self._mine, self._sequence, data)
+            write_record(self._mine, self._sequence, data)
             if self.window is not None and self.window.win != MPI.WIN_NULL:
                 self.window.publish(data, self._sequence)
 
@@ -454,50 +526,51 @@ class Liveness:
                 self._state["gone"] = why
                 self._publish()
 
+    def leave(self, why: str) -> None:
+        """This PE leaves on an exception or a signal (`why`): every PE waiting
+        on this heap raises at once, naming it (process.py)."""
+        with self._lock:
+            if not self._state["left"]:
+                self._state["left"] = why
+                self._publish()
+
     # -- waits ----------------------------------------------------------------------------
     def watch(self, describe: Callable[[object], str],
-              lock: Callable[[], tuple] | None = None) -> Watch:
+              lock: Callable[[], tuple] | None = None, deadline: float | None = None) -> Watch:
         """A Watch of one wait of this PE (describe(seen): the wait, given what it
         last read, for messages and the record; lock(): (offset, the ticket
-        served now) for set_lock)."""
-        return Watch(self, describe, lock)
+        served now) for set_lock; deadline: the wait's own, time.monotonic())."""
+        return Watch(self, describe, lock, deadline)
 
     def waiting(self) -> bool:
-        """Every Python thread of this process is in a watched wait (a thread
-        outside one could end the others' waits)."""
-        waits = self._state["waits"]
-        return bool(waits) and len(waits) >= threading.active_count() - _BEATING[0]
+        """This process waits: each of its threads is in a watched wait without a
+        deadline (of any heap) or idle (process.py)."""
+        return process.waiting()
 
     def _enter(self, watch: Watch) -> None:
         with self._lock:
-            self._state["waits"].append(watch)
-            self._state["serial"] += 1
-            self._publish()
+            process.WAITS.append(watch)
+            _changed("serial")
 
     def _leave(self, watch: Watch) -> None:
         with self._lock:
-            waits = self._state["waits"]
-            if watch in waits:
-                waits.remove(watch)
-                self._state["serial"] += 1
-                if not self.closed:
-                    self._publish()
+            if watch in process.WAITS:
+                process.WAITS.remove(watch)
+                _changed("serial")
 
     def _progress(self) -> None:
         with self._lock:
-            self._state["epoch"] += 1
-            self._publish()
-
-    def _verdict(self, kind: str, text: str) -> None:
-        with self._lock:
-            if not self._state["verdict"]:
-                self._state["verdict"] = {"kind": kind, "text": text}
-                self._publish()
+            _changed("epoch")
 
     # -- the others ------------------------------------------------------------------------
     def observe(self) -> None:
         """Read every other PE's record (off the node: the answer to the read
         issued at the previous call, then a new read) and note which changed."""
+        with self._lock:
+            if not self.closed:
+                self._observe()
+
+    def _observe(self) -> None:
         now = time.monotonic()
         for peer in self.peers.values():
             record = None
@@ -530,12 +603,37 @@ class Liveness:
                 peer.dead = (f"PE {peer.pe} (on another node) has shown no sign of life for "
                              f"{self.timeout:g} s (SHMEMVM_TIMEOUT): it has died or is stopped")
 
+    def left_peer(self) -> str | None:
+        """Where another PE has left on an exception or a signal: what it said."""
+        self.observe()
+        for peer in self.peers.values():
+            left = (peer.record or {}).get("left")
+            if left:
+                process.LOST.append(f"PE {peer.pe} left")
+                return f"PE {peer.pe} has left: {left}"
+        return None
+
+    def all_seen(self) -> bool:
+        """Every other PE is dead, or has left, closed or broken its heap."""
+        if self.closed:
+            return True
+        self.observe()
+        return all(peer.dead or (peer.record or {}).get("gone") or (peer.record or {}).get("left")
+                   for peer in self.peers.values())
+
     def settle(self, key: int, counter: int, proposal: int, what: str) -> int:
         """Decide a step that some PE gave up on (module doc): the outcome,
         COMMITTED or ABANDONED, the same for every PE that asks."""
         if self.register is None:
             return proposal
         return self.register.settle(key, counter, proposal, what, self.my_pe)
+
+    def settle_verdict(self, counter: int, proposal: int, what: str) -> int:
+        """Decide a proposed verdict (Watch): COMMITTED or ABANDONED, the first
+        proposal winning, the same for every PE that asks."""
+        if self.register is None:
+            return proposal
+        return self.register.settle(0, counter, proposal, what, self.my_pe, at=VERDICT_AT)
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self, healthy: bool) -> None:
@@ -546,6 +644,7 @@ class Liveness:
                 return
             self.gone("closed (finalize)" if healthy else "broken")
             self.closed = True
+            process.OPEN.discard(self)
             if self._beating is not None:
                 self._beating.set()
             for peer in self.peers.values():
@@ -560,6 +659,21 @@ class Liveness:
             self._mine.release()
             self._map.close()
             self._map = None
+
+
+def _changed(what: str) -> None:
+    """The process's waits (serial) or what they read (epoch) changed: published
+    in every open heap's record (under process.LOCK)."""
+    process.COUNTS[what] += 1
+    process.COUNTS["since"] = time.monotonic()
+    publish_all()
+
+
+def publish_all() -> None:
+    """Publish the record of every open heap of this process (under process.LOCK)."""
+    waiting = process.COUNTS["waiting"] = process.waiting()
+    for liveness in list(process.OPEN):
+        liveness._publish(waiting)
 
 
 class NullWatch:
@@ -579,29 +693,52 @@ NULL_WATCH = NullWatch()
 
 
 def watch(liveness: Liveness | None, describe: Callable[[object], str],
-          lock: Callable[[], tuple] | None = None) -> Watch | NullWatch:
-    """The watch of one wait of this PE that has no deadline of its own, on the
-    heap's `liveness` (nothing where there is none): used as a context manager
-    around the polling loop, whose every poll calls tick(what it read); it
-    raises DeadlockError or PeerDeadError where the wait cannot end.
-    `describe(seen)` names the wait; `lock()` gives set_lock's (lock offset,
-    ticket served now)."""
-    return NULL_WATCH if liveness is None else liveness.watch(describe, lock)
+          lock: Callable[[], tuple] | None = None,
+          timeout: float | None = None) -> Watch | NullWatch:
+    """The watch of one wait of this PE on the heap's `liveness` (nothing where
+    there is none): used as a context manager around the polling loop, whose
+    every poll calls tick(what it read); it raises DeadlockError or
+    PeerDeadError where the wait cannot end. `describe(seen)` names the wait;
+    `lock()` gives set_lock's (lock offset, ticket served now); `timeout`: the
+    wait's own (seconds), which makes it a wait that ends: never part of a
+    deadlock, though it still raises where a PE it may wait for has left or
+    holds its lock dead."""
+    if liveness is None:
+        return NULL_WATCH
+    return liveness.watch(describe, lock, None if timeout is None
+                          else time.monotonic() + timeout)
+
+
+#: how often a PE that holds a proposed verdict reads the others' records
+_RESOLVE_EVERY = 0.02
 
 
 class Watch:
     """One wait of this PE that may last for ever (wait_until and its family,
     signal_wait_until, set_lock): tick() at every poll; it raises DeadlockError
     or PeerDeadError where the wait cannot end (module doc). Use as a context
-    manager around the polling loop."""
+    manager around the polling loop.
+
+    A verdict is the same on every PE: the PE that finds every PE stuck
+    proposes it (in its record, naming each PE's serial and epoch as it saw
+    them); a PE still in that very state adopts it and stops polling its
+    variable; once every live PE named has adopted it, a PE proposes COMMITTED
+    to the register (the first proposal wins), and every PE raises; where one
+    of them went on (its serial or epoch moved: its wait ended or saw
+    progress, say a PE stopped inside a wait already satisfied), ABANDONED,
+    and every PE waits on."""
 
     def __init__(self, liveness: Liveness, describe: Callable[[object], str],
-                 lock: Callable[[], tuple] | None):
+                 lock: Callable[[], tuple] | None, deadline: float | None = None):
         self.liveness = liveness
         self.describe = describe
         self.lock = lock
+        self.deadline = deadline
+        self.tid = threading.get_native_id()
+        self.ident = threading.get_ident()
         self.text = ""
         self.entered = False
+        self.offer: dict[int, list] = {}   # heap -> the verdict offered there at the last check
         self.last = self
         self.changed = time.monotonic()
         self.next_check = self.changed + min(CHECK_EVERY, liveness.timeout / 10)
@@ -631,43 +768,160 @@ class Watch:
         liveness = self.liveness
         if liveness.closed:
             return
-        if not self.entered:   # published at the first check: short waits cost nothing
-            self.text = self.describe(self.last)
-            self.entered = True
-            liveness._enter(self)
-        liveness.observe()
-        peers = liveness.peers.values()
-        me = liveness.my_pe
-        for peer in peers:     # a verdict found elsewhere: the same outcome here
-            verdict = (peer.record or {}).get("verdict")
-            if verdict:
-                self._raise(verdict["kind"], verdict["text"], adopted=True)
-        if self.lock is not None:
+        with liveness._lock:
+            if not self.entered:   # published at the first check: short waits cost nothing
+                self.text = self.describe(self.last)
+                self.entered = True
+                liveness._enter(self)
+            waiting = process.waiting()
+            if waiting != process.COUNTS.get("waiting"):   # a thread woke or fell idle
+                publish_all()
+            # a deadlock may span the heaps of this process: every PE looks at them in
+            # the order they were made, and proposes in the first where all are stuck
+            heaps = sorted(process.OPEN, key=lambda heap: heap.number)
+        for heap in heaps:
+            if not heap.closed and self._check_heap(heap, now, waiting):
+                return
+
+    def _check_heap(self, heap: Liveness, now: float, waiting: bool) -> bool:
+        """Check in `heap`: True where a verdict is offered there (this PE looks
+        no further until it is decided)."""
+        heap.observe()
+        peers = list(heap.peers.values())
+        for peer in peers:       # a PE that left on an exception or a signal: at once
+            left = (peer.record or {}).get("left")
+            if left:
+                self._raise(heap, "dead", f"{self.text}: PE {peer.pe} has left ({left}), so "
+                                          f"it can end no wait. {UNUSABLE}")
+        if self._follow(heap, peers, waiting):
+            return True          # another PE's verdict is offered: see it decided first
+        if heap is self.liveness and self.lock is not None:
             self._check_lock(peers)
-        limit = liveness.timeout
-        # this PE waits (each of its Python threads is in such a wait) and nothing it
+        if self.deadline is not None:
+            return False         # a wait with a deadline of its own ends: no verdict
+        limit = heap.timeout
+        # this PE waits (each of its threads is in such a wait, or idle) and nothing it
         # reads has changed for the timeout
-        stuck = now - self.changed >= limit and liveness.waiting()
+        quiet = now - max(self.changed, process.COUNTS.get("since", 0.0))
+        stuck = waiting and quiet >= limit
         for peer in peers:
             record = peer.record or {}
             if peer.dead or record.get("gone"):
                 continue
             if not (record.get("waiting") and now - peer.since >= limit):
-                return           # a PE that runs (or changed lately) can end the waits
+                return False     # a PE that runs (or changed lately) can end the waits
         if not stuck:
-            return
+            return False
         lost = [self._lost(peer) for peer in peers if peer.dead or (peer.record or {}).get("gone")]
-        waits = [f"PE {me}: {self.text}"] + [
+        waits = [f"PE {heap.my_pe}: {'; '.join(watch.text for watch in process.WAITS)}"] + [
             f"PE {peer.pe}: {(peer.record or {}).get('wait') or '?'}" for peer in peers
             if not (peer.dead or (peer.record or {}).get("gone"))]
         waits.sort(key=lambda text: int(text.split(":")[0][3:]))
         if lost:
-            self._raise("dead", f"{'; '.join(lost)}, and every other PE has waited for "
-                                f"{limit:g} s (SHMEMVM_TIMEOUT) with nothing changing, so no PE "
-                                f"can end these waits: {'; '.join(waits)}. {UNUSABLE}")
-        self._raise("deadlock", f"a deadlock: every PE has waited for {limit:g} s "
-                                f"(SHMEMVM_TIMEOUT) with nothing changing, so none can end "
-                                f"another's wait: {'; '.join(waits)}. {UNUSABLE}")
+            self._propose(heap, peers, "dead", f"{'; '.join(lost)}, and every other PE has "
+                          f"waited for {limit:g} s (SHMEMVM_TIMEOUT) with nothing changing, so "
+                          f"no PE can end these waits: {'; '.join(waits)}. {UNUSABLE}")
+        else:
+            self._propose(heap, peers, "deadlock", f"a deadlock: every PE has waited for "
+                          f"{limit:g} s (SHMEMVM_TIMEOUT) with nothing changing, so none can "
+                          f"end another's wait: {'; '.join(waits)}. {UNUSABLE}")
+        return True
+
+    # -- one verdict for every PE --------------------------------------------------------
+    def _propose(self, heap: Liveness, peers, kind: str, text: str) -> None:
+        """Propose a verdict (class doc), then see it decided."""
+        with heap._lock:
+            if heap._state["verdict"] is not None:
+                return
+            heap._state["proposals"] += 1
+            at = {str(peer.pe): [peer.record.get("serial"), peer.record.get("epoch")]
+                  for peer in peers if peer.record and not _out(peer)}
+            at[str(heap.my_pe)] = [process.COUNTS["serial"], process.COUNTS["epoch"]]
+            heap._state["verdict"] = {"kind": kind, "text": text, "at": at,
+                                      "id": [heap.my_pe, heap._state["proposals"]]}
+            heap._publish()
+        self._follow(heap, peers, True)
+
+    def _follow(self, heap: Liveness, peers, waiting: bool) -> bool:
+        """Adopt a verdict another PE proposed for this PE as it is now, and see
+        the one this PE holds decided (class doc): raises where it is COMMITTED.
+        True where one is offered and this wait polls once more first."""
+        with heap._lock:
+            held = heap._state["verdict"]
+            if held is None:
+                if not waiting or self.deadline is not None:
+                    return False
+                now = [process.COUNTS["serial"], process.COUNTS["epoch"]]
+                offered = [verdict for peer in peers
+                           if (verdict := (peer.record or {}).get("verdict"))
+                           and verdict["at"].get(str(heap.my_pe)) == now
+                           and verdict["id"] not in heap._state["failed"]]
+                if not offered:
+                    return False
+                chosen = min(offered, key=lambda v: v["id"])
+                if self.offer.get(heap.number) != chosen["id"]:
+                    # poll once more first: a wait satisfied meanwhile (a PE stopped
+                    # between its polls) returns instead, and the verdict fails
+                    self.offer[heap.number] = chosen["id"]
+                    return True
+                held = heap._state["verdict"] = dict(chosen)
+                heap._publish()
+        self._decide(heap, held)
+        return False
+
+    def _decide(self, heap: Liveness, held: dict) -> None:
+        """Wait (not polling this PE's variable: it is committed to the verdict)
+        until every live PE named has adopted `held` or one went on, settle
+        that with the register, then raise or wait on."""
+        while True:
+            heap.observe()
+            held = self._lowest(heap, held)
+            ident = held["id"]
+            outcome, complete = None, True
+            for peer in heap.peers.values():
+                record = peer.record or {}
+                if ident in record.get("failed", ()):
+                    outcome = ABANDONED
+                    break
+                if str(peer.pe) not in held["at"] or _out(peer):
+                    continue
+                if (record.get("verdict") or {}).get("id") == ident:
+                    continue
+                complete = False
+                if [record.get("serial"), record.get("epoch")] != held["at"][str(peer.pe)]:
+                    outcome = ABANDONED   # it went on: its wait ended, or saw progress
+                    break
+            if outcome is None and complete:
+                outcome = COMMITTED
+            if outcome is not None:
+                break
+            time.sleep(_RESOLVE_EVERY)
+        counter = (ident[1] % (1 << 29)) * 65536 + ident[0] % 65536
+        if heap.settle_verdict(counter, outcome, f"{self.text} (deciding a verdict)") \
+                == COMMITTED:
+            self._raise(heap, held["kind"], held["text"])
+        with heap._lock:
+            heap._state["verdict"] = None
+            heap._state["failed"] = (heap._state["failed"] + [ident])[-8:]
+            heap._publish()
+        self.changed = time.monotonic()
+
+    @staticmethod
+    def _lowest(heap: Liveness, held: dict) -> dict:
+        """The verdict to hold: `held`, or one with a lower id that another PE
+        proposed for this PE as it is (committed, it does not change), so that
+        PEs that proposed at once converge on one."""
+        now = [process.COUNTS["serial"], process.COUNTS["epoch"]]
+        lower = [verdict for peer in heap.peers.values()
+                 if (verdict := (peer.record or {}).get("verdict"))
+                 and verdict["id"] < held["id"] and verdict["at"].get(str(heap.my_pe)) == now
+                 and verdict["id"] not in heap._state["failed"]]
+        if not lower:
+            return held
+        with heap._lock:
+            held = heap._state["verdict"] = dict(min(lower, key=lambda v: v["id"]))
+            heap._publish()
+        return held
 
     def _check_lock(self, peers) -> None:
         """set_lock: the PE with the ticket now served is dead or gone."""
@@ -686,23 +940,28 @@ class Watch:
         if culprit is None or not (culprit.dead or (culprit.record or {}).get("gone")):
             return
         role = "holds it" if claimant is not None else "was taking a ticket for it"
-        self._raise("dead", f"{self.text}: the lock's turn is ticket {serving}, and PE "
-                            f"{culprit.pe}, which {role}, can never release it: "
-                            f"{self._lost(culprit)}. {UNUSABLE}", shared=False)
+        self._raise(self.liveness, "dead",
+                    f"{self.text}: the lock's turn is ticket {serving}, and PE "
+                    f"{culprit.pe}, which {role}, can never release it: "
+                    f"{self._lost(culprit)}. {UNUSABLE}")
 
     @staticmethod
     def _lost(peer: Peer) -> str:
         gone = (peer.record or {}).get("gone")
         return peer.dead or f"PE {peer.pe} has left the heap (its heap is {gone})"
 
-    def _raise(self, kind: str, text: str, adopted: bool = False, shared: bool = True) -> None:
-        """Publish the verdict (where found here and shared by every waiting PE),
-        break the heap, and raise."""
-        liveness = self.liveness
-        if shared and not adopted:
-            liveness._verdict(kind, text)
-        elif adopted:
-            liveness._verdict(kind, text)   # passed on: a PE that reads only this one agrees
-        liveness.on_verdict(f"{kind}: {clip(text, 200)}")
+    def _raise(self, heap: Liveness, kind: str, text: str) -> None:
+        """Break the heaps concerned (the one where the verdict was found, and
+        this wait's) and raise."""
+        if kind == "dead":
+            process.LOST.append(clip(text, 200))
+        for broken in {id(heap): heap, id(self.liveness): self.liveness}.values():
+            broken.on_verdict(f"{kind}: {clip(text, 200)}")
         error = DeadlockError if kind == "deadlock" else PeerDeadError
-        raise error(f"PE {liveness.my_pe}: {text}")
+        raise error(f"PE {heap.my_pe}: {text}")
+
+
+def _out(peer: Peer) -> bool:
+    """A PE that can end no wait any more: dead, or its heap closed or broken."""
+    record = peer.record or {}
+    return bool(peer.dead or record.get("gone") or record.get("left"))

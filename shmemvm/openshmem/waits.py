@@ -137,7 +137,7 @@ def poll_until(heap: HeapCore, poll, timeout: float | None, unmet) -> object:
     by the caller with check_timeout), PeerTimeoutError once it has passed; its
     message starts with unmet(last result), which says what was still unmet.
     Watched (agreement/liveness.py): DeadlockError or PeerDeadError where no PE can end it."""
-    with liveness.watch(heap.liveness, unmet) as watch:
+    with liveness.watch(heap.liveness, unmet, timeout=timeout) as watch:
         return _poll_until(heap, poll, timeout, unmet, watch)
 
 
@@ -173,8 +173,11 @@ def wait_for(heap: HeapCore, word: Word, where: torch.Tensor, cmp: str, value,
         current = atomics.read(heap, word, where, what)
         return compare(current, value), current
 
-    return poll_until(heap, poll, timeout,
-                 lambda current: f"{what}(ivar, {cmp!r}, {value}) still sees {current}")
+    def unmet(current) -> str:   # (made only for a message or a watched wait's record)
+        return (f"{what}(ivar at heap offset {heap.offset_of(where):#x} on PE {heap.my_pe}, "
+                f"{cmp!r}, {value}) still sees {current}")
+
+    return poll_until(heap, poll, timeout, unmet)
 
 
 @_docs.appended(WAIT_RAISES)
@@ -324,7 +327,8 @@ class Condition:
 
     def unmet(self, current) -> str:
         shown = current if len(current) <= 16 else f"{current[:16]} (first 16)"
-        return f"{self.what}(ivars, {self.cmp!r}, ...) still sees {shown}"
+        return (f"{self.what}(ivars at heap offset {self.heap.offset_of(self.where):#x} on PE "
+                f"{self.heap.my_pe}, {self.cmp!r}, ...) still sees {shown}")
 
 
 def _condition(heap: HeapCore, ivars, cmp, values, status, what: str, vector: bool) -> Condition:

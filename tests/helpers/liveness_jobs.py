@@ -26,19 +26,40 @@ Scenarios (the wait each PE makes, none with a timeout of its own):
   legit-long-wait PE 0 waits in wait_until while the others compute for two
                   timeouts, then PE 1 sets the variable: PE 0's wait returns
   wait-on-dead    every PE but the last waits in wait_until; the last dies
+  two-heaps       (issue 32, item 3) two heaps over the same PEs: PE 0 waits on a
+                  flag of the first, the others on a flag of the second, each
+                  PE setting the next one's after its own wait: a deadlock
+  timed-wait      (item 6) PE 0 waits with timeout=4 timeouts; the others wait
+                  with timeout=2 timeouts (which pass), then PE 1 sets PE 0's flag:
+                  PE 0's wait returns, no deadlock
+  start-new-thread (item 7) PE 0 waits on a flag that a thread of PE 1, started
+                  with _thread.start_new_thread, sets after 2 timeouts, while PE 1
+                  (and the rest) waits on a flag PE 0 sets after its wait
+  idle-threads    (item 9) every PE has an idle ThreadPoolExecutor worker and a
+                  thread blocked in queue.get(), and waits on a flag nobody sets:
+                  a deadlock
+  stopped-satisfied (item 8) PE 1 waits on a flag; PE 0 stops it (SIGSTOP), sets
+                  the flag, has it continued (SIGCONT) after 1.5 timeouts, and
+                  waits on a flag that PE 1 sets after its wait; the rest wait
+                  on a flag PE 1 sets too: every wait returns
 """
 
+import _thread
 import faulthandler
 import os
+import queue
+import signal
+import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from mpi4py import MPI
 
 from job_records import finish, record
-from shmemvm import SymmetricHeap
+from shmemvm import PeerTimeoutError, SymmetricHeap
 
 DEATH = 3  # os._exit status of the dying PE
 
@@ -128,6 +149,60 @@ def main() -> None:
                 time.sleep(0.5)
                 die(outdir, heap)
             return heap.wait_until(flags[3:4], "eq", 1)
+        if scenario == "two-heaps":
+            other = SymmetricHeap(MPI.COMM_WORLD, heap_size="4M", backend="host",
+                                  timeout=timeout, node_split=split)
+            flag = {id(heap): heap.zeros(1, torch.int64), id(other): other.zeros(1, torch.int64)}
+            heap.barrier_all()
+            other.barrier_all()
+
+            def waits_in(pe):
+                return heap if pe == 0 else other
+            here, there = waits_in(me), waits_in((me + 1) % n)
+            here.wait_until(flag[id(here)], "eq", 1)
+            there.atomic_set(flag[id(there)], 1, (me + 1) % n)
+            return "woken"
+        if scenario == "timed-wait":
+            if me == 0:
+                return heap.wait_until(flags[0:1], "eq", 1, timeout=4 * timeout)
+            try:
+                heap.wait_until(flags[1:2], "eq", 1, timeout=2 * timeout)
+            except PeerTimeoutError:
+                pass                                      # as asked
+            if me == 1:
+                heap.atomic_set(flags[0:1], 1, 0)
+            return "timed out as asked"
+        if scenario == "start-new-thread":
+            if me == 1:
+                _thread.start_new_thread(
+                    lambda: (time.sleep(2 * timeout), heap.atomic_set(flags[0:1], 1, 0)), ())
+            if me == 0:
+                value = heap.wait_until(flags[0:1], "eq", 1)
+                for pe in range(1, n):
+                    heap.atomic_set(flags[1:2], 1, pe)
+                return value
+            return heap.wait_until(flags[1:2], "eq", 1)
+        if scenario == "idle-threads":
+            pool = ThreadPoolExecutor(2)
+            pool.submit(int).result()
+            jobs = queue.Queue()
+            threading.Thread(target=jobs.get, daemon=True).start()
+            return heap.wait_until(flags[2:3], "eq", 1)
+        if scenario == "stopped-satisfied":
+            pids = MPI.COMM_WORLD.allgather(os.getpid())
+            heap.barrier_all()
+            if me == 1:
+                value = heap.wait_until(flags[1:2], "eq", 1)
+                for pe in range(n):
+                    if pe != 1:
+                        heap.atomic_set(flags[0:1], 1, pe)
+                return value
+            if me == 0:
+                time.sleep(1.0)                           # PE 1 is in its wait
+                os.kill(pids[1], signal.SIGSTOP)
+                heap.atomic_set(flags[1:2], 1, 1)         # satisfied, but PE 1 is stopped
+                subprocess.Popen(["sh", "-c", f"sleep {1.5 * timeout}; kill -CONT {pids[1]}"])
+            return heap.wait_until(flags[0:1], "eq", 1)
         raise ValueError(scenario)
 
     start = time.monotonic()
@@ -137,7 +212,8 @@ def main() -> None:
     except Exception as exc:  # recorded for the test to judge
         fields = {"error": type(exc).__name__, "message": str(exc)}
     fields.update(pe=me, elapsed=time.monotonic() - start, timeout=heap.timeout)
-    if scenario == "legit-long-wait" and fields["error"] is None:
+    if scenario in ("legit-long-wait", "timed-wait", "start-new-thread", "stopped-satisfied") \
+            and fields["error"] is None:
         heap.barrier_all()   # the heap still works after a long wait
         fields["barrier"] = True
     finish(heap, outdir, me, n, fields)

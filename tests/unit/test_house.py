@@ -40,6 +40,8 @@ FOREIGN_PRIVATES = {
     "_exit": "os._exit: global_exit must not run exit handlers",
     "_value2member_map_": "enum's lookup of a value, for messages",
     "_getframe": "sys._getframe",
+    "_count": "_thread._count(): the interpreter's count of its threads, also those "
+              "`threading` does not list (agreement/process.py)",
     "_cuda_isCurrentStreamCapturing": "torch._C's test for a CUDA graph capture in progress",
     "_replace": "a NamedTuple's copy with fields changed (a public method, underscored)",
     "_autograd": "torch._C._autograd._profiler_enabled: whether a torch profiler records "

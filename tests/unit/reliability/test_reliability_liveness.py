@@ -39,6 +39,11 @@ JOBS = {
     "legit-long-wait": ("legit-long-wait", None),
     "signal-deadlock-off-node": ("signal-deadlock", 1),
     "dead-holder-off-node": ("dead-holder", 1),
+    "two-heaps": ("two-heaps", None),
+    "timed-wait": ("timed-wait", None),
+    "start-new-thread": ("start-new-thread", None),
+    "idle-threads": ("idle-threads", None),
+    "stopped-satisfied": ("stopped-satisfied", None),
 }
 BATCH = 3
 
@@ -140,3 +145,39 @@ def test_a_long_wait_that_a_computing_pe_ends_still_waits(outcomes):
     assert records[0]["error"] is None and records[0]["result"] == "5", context
     assert records[0]["elapsed"] >= 2 * TIMEOUT - 0.5, context
     assert all(record.get("barrier") for record in records.values()), context
+
+
+# -- issue 32 ------------------------------------------------------------------------------------
+def test_a_deadlock_across_two_heaps_raises_on_every_pe(outcomes):
+    """Item 3: each PE waits in one of two heaps over the same PEs."""
+    records, context = _records(outcomes, "two-heaps")
+    messages = set()
+    for record in records.values():
+        assert record["error"] == "DeadlockError", context
+        assert record["elapsed"] <= 2 * TIMEOUT + MARGIN, context
+        message = record["message"]
+        messages.add(message[message.index("every PE"):])
+        assert "wait_until(ivar at heap offset" in message, context   # item 16: the variable
+    assert len(messages) == 1, f"the PEs told different stories: {context}"
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("timed-wait", {0: "1"}),               # item 6: a wait with a deadline of its own
+    ("start-new-thread", {0: "1"}),         # item 7: a thread threading does not list
+    ("stopped-satisfied", {1: "1"}),        # item 8: a PE stopped in a satisfied wait
+])
+def test_waits_that_a_live_pe_ends_are_not_deadlocks(outcomes, name, expected):
+    records, context = _records(outcomes, name)
+    for pe, record in records.items():
+        assert record["error"] is None, context
+        assert record.get("barrier"), context     # and the heap still works
+        if pe in expected:
+            assert record["result"] == expected[pe], context
+
+
+def test_idle_threads_leave_deadlock_detection_on(outcomes):
+    """Item 9: an idle ThreadPoolExecutor worker and a thread in queue.get()."""
+    records, context = _records(outcomes, "idle-threads")
+    for record in records.values():
+        assert record["error"] == "DeadlockError", context
+        assert record["elapsed"] <= TIMEOUT + MARGIN, context
