@@ -250,13 +250,14 @@ def transfer(heap: HeapCore, dest: torch.Tensor, source: torch.Tensor, pe: int, 
             window.get(local, remote, pe, block, tracker)
         return
     dst, src = (remote, local) if writing else (local, remote)
+    if tracker is None and _copied_by_cpu(heap, dst, src):   # (a memmove: overlap is fine)
+        return
     if route is Route.SELF and _overlap(dst, src):
         # memmove's meaning, as the one-memmove path gives it: the source as it was
         # before the copy (torch's copy_ refuses a partial overlap)
         src = src.clone()
     if tracker is None:
-        if not _copied_by_cpu(heap, dst, src):
-            heap.backend.copy(dst, src, True)
+        heap.backend.copy(dst, src, True)
     else:
         tracker.copy(dst, src)
 
@@ -265,19 +266,20 @@ def _span(tensor: torch.Tensor) -> tuple[int, int]:
     """The bytes [start, stop) that `tensor`'s elements lie in (torch's strides
     are never negative)."""
     start = tensor.data_ptr()
+    if tensor.is_contiguous():
+        return start, start + tensor.nbytes
     last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
     return start, start + (last + 1) * tensor.element_size()
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors of this process share a byte (not the same view: a
-    copy onto itself is no copy at all)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
+    copy onto itself is no copy at all). Interleaved views count as overlapping:
+    a clone too many, never a wrong copy."""
     (a0, a1), (b0, b1) = _span(a), _span(b)
-    if a0 == b0 and a.stride() == b.stride() and a.shape == b.shape:
+    if not (a0 < b1 and b0 < a1):
         return False
-    return a0 < b1 and b0 < a1
+    return not (a0 == b0 and a.stride() == b.stride() and a.shape == b.shape)
 
 
 #: copies below this many bytes on the host are one memmove: torch's copy_ costs
@@ -287,8 +289,8 @@ CPU_COPY_MAX = 4 << 20
 
 
 def _copied_by_cpu(heap: HeapCore, dst: torch.Tensor, src: torch.Tensor) -> bool:
-    """A blocking host copy of whole contiguous tensors of one dtype and shape,
-    neither a lazy conjugate nor a negative view, done by the compiled piece's
+    """A blocking host copy of whole contiguous tensors of one dtype (not bool)
+    and shape, neither a lazy conjugate nor a negative view, done by the compiled piece's
     memmove where it pays (CPU_COPY_MAX); False (nothing done) otherwise: what
     it copies, the general path (torch's copy_) copies alike, byte for byte
     (tests/mpi/reliability/test_differential.py)."""
@@ -299,8 +301,10 @@ def _copied_by_cpu(heap: HeapCore, dst: torch.Tensor, src: torch.Tensor) -> bool
             and src.device.type == "cpu" and dst.is_contiguous() and src.is_contiguous()):
         return False
     # lazy views: a memmove moves the bits, while copy_ reads or writes them conjugated
-    # or negated (x.conj(), x._neg_view()); copy_ gets them right
-    if src.is_conj() or dst.is_conj() or src.is_neg() or dst.is_neg():
+    # or negated (x.conj(), x._neg_view()); copy_ gets them right. And bool: copy_
+    # stores any nonzero byte as 1, a memmove as it is
+    if (src.is_conj() or dst.is_conj() or src.is_neg() or dst.is_neg()
+            or src.dtype is torch.bool):
         return False
     native.copy(dst.data_ptr(), src.data_ptr(), nbytes)
     return True
