@@ -171,8 +171,8 @@ def check(name: str, text: str) -> str:
             return text
         except (TypeError, ValueError):
             pass
-    raise ValueError(f"{name}={text!r} is not a value it accepts: {entry.accepted} (unset it "
-                     f"for the default{f' {entry.default!r}' if entry.default else ''}; "
+    raise ValueError(f"{name} must be {entry.accepted}, got {text!r} from the environment "
+                     f"(unset it for the default{f' {entry.default!r}' if entry.default else ''}; "
                      f"`python -m shmemvm info` lists every setting)")
 
 

@@ -27,7 +27,7 @@ from ..agreement.agreement import Agreement
 from ..agreement.deadline import DEFAULT_TIMEOUT, duplicate, parse_timeout, persistent_collectives
 from ..agreement.liveness import Liveness
 from ..agreement.protocol import Call, Phase
-from ..config import check_all, setting
+from ..config import check_all, raw, setting
 from ..errors import ShmemError
 from ..memory.buddy import Segment
 from ..memory.vmm import VMemPow2Allocator
@@ -49,8 +49,7 @@ def open_heap(core: HeapCore, comm: MPI.Comm | None, heap_size, backend, *, time
               anchor=None, native=None) -> None:
     """Build `core` (collective over `comm`, default COMM_WORLD). On any failure
     what was made is released (teardown) and the error raised."""
-    check_all()   # every setting, used by this heap or not (ValueError naming it)
-    if setting("SHMEMVM_DEBUG").strip() == "1":
+    if raw("SHMEMVM_DEBUG").strip() == "1":   # checked in _build with every setting
         log.setLevel(logging.DEBUG)
     try:
         core.thread_level = thread_levels.provide(thread_level)
@@ -64,6 +63,10 @@ def open_heap(core: HeapCore, comm: MPI.Comm | None, heap_size, backend, *, time
 def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_factor,
            transport, anchor, fast) -> None:
     call = Call(Phase.INIT, text="init")
+    try:
+        check_all()   # every setting, used by this heap or not (ValueError naming it)
+    except ValueError as exc:
+        call.error = exc
     try:
         core.timeout = parse_timeout(timeout)
     except ValueError as exc:

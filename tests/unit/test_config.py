@@ -187,4 +187,5 @@ def test_a_host_heap_refuses_a_bad_setting_it_does_not_use(name):
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0, done.stdout + done.stderr
-    assert f"{name}='abc'" in done.stderr and "ValueError" in done.stderr, done.stderr[-2000:]
+    assert f"{name} must be " in done.stderr and "got 'abc'" in done.stderr, done.stderr[-2000:]
+    assert "ValueError" in done.stderr, done.stderr[-2000:]
