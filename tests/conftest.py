@@ -113,3 +113,16 @@ def heap(request):
     yield h
     gc.collect()
     h.finalize()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mpich_files_of_ended_jobs():
+    """Remove, at the end of the session, the /dev/shm/mpich_shm_* files that
+    the jobs its tests started left (a job ending without MPI_Finalize leaves
+    one): those made since the session started whose job is gone
+    (helpers/mpich_shm.py; a running job's, this session's own, stay)."""
+    from helpers import mpich_shm
+
+    before = mpich_shm.snapshot()
+    yield
+    mpich_shm.remove_orphans(before, settle=True)
