@@ -169,7 +169,7 @@ def symmetric_bytes(a, role: str, writable: bool = True, count: int | None = Non
     memory, offset = locate(a, role)
     nbytes = a.nbytes if count is None else count * a.itemsize
     data = memory.tensor[offset:offset + nbytes]
-    heap().symmetric(data, f"the {role}")   # freed since, or another heap's: say so here
+    heap().symmetric(data, role)   # freed since, or another heap's: say so here ("the <role> ...")
     return data
 
 
