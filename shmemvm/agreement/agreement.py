@@ -59,7 +59,7 @@ import time
 
 from mpi4py import MPI
 
-from ..errors import PeerDeadError, PeerTimeoutError, ShmemError, SymmetryError
+from ..errors import PeerDeadError, PeerTimeoutError, ShmemError, SymmetryError, clip
 from . import deadline
 from .board import Board
 from .liveness import ABANDONED, COMMITTED, DRAIN_S, Liveness
@@ -387,7 +387,8 @@ class Agreement:
     # -- after the allreduce --------------------------------------------------------------
     def _raise_mismatch(self, call: Call, what: str) -> None:
         mine = self.describe(call, "" if call.error is None else f" [rejected here: {call.error}]")
-        described = self.allgather_bytes(Phase.MISMATCH_REPORT, mine.encode()[:4096],
+        described = self.allgather_bytes(Phase.MISMATCH_REPORT,
+                                         clip(mine, 4096).encode()[:4096],
                                          f"{what} (reporting a mismatch)")
         groups: dict[str, list[int]] = {}
         for pe, text in enumerate(described):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from ..agreement.protocol import Call, Phase
-from ..errors import HeapExhaustedError, PeerTimeoutError, ResourceLimitError, ShmemError
+from ..errors import HeapExhaustedError, PeerTimeoutError, ResourceLimitError, ShmemError, clip
 from ..memory.buddy import Block
 from .state import HeapCore
 
@@ -76,7 +76,9 @@ def raise_undone(core: HeapCore, call: Call, failure: BaseException | None, mess
     while isinstance(limit, ResourceLimitError) and isinstance(limit.__cause__,
                                                                ResourceLimitError):
         limit = limit.__cause__  # the innermost: without the layers' prefixes
-    mine = str(limit).encode()[:2048] if isinstance(limit, ResourceLimitError) else b""
+    # (cut at a word: clip; the bytes' bound stays for texts that are not ASCII)
+    mine = (clip(str(limit), 2048).encode()[:2048] if isinstance(limit, ResourceLimitError)
+            else b"")
     reports = core.agreement.allgather_bytes(Phase.LIMIT_REPORT, mine,
                                              f"{call.text} (reporting system limits)")
     limited = [pe for pe, report in enumerate(reports) if report]
@@ -96,7 +98,8 @@ def agree_on_unmapping(core: HeapCore, call: Call, failure: Exception | None, wh
     step = call.step(Phase.UNMAPPED, f"unmapping {what}")
     if core.agreement.all_ok(failure is None, step):
         return
-    reports = core.agreement.allgather_bytes(Phase.UNMAPPED, str(failure or "").encode()[:1024],
+    reports = core.agreement.allgather_bytes(Phase.UNMAPPED,
+                                             clip(str(failure or ""), 1024).encode()[:1024],
                                              f"{step.text} (reporting the failures)")
     failed = "; ".join(f"PE {pe}: {report.decode(errors='replace')}"
                        for pe, report in enumerate(reports) if report)
