@@ -1,8 +1,9 @@
 """The anchor (anchor.py): each PE's piece of memory, exported once and mapped
 by every other PE of the node, which makes the CUDA driver share fresh memory
 about 8-12x faster (the stored runs: 7.6x at 64 MiB, 11.7x at 1 GiB). Its speed
-is measured on the GPUs (benchmarks, docs/performance.md); here, on whatever backend the tests run (SHMEMVM_TEST_BACKEND), that it is
-mapped where it should be, agreed on, optional, and leaves nothing behind.
+is measured on the GPUs (benchmarks, docs/performance.md); here, on whatever
+backend the tests run (SHMEMVM_TEST_BACKEND), that it is mapped where it should
+be, agreed on, optional, and leaves nothing behind.
 """
 
 from __future__ import annotations
