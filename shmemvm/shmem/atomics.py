@@ -5,10 +5,13 @@ Each call hands openshmem/atomics.py the target's word (words.py: the NumPy
 dtype's integer of 8, 16, 32 or 64 bits, signed or not, or float32/float64 for
 fetch, set and swap) and bytes (arrays.py): the same apply() as the torch
 face's, through the MPI datatype of each integer type. Values are checked
-against the word (an unsigned target takes 0 and up). A dtype of the other
-byte order (np.dtype('>i8') on a little-endian machine) is refused with a
-TypeError by every word operation (atomics, waits, tests, signals): the
-CPU's and MPI's atomics would add to and compare the swapped bits.
+against the word (an unsigned target takes 0 and up). What they return is a
+Python int (the integer-only operations), or an int or float (atomic_fetch,
+atomic_swap, atomic_fetch_op: a float for a float32/float64 target). A dtype
+of the other byte order (np.dtype('>i8') on a little-endian machine) is
+refused with a TypeError by every word operation (atomics, waits, tests,
+signals): the CPU's and MPI's atomics would add to and compare the swapped
+bits.
 """
 
 from __future__ import annotations
@@ -204,7 +207,7 @@ def atomic_xor(target: np.ndarray, value: Number, pe: int, ctx: Optional[Ctx] = 
     _amo(ctx, target, pe, "xor", value, what="atomic_xor")
 
 
-def atomic_fetch(source: np.ndarray, pe: int, ctx: Optional[Ctx] = None) -> Number:
+def atomic_fetch(source: np.ndarray, pe: int, ctx: Optional[Ctx] = None) -> int | float:
     """source on PE `pe`, read atomically (shmem_atomic_fetch).
 
     Args:
@@ -221,7 +224,8 @@ def atomic_fetch(source: np.ndarray, pe: int, ctx: Optional[Ctx] = None) -> Numb
     return _amo(ctx, source, pe, "fetch", what="atomic_fetch", writable=False)
 
 
-def atomic_swap(target: np.ndarray, value: Number, pe: int, ctx: Optional[Ctx] = None) -> Number:
+def atomic_swap(target: np.ndarray, value: Number, pe: int,
+                ctx: Optional[Ctx] = None) -> int | float:
     """target on PE `pe` = value; the old value (shmem_atomic_swap).
 
     Args:
@@ -240,7 +244,7 @@ def atomic_swap(target: np.ndarray, value: Number, pe: int, ctx: Optional[Ctx] =
 
 
 def atomic_compare_swap(target: np.ndarray, cond: Number, value: Number, pe: int,
-                        ctx: Optional[Ctx] = None) -> Number:
+                        ctx: Optional[Ctx] = None) -> int:
     """target on PE `pe` = value where it equals `cond`; the old value
     (shmem_atomic_compare_swap).
 
@@ -260,7 +264,7 @@ def atomic_compare_swap(target: np.ndarray, cond: Number, value: Number, pe: int
     return _amo(ctx, target, pe, "cas", value, cond, what="atomic_compare_swap")
 
 
-def atomic_fetch_inc(target: np.ndarray, pe: int, ctx: Optional[Ctx] = None) -> Number:
+def atomic_fetch_inc(target: np.ndarray, pe: int, ctx: Optional[Ctx] = None) -> int:
     """target on PE `pe` += 1; the old value (shmem_atomic_fetch_inc).
 
     Args:
@@ -278,7 +282,7 @@ def atomic_fetch_inc(target: np.ndarray, pe: int, ctx: Optional[Ctx] = None) -> 
 
 
 def atomic_fetch_add(target: np.ndarray, value: Number, pe: int,
-                     ctx: Optional[Ctx] = None) -> Number:
+                     ctx: Optional[Ctx] = None) -> int:
     """target on PE `pe` += value; the old value (shmem_atomic_fetch_add).
 
     Args:
@@ -297,7 +301,7 @@ def atomic_fetch_add(target: np.ndarray, value: Number, pe: int,
 
 
 def atomic_fetch_and(target: np.ndarray, value: Number, pe: int,
-                     ctx: Optional[Ctx] = None) -> Number:
+                     ctx: Optional[Ctx] = None) -> int:
     """target on PE `pe` &= value; the old value (shmem_atomic_fetch_and).
 
     Args:
@@ -316,7 +320,7 @@ def atomic_fetch_and(target: np.ndarray, value: Number, pe: int,
 
 
 def atomic_fetch_or(target: np.ndarray, value: Number, pe: int,
-                    ctx: Optional[Ctx] = None) -> Number:
+                    ctx: Optional[Ctx] = None) -> int:
     """target on PE `pe` |= value; the old value (shmem_atomic_fetch_or).
 
     Args:
@@ -335,7 +339,7 @@ def atomic_fetch_or(target: np.ndarray, value: Number, pe: int,
 
 
 def atomic_fetch_xor(target: np.ndarray, value: Number, pe: int,
-                     ctx: Optional[Ctx] = None) -> Number:
+                     ctx: Optional[Ctx] = None) -> int:
     """target on PE `pe` ^= value; the old value (shmem_atomic_fetch_xor).
 
     Args:
@@ -536,7 +540,7 @@ def atomic_op(target: np.ndarray, value: Number, op: AMO, pe: int,
 
 
 def atomic_fetch_op(target: np.ndarray, value: Number, op: AMO, pe: int,
-                    ctx: Optional[Ctx] = None) -> Number:
+                    ctx: Optional[Ctx] = None) -> int | float:
     """Apply AMO `op` to target on PE `pe`; the old value (AMO_SET swaps).
 
     Args:

@@ -32,6 +32,9 @@ reveal_type(shmemvm.team_world())
 reveal_type(heap.ctx_create().put)
 reveal_type(shmemvm.heap_info()["free"])
 reveal_type(heap.heap_info()["backend"])
+a = shmem.zeros(1, np.int64)
+reveal_type(shmem.atomic_fetch_add(a, 1, 0))
+reveal_type(shmem.atomic_fetch(a, 0))
 '''
 
 
@@ -62,8 +65,13 @@ def test_a_type_checker_sees_real_types(tmp_path):
          "--cache-dir", str(tmp_path / "cache"), str(program)],
         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     revealed = re.findall(r'Revealed type is "(.*)"', result.stdout)
-    assert len(revealed) == 9, result.stdout + result.stderr
-    put, malloc, fetch_add, fetched, shmem_put, team, ctx_put, free, backend = revealed
+    assert len(revealed) == 11, result.stdout + result.stderr
+    (put, malloc, fetch_add, fetched, shmem_put, team, ctx_put, free, backend,
+     shmem_fetched_add, shmem_fetched) = revealed
+    # the NumPy face: an integer-only atomic returns int, a fetch int or float
+    # (issue 33, 12: they were int | float | complex | numpy.number)
+    assert shmem_fetched_add == "int", shmem_fetched_add
+    assert shmem_fetched in ("int | float", "Union[int, float]"), shmem_fetched
     assert put.startswith("def (dest: torch._tensor.Tensor, source: torch._tensor.Tensor, "
                           "pe: int)"), put
     assert malloc == "def (nbytes: int) -> torch._tensor.Tensor", malloc
