@@ -69,7 +69,8 @@ class Ccl:
 
     Attributes:
         last_algorithm: the algorithm each op took in its last call (by op name).
-        push_below: bytes per PE below which "auto" pushes (all_gather, all_to_all).
+        push_below: bytes per PE below which "auto" pushes (all_gather, all_to_all) on
+            more than 2 PEs (at 2 PEs it always pulls).
         two_shot_from: bytes from which "auto" all_reduce is two-shot (more than 2 PEs).
     """
 
@@ -339,15 +340,17 @@ class Ccl:
     # -- all_gather, all_to_all -------------------------------------------------------------
     def _variant(self, config, per_pe_bytes) -> str:
         variant = config.all_gather_variant if config is not None else "auto"
-        if variant == "auto":
-            return "push" if per_pe_bytes < self.push_below else "pull"
+        if variant == "auto":   # remote loads cost less than remote stores at 2 PEs (docs)
+            return ("push" if self.heap.n_pes > 2 and per_pe_bytes < self.push_below
+                    else "pull")
         return "push" if variant == "persistent" else "pull"
 
     def all_gather(self, output_tensor, input_tensor, group=None, async_op=False, config=None):
         """output (n_pes*M, ...) <- every PE's input (M, ...): PE r's in rows
         [r*M, (r+1)*M) (torch.distributed.all_gather_into_tensor). Variants:
         "persistent" pushes (stores into every PE), "partitioned" pulls
-        (reads every PE); config=None: push below push_below bytes a PE."""
+        (reads every PE); config=None: pull at 2 PEs, push below push_below bytes a
+        PE on more."""
         what = "all_gather"
 
         def prepare(engine):
@@ -375,9 +378,8 @@ class Ccl:
 
     def all_to_all(self, output_tensor, input_tensor, group=None, async_op=False, config=None):
         """input and output (M, N*n_pes): column chunk j of PE r's input lands in
-        column chunk r of PE j's output (Iris's layout). Push below push_below
-        bytes a PE, pull above (config.all_gather_variant chooses, as for
-        all_gather)."""
+        column chunk r of PE j's output (Iris's layout). Push or pull as
+        all_gather chooses (config.all_gather_variant)."""
         what = "all_to_all"
 
         def prepare(engine):
