@@ -191,8 +191,10 @@ class Ctx(ContextOperations):
         finally:
             self._destroyed = True
             self.heap.drop_tracker(self.completion)
-            if self.team is not None:
-                self.team.forget_ctx(self)
+            # its Team forgets it (a team-like object of the caller's keeps no list)
+            forget = getattr(self.team, "forget_ctx", None)
+            if forget is not None:
+                forget(self)
 
     def __enter__(self) -> Ctx:
         return self
