@@ -17,8 +17,8 @@ export drops a record_function's args string.)
 The hook is one class decorator, traced(), applied where the routines are
 bound to their classes (heap.py, openshmem/contexts.py). Each routine is
 wrapped once, at import, by a function of the routine's own signature (no
-*args packing) that first asks torch whether a profiler runs, the flag
-record_function asks itself; with none, it calls the routine and nothing else.
+*args packing) that first reads torch's flag of a running profiler (FLAG); with
+none, it calls the routine and nothing else.
 benchmarks/bench_trace.py measures what that costs an 8 B put.
 
 Beside profile.py, not instead of it: SHMEMVM_PROFILE times the internal
@@ -35,10 +35,30 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+import torch.autograd.profiler as autograd_profiler
 from torch.autograd.profiler import record_function
 
-#: whether a torch profiler records now: the flag torch's record_function checks
-profiling: Callable[[], bool] = torch._C._autograd._profiler_enabled
+
+class _AskTorch:
+    """Where torch has no Python-level flag (older versions): the flag of
+    torch's C++ profiler, which record_function checks, asked at each call."""
+
+    @property
+    def _is_profiler_enabled(self) -> bool:
+        return bool(torch._C._autograd._profiler_enabled())
+
+
+#: what holds `_is_profiler_enabled`, the flag the wrappers read at each call: torch's
+#: autograd profiler module, which every Python-level start sets and every stop clears
+#: (torch.profiler.profile, its schedule's active steps, autograd.profiler.profile,
+#: emit_nvtx, emit_itt): a module attribute, read in a few ns, where the C++ flag
+#: is a call several times as long. A profiler started from C++ alone is not seen.
+FLAG = autograd_profiler if hasattr(autograd_profiler, "_is_profiler_enabled") else _AskTorch()
+
+
+def profiling() -> bool:
+    """Whether a torch profiler records now (the wrappers' test)."""
+    return bool(FLAG._is_profiler_enabled)
 
 #: the arguments a range's name shows, by parameter name, when the call has them
 SHOWN = ("pe", "root", "value", "cmp")
@@ -109,7 +129,7 @@ def _shape(function: Callable) -> str:
     arguments = ", ".join(f"{name!r}: {name}" for name in names)
     call = f"_call({', '.join(passed)})"
     return (f"    def wrapper({', '.join(defined)}):\n"
-            f"        if _profiling():\n"
+            f"        if _flag._is_profiler_enabled:\n"
             f"            with _range(_label, {{{arguments}}}):\n"
             f"                return {call}\n"
             f"        return {call}\n"
@@ -121,7 +141,7 @@ def _compile(shapes: set[str]) -> None:
     missing = sorted(shape for shape in shapes if shape not in _factories)
     if not missing:
         return
-    source = "".join(f"def factory_{i}(_call, _label, _defaults, _profiling, _range):\n{shape}"
+    source = "".join(f"def factory_{i}(_call, _label, _defaults, _flag, _range):\n{shape}"
                      for i, shape in enumerate(missing))
     namespace: dict[str, Any] = {}
     exec(compile(source, "<shmemvm.core.trace>", "exec"), namespace)  # noqa: S102
@@ -134,7 +154,7 @@ def _wrap(function: Function, label: str, shape: str) -> Function:
                                                       - len(function.__defaults__ or ()):],
                         function.__defaults__ or ()))
     defaults.update(function.__kwdefaults__ or {})
-    wrapper = _factories[shape](function, label, defaults, profiling, call_range)
+    wrapper = _factories[shape](function, label, defaults, FLAG, call_range)
     functools.update_wrapper(wrapper, function)
     wrapper.__shmemvm_traced__ = label    # type: ignore[attr-defined]
     return wrapper    # type: ignore[no-any-return]

@@ -78,3 +78,20 @@ def test_the_name_shows_pe_and_bytes():
     assert trace.describe("shmemvm.zeros", {"shape": (2, 3), "dtype": torch.int32}) == \
         "shmemvm.zeros(bytes=24)"
     assert trace.describe("shmemvm.barrier_all", {"self": object()}) == "shmemvm.barrier_all()"
+
+
+def test_the_flag_follows_every_way_of_profiling():
+    from torch.profiler import schedule
+
+    assert not trace.profiling()
+    with profile():
+        assert trace.profiling()
+    assert not trace.profiling()
+    with torch.autograd.profiler.profile():
+        assert trace.profiling()
+    seen = []
+    with profile(schedule=schedule(wait=1, warmup=1, active=1), acc_events=True) as prof:
+        for _ in range(4):
+            seen.append(trace.profiling())
+            prof.step()
+    assert seen == [False, False, True, False]     # only the active step records
