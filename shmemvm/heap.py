@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from mpi4py import MPI
 
+from .agreement import process
 from .agreement.protocol import Call, Phase
 from .core import setup, trace
 from .core.state import HeapCore
@@ -178,7 +179,17 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
         if leaving is not None:
             what = f"{type(leaving).__name__}: {leaving}" if str(leaving) else \
                 type(leaving).__name__
-            text = f"finalize() (leaving a with block on {clip(what, 200)})"
+            # This PE leaves on an exception: it says so first (every PE waiting on it,
+            # in a wait or a collective step, raises PeerDeadError naming it at once),
+            # and no PE waits for it in a collective finalize (issue 32)
+            why = f"it left a with block on {clip(what, 200)}"
+            if self.liveness is not None:
+                self.liveness.leave(why)
+                process.LEFT_HEAP[0] = True   # (the excepthook gives the others a moment)
+            if self.agreement is not None:
+                self.agreement.mark_broken(f"PE {self.my_pe}: {why}")
+            setup.teardown(self)
+            return
         try:
             if not self.broken:
                 with self.lock:
@@ -197,10 +208,12 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        """finalize(); where an exception leaves the block and finalize() raises
-        too (another PE's call differs, or times out), the exception that left
-        the block is the context of finalize()'s, so its traceback is printed
-        with it, and every PE's mismatch report names it."""
+        """finalize() where the block ends normally. Where an exception leaves
+        it, this PE says so to the others (they raise PeerDeadError naming it
+        and the exception, within a check of their waits or steps) and releases
+        the heap here, without waiting for anyone; the exception goes on. Where
+        the release itself raises, the exception that left the block is its
+        context, so its traceback is printed with it."""
         try:
             self._finalize(exc)
         except BaseException as error:

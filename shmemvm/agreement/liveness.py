@@ -609,17 +609,15 @@ class Liveness:
         for peer in self.peers.values():
             left = (peer.record or {}).get("left")
             if left:
-                process.LOST.append(f"PE {peer.pe} left")
                 return f"PE {peer.pe} has left: {left}"
         return None
 
     def all_seen(self) -> bool:
-        """Every other PE is dead, or has left, closed or broken its heap."""
+        """Every other PE is dead or has left (process.py: this one may go now)."""
         if self.closed:
             return True
         self.observe()
-        return all(peer.dead or (peer.record or {}).get("gone") or (peer.record or {}).get("left")
-                   for peer in self.peers.values())
+        return all(peer.dead or (peer.record or {}).get("left") for peer in self.peers.values())
 
     def settle(self, key: int, counter: int, proposal: int, what: str) -> int:
         """Decide a step that some PE gave up on (module doc): the outcome,
@@ -953,8 +951,9 @@ class Watch:
     def _raise(self, heap: Liveness, kind: str, text: str) -> None:
         """Break the heaps concerned (the one where the verdict was found, and
         this wait's) and raise."""
-        if kind == "dead":
-            process.LOST.append(clip(text, 200))
+        dead = [peer.dead for peer in heap.peers.values() if peer.dead]
+        if kind == "dead" and dead:   # (a PE dead: MPI_Finalize would wait for it for ever)
+            process.LOST.append(dead[0])
         for broken in {id(heap): heap, id(self.liveness): self.liveness}.values():
             broken.on_verdict(f"{kind}: {clip(text, 200)}")
         error = DeadlockError if kind == "deadlock" else PeerDeadError

@@ -66,8 +66,9 @@ WAITS: list = []
 COUNTS = {"serial": 0, "epoch": 0, "since": 0.0, "waiting": False, "heaps": 0}
 #: native ids of shmemvm's own heartbeat threads (never writers)
 BEATING: set[int] = set()
-#: PEs this process saw leave or die (a PeerDeadError was raised): it then does
-#: not wait in MPI_Finalize at exit
+#: PEs this process saw dead (a PeerDeadError was raised for them): it then
+#: does not wait in MPI_Finalize at exit (a PE that left on an exception ends
+#: the job itself: excepthook)
 LOST: list[str] = []
 
 #: the futex system call's number, by machine
@@ -185,6 +186,13 @@ def leave(why: str) -> None:
                 log.exception("shmemvm: could not publish that this PE leaves")
 
 
+#: a heap was left on an exception (heap.py) and released: its PEs had no time yet
+LEFT_HEAP = [False]
+#: how long the PEs of a heap left that way are given to see it (they check
+#: their waits about five times a second)
+LEFT_GRACE_S = 1.0
+
+
 def excepthook(kind, value, traceback) -> None:
     """sys.excepthook: say that this PE leaves (before anything else), print
     the traceback (the previous hook), give the others a moment to see it,
@@ -196,17 +204,17 @@ def excepthook(kind, value, traceback) -> None:
     try:
         previous(kind, value, traceback)
     finally:
-        if heaps:
+        if heaps or LEFT_HEAP[0]:
             _give_the_others_time(heaps)
-        _abort(1)
+            _abort(1)
 
 
 def _give_the_others_time(heaps) -> None:
     """Wait (at most GRACE_S) until every PE of `heaps` has seen that this one
-    left: it has left, closed or broken its heap too, or is dead."""
-    until = time.monotonic() + GRACE_S
+    left: it has left too (its own exception, or its exit), or is dead."""
+    until = time.monotonic() + (GRACE_S if heaps else LEFT_GRACE_S)
     while time.monotonic() < until:
-        if all(liveness.all_seen() for liveness in heaps):
+        if heaps and all(liveness.all_seen() for liveness in heaps):
             return
         time.sleep(0.02)
 
@@ -225,7 +233,10 @@ def _abort(status: int) -> None:
 
 
 def _at_exit() -> None:
-    """At exit, after a PE left or died: MPI_Finalize would wait for it for ever."""
+    """At exit, after a PE died: MPI_Finalize would wait for it for ever."""
     if LOST:
         log.warning("shmemvm: ending the job without MPI_Finalize: %s", LOST[0])
+        heaps = list(OPEN)
+        leave(f"its program ended after {LOST[0]}")
+        _give_the_others_time(heaps)   # (those that have not seen it yet)
         _abort(1)
