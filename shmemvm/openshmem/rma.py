@@ -252,9 +252,11 @@ def transfer(heap: HeapCore, dest: torch.Tensor, source: torch.Tensor, pe: int, 
     dst, src = (remote, local) if writing else (local, remote)
     if tracker is None and _copied_by_cpu(heap, dst, src):   # (a memmove: overlap is fine)
         return
-    if route is Route.SELF and _overlap(dst, src):
+    if _overlap(dst, src):
         # memmove's meaning, as the one-memmove path gives it: the source as it was
-        # before the copy (torch's copy_ refuses a partial overlap)
+        # before the copy. torch's copy_ refuses a partial overlap within one storage
+        # (a put to self), and cannot see one between two storages over the same
+        # memory (a node peer's copy and a ptr() view of it), where it copied forward
         src = src.clone()
     if tracker is None:
         heap.backend.copy(dst, src, True)

@@ -171,6 +171,71 @@ def test_torch_put_and_get_agree(heaps, seed):
     assert torch.equal(end_a, end_b), f"{case}: different bytes at the end"
 
 
+TORCH_WORDS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16,
+               torch.uint32, torch.uint64, torch.float32, torch.float64, torch.float16,
+               torch.complex64]
+TORCH_ATOMICS = {"atomic_fetch": 0, "atomic_set": 1, "atomic_swap": 1, "atomic_add": 1,
+                 "atomic_inc": 0, "atomic_fetch_add": 1, "atomic_fetch_inc": 0,
+                 "atomic_and": 1, "atomic_or": 1, "atomic_xor": 1, "atomic_fetch_and": 1,
+                 "atomic_fetch_or": 1, "atomic_fetch_xor": 1, "atomic_compare_swap": 2}
+
+
+@pytest.mark.parametrize("seed", SEEDS[:20])
+def test_torch_atomics_agree(heaps, seed):
+    """The torch API's atomics in two calls (the CPU's atomics where the heap has
+    the compiled piece) against apply() over MPI (native=0): odd targets (0-d,
+    strided, negated, expanded, two elements, local), every word and a few that
+    are not, out-of-range and wrong-kind values."""
+    me, n = world.rank, world.size
+    results = []
+    for h in heaps:
+        rng = random.Random(seed)
+        pe = (me + rng.randrange(min(n, 2))) % n
+        dtype = rng.choice(TORCH_WORDS)
+        space = h.zeros(64, dtype=torch.uint8)
+        typed = space[8:40].view(dtype)
+        kind = rng.choice(["plain", "0-d", "strided", "neg", "two", "expanded", "local"])
+        if kind == "0-d":
+            target = typed[1]
+        elif kind == "strided":
+            target = typed[::4][:1]
+        elif kind == "neg" and dtype.is_signed and not dtype.is_complex:
+            target = typed[:1]._neg_view()
+        elif kind == "two":
+            target = typed[:2]
+        elif kind == "expanded":
+            target = typed[3:4].expand(1)
+        elif kind == "local":
+            target = torch.zeros(1, dtype=dtype)
+        else:
+            target = typed[2:3]
+        h.barrier_all()
+        seen = []
+        for _ in range(6):
+            name = rng.choice(sorted(TORCH_ATOMICS))
+            args = [rng.choice([0, 1, 3, -1, 2 ** 40, 1.5]) for _ in range(TORCH_ATOMICS[name])]
+            kept = []
+            outcome = _outcome(lambda: kept.append(getattr(h, name)(target, *args, pe)))
+            seen.append((name, outcome, kept[0] if kept else None))
+            h.barrier_all()
+        fetch = torch.zeros(2, dtype=dtype)[::2]
+        seen.append(("atomic_fetch_add_nbi",
+                     _outcome(lambda: (h.atomic_fetch_add_nbi(fetch, target, 2, pe), h.quiet())),
+                     fetch.clone()))
+        h.barrier_all()
+        results.append((kind, dtype, seen, space.clone()))
+        h.barrier_all()
+        h.free(space)
+    (kind, dtype, seen_a, bytes_a), (_, _, seen_b, bytes_b) = results
+    case = f"seed {seed}: {dtype} {kind} target"
+    for a, b in zip(seen_a, seen_b):
+        if isinstance(a[2], torch.Tensor):
+            assert a[:2] == b[:2] and torch.equal(a[2], b[2]), f"{case}: {a} against {b}"
+        else:
+            assert a == b, f"{case}: {a} with the compiled piece, {b} without"
+    assert torch.equal(bytes_a, bytes_b), f"{case}: different bytes at the end"
+
+
 # -- the NumPy face ----------------------------------------------------------------------
 NUMPY_DTYPES = ["i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f4", "f8", "c8", "c16", "?",
                 "f2", ">i8", ">f8", "V3", "g"]

@@ -109,6 +109,26 @@ def test_overlapping_get_from_self_is_a_memmove(heap):
     heap.barrier_all()
 
 
+def test_overlapping_put_through_a_ptr_view_is_a_memmove(heap):
+    """The source a ptr() view of the very memory written (a node peer's copy,
+    two storages over it, which torch's own check cannot see): memmove's result
+    on both paths, for the one-memmove path (contiguous) and the general one
+    (strided). At 1 PE the peer is this PE."""
+    x = heap.zeros(16)
+    x.copy_(torch.arange(16.0))
+    right = (heap.my_pe + 1) % heap.n_pes
+    heap.barrier_all()
+    there = heap.ptr(x, right)
+    heap.put(x[1:], there[:-1], right)          # contiguous
+    heap.put(x[2::2], there[0:14:2], right)     # strided
+    heap.barrier_all()
+    expected = torch.arange(-1.0, 15.0)
+    expected[0] = 0
+    expected[2::2] = expected[0:14:2].clone()
+    assert torch.equal(x, expected), x
+    heap.barrier_all()
+
+
 # -- item 12: clear errors, not torch's ------------------------------------------------------
 def test_a_strided_one_element_fetch_tensor_receives_the_value(heap):
     t = heap.zeros(1, dtype=torch.int64)
