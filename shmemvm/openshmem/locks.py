@@ -82,7 +82,7 @@ def _lock_bytes(heap: HeapCore, lock, what: str) -> torch.Tensor:
     if lock.numel() != 1:
         raise ValueError(f"{what}: lock must have exactly one element, got shape "
                          f"{tuple(lock.shape)}; pass a one-element tensor or view (locks[i:i+1])")
-    return lock.reshape(1).view(torch.uint8)
+    return atomics.element_bytes(lock, what, "lock")   # (any strides; a negated view refused)
 
 
 def _offset(heap: HeapCore, word: torch.Tensor, what: str) -> int:

@@ -249,6 +249,10 @@ def tensor_ivars(ivars, what: str) -> tuple[Word, torch.Tensor]:
                          f"in one MPI call), got shape {tuple(ivars.shape)} with strides "
                          f"{tuple(ivars.stride())}; use a contiguous slice like flags[2:6] "
                          f"or wait on a copy laid out contiguously")
+    if ivars.is_neg():   # (view(torch.uint8) would raise torch's own error)
+        raise ValueError(f"{what}: ivars is a lazily negated view, whose memory holds other "
+                         f"values than it shows; waits compare the memory. Pass the tensor "
+                         f"itself and negate the value compared with")
     return word, ivars.view(torch.uint8)
 
 

@@ -168,6 +168,27 @@ def test_an_atomic_on_a_negative_view_says_what_to_do(heap):
     heap.barrier_all()
 
 
+def test_a_strided_one_element_lock_works(heap):
+    locks = heap.zeros(4, dtype=torch.int64)
+    lock = locks[::4]   # one element, stride 4
+    for _ in range(2):
+        heap.set_lock(lock)
+        heap.clear_lock(lock)
+    heap.barrier_all()
+    assert locks[1:].tolist() == [0, 0, 0]   # the lock's word only
+
+
+def test_negated_views_in_waits_and_locks_say_what_to_do(heap):
+    flags = heap.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"negat"):
+        heap.test_all(flags._neg_view(), "eq", 0)
+    with pytest.raises(ValueError, match=r"negat"):
+        heap.test(flags[:1]._neg_view(), "eq", 0)
+    with pytest.raises(ValueError, match=r"negat"):
+        heap.set_lock(flags[:1]._neg_view())
+    heap.barrier_all()
+
+
 # -- item 13: which error for which tensor -------------------------------------------------
 def test_never_symmetric_and_freed_tensors_raise_the_documented_errors(heap):
     me = heap.my_pe
