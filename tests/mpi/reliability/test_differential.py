@@ -314,6 +314,16 @@ def _numpy_case(seed: int) -> dict:
         values.append((name, outcome, kept[0] if kept else None))
         shmem.barrier_all()
     out["atomics"] = values
+    # the word operations that read this PE's word: tests and a signal read
+    for cmp in ("eq", "ne", "lt"):
+        kept = []
+        value = rng.choice([0, 1, 5, -1])
+        values.append(("test", cmp, _outcome(lambda: kept.append(shmem.test(word, cmp, value))),
+                       kept[0] if kept else None))
+    kept = []
+    values.append(("signal_fetch", _outcome(lambda: kept.append(shmem.signal_fetch(word))),
+                   kept[0] if kept else None))
+    shmem.barrier_all()
     out["atomic bytes"] = words.tobytes()
     shmem.barrier_all()
     shmem.free(words)
