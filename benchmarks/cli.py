@@ -26,6 +26,7 @@ USAGE = """\
 mpirun -n N python -m benchmarks [BENCH ...] [options]
        python -m benchmarks report RUN.json [RUN.json ...] [--markdown PATH] [--plot DIR]
        python -m benchmarks host-vs-oshmem [options]      (see benchmarks/host_vs_oshmem.py)
+mpirun -n N python -m benchmarks device-ccl [options]   (see benchmarks/bench_ccl.py)
        python -m benchmarks check [RESULT.json ...]
 
 BENCH is one or more of: all (default), putget, malloc, live, footprint, trace."""
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
     if argv[:1] == ["report"]:
         from .report import main as report_main
         return report_main(argv[1:])
+    if argv[:1] == ["device-ccl"]:   # heap.ccl's collectives (benchmarks/bench_ccl.py)
+        from .bench_ccl import main as device_ccl
+        return device_ccl(argv[1:], comm)
     args = _parser().parse_args(argv)
     chosen = list(FAMILIES) if "all" in args.benchmarks or not args.benchmarks else []
     for name in args.benchmarks:
