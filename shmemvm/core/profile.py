@@ -26,6 +26,10 @@ The steps are timed by wrapping the bound methods of one heap's objects
 (instrument()), so a heap that is not instrumented runs exactly the code it
 runs without this module: the cost of profiling off is nothing at all. With
 it on, each timed call costs about a microsecond of wrapper.
+
+Beside it, core/trace.py: the public calls (put, waits, collectives, malloc,
+...) one by one as ranges in a torch.profiler trace, while a torch profiler
+records; this module sums the internal steps of allocations, with no profiler.
 """
 
 from __future__ import annotations
