@@ -71,12 +71,15 @@ def describe(label: str, arguments: dict[str, Any]) -> str:
     """A range's name: `label` with the call's PE-like arguments and its bytes
     (`nbytes`, else the first tensor argument's, else none)."""
     parts = [f"{name}={arguments[name]}" for name in SHOWN
-             if isinstance(arguments.get(name), (int, str)) and not isinstance(arguments.get(name), bool)]
+             if isinstance(arguments.get(name), (int, str))
+             and not isinstance(arguments.get(name), bool)]
     nbytes = arguments.get("nbytes")
-    shape, dtype = arguments.get("shape"), arguments.get("dtype")
+    shape: Any = arguments.get("shape")
+    dtype = arguments.get("dtype")
     if not isinstance(nbytes, int) and isinstance(dtype, torch.dtype):    # empty, zeros, calloc
         try:
-            nbytes = torch.Size([shape] if isinstance(shape, int) else shape).numel() * dtype.itemsize
+            nbytes = torch.Size([shape] if isinstance(shape, int) else shape).numel() \
+                * dtype.itemsize
         except (TypeError, ValueError):
             nbytes = None     # a bad shape: the routine itself says what is wrong
     if not isinstance(nbytes, int):
