@@ -206,7 +206,7 @@ def test_all_gather_rows_in_pe_order(heap, ccl, variant, dtype):
     assert torch.equal(host(out), expected)
     assert same_everywhere(out)
     with pytest.raises(ValueError, match="does not match expected shape"):
-        ccl.all_gather(heap.zeros((m, n), dtype), inp)
+        ccl.all_gather(heap.zeros((heap.n_pes * m + 1, n), dtype), inp)
 
 
 @pytest.mark.mpi
