@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
     for r in records:
         print(f"{r['name']:28} {r['params']['bytes']:>10} B  {r['params']['config']:8} "
               f"{r['params']['algorithm']:16} "
-              f"{r['value']['median']:10.4g} GB/s  local copy {r['baseline']['value']['median']:10.4g}"
-              f" GB/s  ratio {r['ratio']}")
+              f"{r['value']['median']:10.4g} GB/s  local copy "
+              f"{r['baseline']['value']['median']:10.4g} GB/s  ratio {r['ratio']}")
     if args.json:
         schema.write(run.document(), args.json)
     sys.stdout.flush()

@@ -50,10 +50,6 @@ class Workspace:
     variant: str
 
 
-def _dtype_code(dtype: torch.dtype) -> str:
-    return str(dtype)
-
-
 class Ccl:
     """Iris's collectives on `heap` (heap.ccl). Making one is local; its first
     call allocates its signal pads on the heap (collective, as every call).

@@ -127,6 +127,8 @@ def test_all_reduce_auto_iris_defaults_and_repeated_calls(heap, ccl):
         assert same_everywhere(out)
         comm.Barrier()
     assert ccl.last_algorithm["all_reduce"] in ("one_shot", "two_shot")
+    # repeated calls replay a CUDA graph on CUDA (and picked up the new data above)
+    assert bool(ccl.engine.graph_cache) == (heap.device.type == "cuda")
     ws = ccl.all_reduce_preamble(out, inp)
     ccl.all_reduce(out, inp, workspace=ws, config=Config(all_reduce_variant="ring"))
     assert torch.equal(host(out), expected)
@@ -165,7 +167,8 @@ def tiles_of(pe, n_pes, m, n, bm, bn, group, distribution):
         group_m = min(num_m - first_m, group)
         pid_m = first_m + (tile % in_group) % group_m
         pid_n = (tile % in_group) // group_m
-        yield slice(pid_m * bm, min((pid_m + 1) * bm, m)), slice(pid_n * bn, min((pid_n + 1) * bn, n))
+        yield (slice(pid_m * bm, min((pid_m + 1) * bm, m)),
+               slice(pid_n * bn, min((pid_n + 1) * bn, n)))
 
 
 @pytest.mark.mpi
