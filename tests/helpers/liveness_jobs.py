@@ -200,7 +200,9 @@ def main() -> None:
             if me == 0:
                 time.sleep(1.0)                           # PE 1 is in its wait
                 os.kill(pids[1], signal.SIGSTOP)
-                heap.atomic_set(flags[1:2], 1, 1)         # satisfied, but PE 1 is stopped
+                # satisfied, but PE 1 is stopped: a store through the node's mapping of
+                # PE 1's memory (an atomic through MPI would wait for the stopped PE)
+                heap.ptr(flags[1:2], 1).fill_(1)
                 subprocess.Popen(["sh", "-c", f"sleep {1.5 * timeout}; kill -CONT {pids[1]}"])
             return heap.wait_until(flags[0:1], "eq", 1)
         raise ValueError(scenario)

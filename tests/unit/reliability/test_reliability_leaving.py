@@ -48,7 +48,7 @@ def _run(scenario: str, n_pes: int, module: bool, tmp: Path, interrupt: bool = F
     command = [launcher, "-n", str(n_pes), sys.executable,
                *(["-m", "mpi4py"] if module else []), str(HELPER), scenario, str(outdir)]
     with open(outdir / "job.log", "w") as log:
-        job = subprocess.Popen(command, env=clean_env(), stdout=log, stderr=subprocess.STDOUT,
+        job = subprocess.Popen(command, env=_env(), stdout=log, stderr=subprocess.STDOUT,
                                cwd=REPO / "tests" / "helpers", start_new_session=True)
         try:
             if interrupt:
@@ -73,6 +73,15 @@ def _run(scenario: str, n_pes: int, module: bool, tmp: Path, interrupt: bool = F
             import json
             records[pe] = json.loads(path.read_text())
     return returncode, records, (outdir / "job.log").read_text()[-4000:]
+
+
+def _env() -> dict:
+    """The jobs' environment: clean_env(), with this run's SHMEMVM_AGREEMENT (board
+    or mpi) passed on, so that the jobs run with either agreement transport."""
+    env = clean_env()
+    if os.environ.get("SHMEMVM_AGREEMENT"):
+        env["SHMEMVM_AGREEMENT"] = os.environ["SHMEMVM_AGREEMENT"]
+    return env
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ and after how long.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,15 @@ def is_hydra(launcher: str) -> bool:
     return "HYDRA" in out.stdout + out.stderr
 
 
+def _env() -> dict:
+    """The jobs' environment: clean_env(), with this run's SHMEMVM_AGREEMENT (board
+    or mpi) passed on, so that the jobs run with either agreement transport."""
+    env = clean_env()
+    if os.environ.get("SHMEMVM_AGREEMENT"):
+        env["SHMEMVM_AGREEMENT"] = os.environ["SHMEMVM_AGREEMENT"]
+    return env
+
+
 @pytest.fixture(scope="module")
 def outcomes():
     launcher = mpiexec()
@@ -73,7 +83,7 @@ def outcomes():
                            str(HELPER), scenario, f"{TIMEOUT:g}", str(root / name)]
                 if split is not None:
                     command.append(str(split))
-                jobs[name] = (command, clean_env())
+                jobs[name] = (command, _env())
             results.update(run_jobs(root, jobs, JOB_LIMIT, N_PES))
         yield results
     finally:
