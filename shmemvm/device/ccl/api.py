@@ -135,8 +135,10 @@ class Ccl:
         except error_types():
             engine.refused()
             raise
-        if launch is not None:
-            engine.run(key, launch, tensors)
+        if launch is None:   # nothing to move: still meet, so that a PE that has work
+            word = call_word(what, "empty")   # somewhere else reports a mismatch, not a hang
+            key, launch = (what, "empty"), (lambda: engine.sync_kernel(word))
+        engine.run(key, launch, tensors)
         if not async_op:
             engine.synchronize(what)
 

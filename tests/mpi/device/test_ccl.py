@@ -459,3 +459,16 @@ def test_shmemvm_ccl_is_the_default_heaps(heap):
         assert host(out).tolist() == [pe + 1 for pe in range(default.n_pes) for _ in range(3)]
     finally:
         shmemvm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_empty_calls_meet_too(heap, ccl):
+    empty, full = heap.zeros(0, torch.float32), heap.zeros(4, torch.float32)
+    out_empty = heap.zeros(0, torch.float32)
+    out_full = heap.zeros(4, torch.float32)
+    ccl.all_reduce(out_empty, empty)             # every PE empty: nothing moved, no error
+    with pytest.raises(SymmetryError):           # empty on PE 0 only: a mismatch, not a hang
+        if heap.my_pe == 0:
+            ccl.all_reduce(out_empty, empty)
+        else:
+            ccl.all_reduce(out_full, full)
