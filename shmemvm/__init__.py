@@ -5,7 +5,7 @@ SymmetricHeap (heap.py) has the same routines as methods. The layers, from
 the top (each imports only from below it; tests/unit/test_house.py keeps it so):
 
     api, shmem (the NumPy face), triton (device API)   the faces
-    device/        kernels over symmetric memory (DeviceAllReduce)
+    device/        kernels over symmetric memory (DeviceAllReduce, ccl)
     heap           SymmetricHeap: the core with every routine bound by name
     openshmem/     the routines, one module a family, each with its own state
     core/          the heap core: state, agree(), routes; setup; sharing
