@@ -786,9 +786,9 @@ class Watch:
         no further until it is decided)."""
         heap.observe()
         peers = list(heap.peers.values())
-        for peer in peers:       # a PE that left on an exception or a signal: at once
-            left = (peer.record or {}).get("left")
-            if left:
+        for peer in peers if heap is self.liveness else ():
+            left = (peer.record or {}).get("left")   # a PE that left this wait's heap on an
+            if left:                                  # exception or a signal: at once
                 self._raise(heap, "dead", f"{self.text}: PE {peer.pe} has left ({left}), so "
                                           f"it can end no wait. {UNUSABLE}")
         if self._follow(heap, peers, waiting):
