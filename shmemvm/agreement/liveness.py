@@ -732,8 +732,7 @@ class Watch:
         self.describe = describe
         self.lock = lock
         self.deadline = deadline
-        self.tid = threading.get_native_id()
-        self.ident = threading.get_ident()
+        self.tid = self.ident = None   # its thread's: set as it is published
         self.text = ""
         self.entered = False
         self.offer: dict[int, list] = {}   # heap -> the verdict offered there at the last check
@@ -769,6 +768,7 @@ class Watch:
         with liveness._lock:
             if not self.entered:   # published at the first check: short waits cost nothing
                 self.text = self.describe(self.last)
+                self.tid, self.ident = threading.get_native_id(), threading.get_ident()
                 self.entered = True
                 liveness._enter(self)
             waiting = process.waiting()
