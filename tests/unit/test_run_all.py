@@ -117,3 +117,12 @@ def test_one_launch_form():
     found = [f"{path.relative_to(REPO)}: {match}" for path in files
              for match in re.findall(r"python3? -m mpi4py [\w./-]+\.py", path.read_text())]
     assert found == []
+
+
+def test_every_test_file_has_a_name_of_its_own():
+    """pytest imports test files by their base name (the test folders are not
+    packages): two files of one name stop the whole phase at collection."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
