@@ -24,7 +24,8 @@ epoch in each record are the whole process's: process.py):
 - a verdict proposed by another PE for this PE as it is now: it adopts it
   (Watch's doc), and raises the same error (DeadlockError or PeerDeadError,
   the same text) once every live PE has, so every PE reaches the same
-  outcome for the same waits, or waits on where one of them went on;
+  outcome for the same waits, or waits on where one of them went on or did
+  not adopt it within the timeout;
 - set_lock: the PE that holds, or queues with, the ticket now served is dead
   (on the node its pid is gone or a zombie; off the node it has not answered
   for the timeout) or its heap broke: PeerDeadError at once;
@@ -44,7 +45,8 @@ whose wait for a step reached the deadline proposes ABANDONED, a PE that
 completed the step later than the others could have given up proposes
 COMMITTED, and the first proposal wins, so every PE reports the same outcome.
 It is one word per agreement (64 slots, each with a 15-bit tag of the
-agreement's key and the step's number) in PE 0's file, changed under an
+agreement's key and the step's number), and one per proposing PE for
+verdicts (64 more), in PE 0's file, changed under an
 exclusive flock (pure Python, nothing asked of PE 0), or, for a heap over
 several nodes, in PE 0's window, changed with MPI_Compare_and_swap (which
 completes only while PE 0 serves MPI: see docs/reliability.md).
@@ -73,9 +75,11 @@ log = logging.getLogger("shmemvm")
 #: bytes of one PE's record; the register follows it in the file and the window
 RECORD = 4096
 REGISTER_SLOTS = 64
-#: the register's word of deadlock verdicts (Watch: every PE reaches the same one)
+#: the register's words of deadlock verdicts, one per proposing PE (modulo the slots:
+#: Watch, every PE reaches the same outcome)
 VERDICT_AT = RECORD + 8 * REGISTER_SLOTS
-SIZE = VERDICT_AT + 8
+VERDICT_SLOTS = 64
+SIZE = VERDICT_AT + 8 * VERDICT_SLOTS
 _HEAD = 24                        # sequence, payload length, CRC-32 of the payload
 _NAME = "liveness"                # the file in the PE's private directory
 
@@ -215,30 +219,29 @@ def process_alive(pid: int, started: int | None) -> bool:
 
 
 # -- the register --------------------------------------------------------------------------
-def _slot(key: int) -> tuple[int, int]:
-    """(slot, tag) of an agreement's key: the tag is never 0 (an empty slot)."""
-    return key % REGISTER_SLOTS, 1 + (key // REGISTER_SLOTS) % 32767
+def _slot(key: int, verdict: bool = False) -> tuple[int, int, int]:
+    """(the word's offset, the tag, the outcome of an earlier counter) of an
+    agreement's key, or of a verdict's proposing PE: the tag is never 0 (an
+    empty slot). A later step of an agreement decided means this one completed;
+    a later proposal of a PE, that this one was ABANDONED (a PE settles each
+    verdict it holds before it holds another, and one COMMITTED ends its
+    proposals in that heap)."""
+    if verdict:
+        return (VERDICT_AT + 8 * (key % VERDICT_SLOTS), 1 + (key // VERDICT_SLOTS) % 32767,
+                ABANDONED)
+    return RECORD + 8 * (key % REGISTER_SLOTS), 1 + (key // REGISTER_SLOTS) % 32767, COMMITTED
 
 
-def _decide(old: int, tag: int, counter: int, proposal: int) -> tuple[int | None, int]:
+def _decide(old: int, tag: int, counter: int, proposal: int,
+            earlier: int = COMMITTED) -> tuple[int | None, int]:
     """(the outcome already decided, or None; the word that decides `proposal`)."""
     old &= (1 << 64) - 1
     if old >> 48 == tag:
         decided = (old >> 2) & ((1 << _COUNTER_BITS) - 1)
         if decided == counter:
             return old & 3, old
-        if decided > counter:   # a later step of this agreement: this one completed
-            return COMMITTED, old
-    new = (tag << 48) | (counter << 2) | proposal
-    return None, new - (1 << 64) if new >> 63 else new
-
-
-def _decide_exactly(old: int, tag: int, counter: int, proposal: int) -> tuple[int | None, int]:
-    """As _decide, for the verdicts' word: only this very counter is decided
-    (proposals of different PEs are not ordered)."""
-    old &= (1 << 64) - 1
-    if old >> 48 == tag and (old >> 2) & ((1 << _COUNTER_BITS) - 1) == counter:
-        return old & 3, old
+        if decided > counter:   # a later counter decided (_slot)
+            return earlier, old
     new = (tag << 48) | (counter << 2) | proposal
     return None, new - (1 << 64) if new >> 63 else new
 
@@ -254,13 +257,11 @@ class FileRegister:
         self.timeout = timeout
 
     def settle(self, key: int, counter: int, proposal: int, what: str, my_pe: int,
-               at: int | None = None) -> int:
+               verdict: bool = False) -> int:
         """The outcome of step `counter` of agreement `key` (the first proposal
-        wins); `at`: the verdicts' word instead, where the word's counter must
-        be this one exactly (verdict())."""
-        slot, tag = _slot(key)
-        decide = _decide if at is None else _decide_exactly
-        at = RECORD + 8 * slot if at is None else at
+        wins); `verdict`: of proposal `counter` of PE `key` instead (the
+        verdicts' words: settle_verdict())."""
+        at, tag, earlier = _slot(key, verdict)
         deadline = time.monotonic() + self.timeout
         with self._lock:
             while True:
@@ -278,7 +279,7 @@ class FileRegister:
                 time.sleep(0.001)
             try:
                 old = int.from_bytes(os.pread(self._fd, 8, at), "little", signed=True)
-                decided, new = decide(old, tag, counter, proposal)
+                decided, new = _decide(old, tag, counter, proposal, earlier)
                 if decided is not None:
                     return decided
                 os.pwrite(self._fd, new.to_bytes(8, "little", signed=True), at)
@@ -300,13 +301,11 @@ class WindowRegister:
         self._window = window
 
     def settle(self, key: int, counter: int, proposal: int, what: str, my_pe: int,
-               at: int | None = None) -> int:
-        slot, tag = _slot(key)
-        decide = _decide if at is None else _decide_exactly
-        at = RECORD + 8 * slot if at is None else at
+               verdict: bool = False) -> int:
+        at, tag, earlier = _slot(key, verdict)
         old = self._window.fetch_word(0, at, what)
         while True:
-            decided, new = decide(old, tag, counter, proposal)
+            decided, new = _decide(old, tag, counter, proposal, earlier)
             if decided is not None:
                 return decided
             seen = self._window.compare_swap(0, at, old, new, what)
@@ -626,12 +625,14 @@ class Liveness:
             return proposal
         return self.register.settle(key, counter, proposal, what, self.my_pe)
 
-    def settle_verdict(self, counter: int, proposal: int, what: str) -> int:
-        """Decide a proposed verdict (Watch): COMMITTED or ABANDONED, the first
-        proposal winning, the same for every PE that asks."""
+    def settle_verdict(self, ident: list, proposal: int, what: str) -> int:
+        """Decide the verdict `ident` ([proposing PE, its proposal's number]:
+        Watch): COMMITTED or ABANDONED, the first proposal winning, the same for
+        every PE that asks."""
         if self.register is None:
             return proposal
-        return self.register.settle(0, counter, proposal, what, self.my_pe, at=VERDICT_AT)
+        return self.register.settle(ident[0], ident[1] % (1 << _COUNTER_BITS), proposal, what,
+                                    self.my_pe, verdict=True)
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self, healthy: bool) -> None:
@@ -724,7 +725,13 @@ class Watch:
     to the register (the first proposal wins), and every PE raises; where one
     of them went on (its serial or epoch moved: its wait ended or saw
     progress, say a PE stopped inside a wait already satisfied), ABANDONED,
-    and every PE waits on."""
+    and every PE waits on. Every wait for the others is bounded: a PE that
+    holds a verdict that some PE named neither adopts nor goes from within
+    the heap's timeout (stopped, or deciding another) proposes ABANDONED too.
+    PEs that proposed at once converge: offers are ordered (heap's number, id)
+    on every PE, and a PE that holds one while an earlier one is offered for
+    it settles its own (ABANDONED, unless another PE committed it) and holds
+    the earlier one."""
 
     def __init__(self, liveness: Liveness, describe: Callable[[object], str],
                  lock: Callable[[], tuple] | None, deadline: float | None = None):
@@ -735,7 +742,7 @@ class Watch:
         self.tid = self.ident = None   # its thread's: set as it is published
         self.text = ""
         self.entered = False
-        self.offer: dict[int, list] = {}   # heap -> the verdict offered there at the last check
+        self.offer: tuple | None = None   # the verdict offered at the last check (_offers)
         self.last = self
         self.changed = time.monotonic()
         self.next_check = self.changed + min(CHECK_EVERY, liveness.timeout / 10)
@@ -774,25 +781,26 @@ class Watch:
             waiting = process.waiting()
             if waiting != process.COUNTS.get("waiting"):   # a thread woke or fell idle
                 publish_all()
-            # a deadlock may span the heaps of this process: every PE looks at them in
-            # the order they were made, and proposes in the first where all are stuck
-            heaps = sorted(process.OPEN, key=lambda heap: heap.number)
+        # a deadlock may span the heaps of this process: every PE looks at them in the
+        # order they were made, adopts the first verdict offered for it in any of them,
+        # and else proposes in the first where all are stuck
+        heaps = _open_heaps()
+        for heap in heaps:
+            heap.observe()
+        for peer in liveness.peers.values():
+            left = (peer.record or {}).get("left")   # a PE that left this wait's heap on an
+            if left:                                  # exception or a signal: at once
+                self._raise(liveness, "dead", f"{self.text}: PE {peer.pe} has left ({left}), "
+                                              f"so it can end no wait. {UNUSABLE}")
+        if self._follow(heaps, waiting):
+            return               # a verdict was offered: this wait polls once more first
         for heap in heaps:
             if not heap.closed and self._check_heap(heap, now, waiting):
                 return
 
     def _check_heap(self, heap: Liveness, now: float, waiting: bool) -> bool:
-        """Check in `heap`: True where a verdict is offered there (this PE looks
-        no further until it is decided)."""
-        heap.observe()
+        """Check in `heap` (observed): True where this PE proposed a verdict there."""
         peers = list(heap.peers.values())
-        for peer in peers if heap is self.liveness else ():
-            left = (peer.record or {}).get("left")   # a PE that left this wait's heap on an
-            if left:                                  # exception or a signal: at once
-                self._raise(heap, "dead", f"{self.text}: PE {peer.pe} has left ({left}), so "
-                                          f"it can end no wait. {UNUSABLE}")
-        if self._follow(heap, peers, waiting):
-            return True          # another PE's verdict is offered: see it decided first
         if heap is self.liveness and self.lock is not None:
             self._check_lock(peers)
         if self.deadline is not None:
@@ -835,91 +843,91 @@ class Watch:
             at = {str(peer.pe): [peer.record.get("serial"), peer.record.get("epoch")]
                   for peer in peers if peer.record and not _out(peer)}
             at[str(heap.my_pe)] = [process.COUNTS["serial"], process.COUNTS["epoch"]]
-            heap._state["verdict"] = {"kind": kind, "text": text, "at": at,
-                                      "id": [heap.my_pe, heap._state["proposals"]]}
+            held = heap._state["verdict"] = {"kind": kind, "text": text, "at": at,
+                                             "id": [heap.my_pe, heap._state["proposals"]]}
             heap._publish()
-        self._follow(heap, peers, True)
+        self._decide(heap, held)
 
-    def _follow(self, heap: Liveness, peers, waiting: bool) -> bool:
-        """Adopt a verdict another PE proposed for this PE as it is now, and see
-        the one this PE holds decided (class doc): raises where it is COMMITTED.
-        True where one is offered and this wait polls once more first."""
-        with heap._lock:
-            held = heap._state["verdict"]
+    def _follow(self, heaps: list[Liveness], waiting: bool) -> bool:
+        """See a verdict this PE holds decided, else adopt the first one another
+        PE proposed for this PE as it is now, in any heap (class doc): raises
+        where it is COMMITTED. True where one was offered or decided (this wait
+        polls once more before it adopts, or after it waited on)."""
+        with process.LOCK:
+            held = next(((heap, heap._state["verdict"]) for heap in heaps
+                         if heap._state["verdict"] is not None), None)
             if held is None:
                 if not waiting or self.deadline is not None:
                     return False
-                now = [process.COUNTS["serial"], process.COUNTS["epoch"]]
-                offered = [verdict for peer in peers
-                           if (verdict := (peer.record or {}).get("verdict"))
-                           and verdict["at"].get(str(heap.my_pe)) == now
-                           and verdict["id"] not in heap._state["failed"]]
-                if not offered:
+                offers = _offers(heaps)
+                if not offers:
                     return False
-                chosen = min(offered, key=lambda v: v["id"])
-                if self.offer.get(heap.number) != chosen["id"]:
+                order, heap, chosen = offers[0]
+                if self.offer != order:
                     # poll once more first: a wait satisfied meanwhile (a PE stopped
                     # between its polls) returns instead, and the verdict fails
-                    self.offer[heap.number] = chosen["id"]
+                    self.offer = order
                     return True
-                held = heap._state["verdict"] = dict(chosen)
+                heap._state["verdict"] = dict(chosen)
                 heap._publish()
-        self._decide(heap, held)
-        return False
+                held = heap, heap._state["verdict"]
+        self._decide(*held)
+        return True
 
     def _decide(self, heap: Liveness, held: dict) -> None:
         """Wait (not polling this PE's variable: it is committed to the verdict)
-        until every live PE named has adopted `held` or one went on, settle
-        that with the register, then raise or wait on."""
+        until every live PE named has adopted `held` or one went on, or for the
+        heap's timeout at most, settle that with the register, then raise or
+        wait on. Where a verdict for this PE as it is now is offered before
+        this one (an earlier heap, or a lower id), this one is settled
+        ABANDONED and that one held instead."""
         while True:
-            heap.observe()
-            held = self._lowest(heap, held)
+            outcome, instead = self._await(heap, held, time.monotonic() + heap.timeout)
             ident = held["id"]
-            outcome, complete = None, True
+            if heap.settle_verdict(ident, outcome, f"{self.text} (deciding a verdict)") \
+                    == COMMITTED:
+                self._raise(heap, held["kind"], held["text"])
+            with process.LOCK:
+                heap._state["verdict"] = None
+                heap._state["failed"] = (heap._state["failed"] + [ident])[-8:]
+                heap._publish()
+                if instead is None or instead[1].closed:
+                    break
+                heap, held = instead[1], dict(instead[2])
+                heap._state["verdict"] = held
+                heap._publish()
+        self.changed = time.monotonic()
+
+    def _await(self, heap: Liveness, held: dict, bound: float) -> tuple[int, tuple | None]:
+        """(the outcome to propose for `held`, a verdict offered before it or None)."""
+        ident = held["id"]
+        while True:
+            heaps = _open_heaps()
+            for other in heaps:
+                other.observe()
+            offers = [offer for offer in _offers(heaps) if offer[0] < (heap.number, *ident)]
+            if offers:
+                return ABANDONED, offers[0]
+            if [process.COUNTS["serial"], process.COUNTS["epoch"]] != \
+                    held["at"].get(str(heap.my_pe)):
+                return ABANDONED, None   # another thread of this process went on
+            complete = True
             for peer in heap.peers.values():
                 record = peer.record or {}
                 if ident in record.get("failed", ()):
-                    outcome = ABANDONED
-                    break
+                    return ABANDONED, None
                 if str(peer.pe) not in held["at"] or _out(peer):
                     continue
                 if (record.get("verdict") or {}).get("id") == ident:
                     continue
                 complete = False
                 if [record.get("serial"), record.get("epoch")] != held["at"][str(peer.pe)]:
-                    outcome = ABANDONED   # it went on: its wait ended, or saw progress
-                    break
-            if outcome is None and complete:
-                outcome = COMMITTED
-            if outcome is not None:
-                break
+                    return ABANDONED, None   # it went on: its wait ended, or saw progress
+            if complete:
+                return COMMITTED, None
+            if time.monotonic() >= bound:   # a PE named neither adopted it nor went on
+                return ABANDONED, None          # (stopped, or deciding another verdict)
             time.sleep(_RESOLVE_EVERY)
-        counter = (ident[1] % (1 << 29)) * 65536 + ident[0] % 65536
-        if heap.settle_verdict(counter, outcome, f"{self.text} (deciding a verdict)") \
-                == COMMITTED:
-            self._raise(heap, held["kind"], held["text"])
-        with heap._lock:
-            heap._state["verdict"] = None
-            heap._state["failed"] = (heap._state["failed"] + [ident])[-8:]
-            heap._publish()
-        self.changed = time.monotonic()
-
-    @staticmethod
-    def _lowest(heap: Liveness, held: dict) -> dict:
-        """The verdict to hold: `held`, or one with a lower id that another PE
-        proposed for this PE as it is (committed, it does not change), so that
-        PEs that proposed at once converge on one."""
-        now = [process.COUNTS["serial"], process.COUNTS["epoch"]]
-        lower = [verdict for peer in heap.peers.values()
-                 if (verdict := (peer.record or {}).get("verdict"))
-                 and verdict["id"] < held["id"] and verdict["at"].get(str(heap.my_pe)) == now
-                 and verdict["id"] not in heap._state["failed"]]
-        if not lower:
-            return held
-        with heap._lock:
-            held = heap._state["verdict"] = dict(min(lower, key=lambda v: v["id"]))
-            heap._publish()
-        return held
 
     def _check_lock(self, peers) -> None:
         """set_lock: the PE with the ticket now served is dead or gone."""
@@ -958,6 +966,31 @@ class Watch:
             broken.on_verdict(f"{kind}: {clip(text, 200)}")
         error = DeadlockError if kind == "deadlock" else PeerDeadError
         raise error(f"PE {heap.my_pe}: {text}")
+
+
+def _open_heaps() -> list[Liveness]:
+    """The open heaps of this process, in the order they were made."""
+    with process.LOCK:
+        return sorted((heap for heap in process.OPEN if not heap.closed),
+                      key=lambda heap: heap.number)
+
+
+def _offers(heaps: list[Liveness]) -> list[tuple[tuple, Liveness, dict]]:
+    """The verdicts other PEs proposed for this PE as it is now (its serial and
+    epoch), in `heaps` (observed), that have not failed here, first first:
+    ((heap's number, id), heap, verdict). The same order on every PE for heaps
+    made together, so that PEs that proposed at once, in one heap or in two,
+    converge on one verdict."""
+    now = [process.COUNTS["serial"], process.COUNTS["epoch"]]
+    found = []
+    with process.LOCK:
+        for heap in heaps:
+            for peer in heap.peers.values():
+                verdict = (peer.record or {}).get("verdict")
+                if verdict and verdict["at"].get(str(heap.my_pe)) == now \
+                        and verdict["id"] not in heap._state["failed"]:
+                    found.append(((heap.number, *verdict["id"]), heap, verdict))
+    return sorted(found, key=lambda offer: offer[0])
 
 
 def _out(peer: Peer) -> bool:

@@ -229,3 +229,139 @@ def test_every_open_heap_publishes_the_waits_of_the_whole_process(tmp_path):
     finally:
         first.close(healthy=True)
         second.close(healthy=True)
+
+
+# -- verdicts that always settle (issue 32, the two-heaps hang) --------------------------------
+#: run in a process of its own (a verdict that never settles would spin in this one for
+#: ever): this process is PE 0 of one or two heaps of 2 PEs, PE 1 a fake whose records the
+#: script writes; liveness' clock is wrapped so that the fake acts while PE 0 decides
+VERDICT_SCRIPT = r'''
+import faulthandler, json, mmap, os, sys, time
+faulthandler.dump_traceback_later(25, exit=True)
+from shmemvm.agreement import liveness, process
+from shmemvm.agreement.liveness import ABANDONED, COMMITTED
+from shmemvm.errors import DeadlockError
+
+case, root = sys.argv[1], sys.argv[2]
+TIMEOUT = 1.0
+sequence = [0]
+
+
+def heap(name):
+    mine, fake = (os.path.join(root, name, pe) for pe in "01")
+    os.makedirs(mine)
+    os.makedirs(fake)
+    with open(os.path.join(fake, "liveness"), "wb") as out:
+        out.truncate(liveness.SIZE)
+    live = liveness.Liveness(0, 2, TIMEOUT, mine)
+    live.connect(None, {0: (os.getpid(), mine), 1: (os.getpid(), fake)})
+    fd = os.open(os.path.join(fake, "liveness"), os.O_RDWR)
+    view = mmap.mmap(fd, liveness.RECORD)
+    os.close(fd)
+    return live, view
+
+
+def fake(view, waiting=True, verdict=None):
+    """PE 1's record in one heap: it waits (serial 5), nothing changes."""
+    sequence[0] += 1
+    liveness.write_record(view, sequence[0], liveness.encode({
+        "pid": os.getpid(), "serial": 5, "epoch": 0, "waiting": waiting,
+        "wait": "wait_until(y) still sees 0", "locks": [], "verdict": verdict, "gone": None,
+        "left": None, "failed": [], "beat": 0}))
+
+
+hooks = []
+
+
+class Clock:
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def sleep(seconds):
+        for hook in list(hooks):
+            hook()
+        time.sleep(seconds)
+
+
+liveness.time = Clock()
+first, first_view = heap("a")
+second, second_view = (None, None) if case != "cross" else heap("b")
+result = {}
+if case == "cross":
+    # PE 0 waits in the second heap and proposes there (in the first, PE 1 runs); then
+    # PE 1 offers its own verdict in the first heap, as a PE that proposed there at once
+    fake(first_view, waiting=False)
+    fake(second_view)
+    waits_in = second
+
+    def offer():
+        if second._state["verdict"] is not None:
+            hooks.clear()
+            now = [process.COUNTS["serial"], process.COUNTS["epoch"]]
+            fake(first_view, verdict={"kind": "deadlock", "text": "the first heap's verdict",
+                                      "id": [1, 1], "at": {"0": now, "1": [5, 0]}})
+    hooks.append(offer)
+else:
+    fake(first_view)
+    waits_in = first
+    if case == "committed":
+        def commit():   # PE 1 saw every PE adopt the verdict and settled it first
+            held = first._state["verdict"]
+            if held is not None:
+                hooks.clear()
+                result["settled"] = first.settle_verdict(held["id"], COMMITTED, "test")
+        hooks.append(commit)
+deadline = time.monotonic() + 20
+try:
+    with liveness.watch(waits_in, lambda seen: "wait_until(x) still sees 0") as watch:
+        while time.monotonic() < deadline and not waits_in._state["failed"]:
+            watch.tick(0)
+            time.sleep(0.005)
+    result["error"] = None
+except DeadlockError as exc:
+    result["error"] = str(exc)
+result["failed"] = waits_in._state["failed"]
+result["again"] = [waits_in.settle_verdict(ident, COMMITTED, "test")
+                   for ident in waits_in._state["failed"]]
+print(json.dumps(result))
+'''
+
+
+def _verdict_case(tmp_path, case: str) -> dict:
+    script = tmp_path / "verdict.py"
+    script.write_text(VERDICT_SCRIPT)
+    try:
+        done = subprocess.run([sys.executable, str(script), case, str(tmp_path / "heaps")],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{case}: the verdict never settled: {exc.stderr}") from None
+    assert done.returncode == 0, f"{case}: the verdict never settled: {done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_verdict_a_named_pe_never_adopts_is_abandoned_after_the_timeout(tmp_path):
+    """A PE that neither adopts a proposed verdict nor goes on (it looks at
+    another heap, or is stopped) held the proposer in Watch._decide for ever;
+    after the heap's timeout the proposer makes it ABANDONED through the
+    register (every PE that asks gets that) and waits on."""
+    result = _verdict_case(tmp_path, "bound")
+    assert result["error"] is None, result
+    assert result["failed"] and result["again"] == [ABANDONED] * len(result["failed"]), result
+
+
+def test_a_verdict_committed_by_another_pe_raises_even_after_the_timeout(tmp_path):
+    """The bound goes through the same register: where another PE settled
+    the verdict COMMITTED first, this PE raises it too, with its text."""
+    result = _verdict_case(tmp_path, "committed")
+    assert result.get("settled") == COMMITTED, result
+    assert result["error"] and "a deadlock: every PE has waited" in result["error"], result
+
+
+def test_a_verdict_offered_in_an_earlier_heap_is_adopted_by_a_pe_deciding_another(tmp_path):
+    """The two-heaps hang: PEs proposed at once in two heaps, each then waited
+    in its own heap for the others to adopt its verdict. A PE deciding a
+    verdict that sees one for it in an earlier heap abandons its own (through
+    the register) and adopts that one: every PE raises the same text."""
+    result = _verdict_case(tmp_path, "cross")
+    assert result["error"] == "PE 0: the first heap's verdict", result
+    assert result["failed"] == [[0, 1]] and result["again"] == [ABANDONED], result
