@@ -4,6 +4,7 @@ how to start a small MPI job of our own."""
 import gc
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,16 @@ def mpiexec() -> str:
     pytest.skip("no mpiexec found (set MPIEXEC)")
 
 
+def is_hydra(launcher: str) -> bool:
+    """Whether `launcher` is MPICH's hydra (the job tests rely on how it ends a
+    job, e.g. -disable-auto-cleanup)."""
+    try:
+        out = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "HYDRA" in out.stdout + out.stderr
+
+
 def clean_env(timeout_env: str | None = None) -> dict[str, str]:
     """Our environment minus what an enclosing MPI launch put there (a nested
     mpiexec would take it for its own) and minus SHMEMVM_* settings; the
@@ -55,6 +66,15 @@ def clean_env(timeout_env: str | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if timeout_env is not None:
         env["SHMEMVM_TIMEOUT"] = timeout_env
+    return env
+
+
+def agreement_env() -> dict[str, str]:
+    """clean_env(), with this run's SHMEMVM_AGREEMENT (board or mpi) passed on, so
+    that the jobs a test starts run with either agreement transport."""
+    env = clean_env()
+    if os.environ.get("SHMEMVM_AGREEMENT"):
+        env["SHMEMVM_AGREEMENT"] = os.environ["SHMEMVM_AGREEMENT"]
     return env
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from util import REPO, clean_env, mpiexec
+from util import REPO, agreement_env, is_hydra, mpiexec
 
 HELPER = REPO / "tests" / "helpers" / "leaving_jobs.py"
 HEAP_TIMEOUT = 100      # the jobs' heap timeout
@@ -31,24 +31,16 @@ JOB_LIMIT = 60          # a job still running after this waits for the timeout: 
 LEAVER = 1
 
 
-def _hydra(launcher: str) -> bool:
-    try:
-        out = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "HYDRA" in out.stdout + out.stderr
-
-
 def _run(scenario: str, n_pes: int, module: bool, tmp: Path, interrupt: bool = False):
     launcher = mpiexec()
-    if not _hydra(launcher):
+    if not is_hydra(launcher):
         pytest.skip(f"{launcher} is not MPICH's hydra (these jobs rely on how it ends a job)")
     outdir = tmp / f"{scenario}-{n_pes}-{'m' if module else 'p'}"
     outdir.mkdir()
     command = [launcher, "-n", str(n_pes), sys.executable,
                *(["-m", "mpi4py"] if module else []), str(HELPER), scenario, str(outdir)]
     with open(outdir / "job.log", "w") as log:
-        job = subprocess.Popen(command, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+        job = subprocess.Popen(command, env=agreement_env(), stdout=log, stderr=subprocess.STDOUT,
                                cwd=REPO / "tests" / "helpers", start_new_session=True)
         try:
             if interrupt:
@@ -73,15 +65,6 @@ def _run(scenario: str, n_pes: int, module: bool, tmp: Path, interrupt: bool = F
             import json
             records[pe] = json.loads(path.read_text())
     return returncode, records, (outdir / "job.log").read_text()[-4000:]
-
-
-def _env() -> dict:
-    """The jobs' environment: clean_env(), with this run's SHMEMVM_AGREEMENT (board
-    or mpi) passed on, so that the jobs run with either agreement transport."""
-    env = clean_env()
-    if os.environ.get("SHMEMVM_AGREEMENT"):
-        env["SHMEMVM_AGREEMENT"] = os.environ["SHMEMVM_AGREEMENT"]
-    return env
 
 
 @pytest.fixture

@@ -12,16 +12,14 @@ and after how long.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from util import REPO, clean_env, mpiexec, run_jobs
+from util import REPO, agreement_env, is_hydra, mpiexec, run_jobs
 
 HELPER = REPO / "tests" / "helpers" / "liveness_jobs.py"
 N_PES = 3
@@ -49,23 +47,6 @@ JOBS = {
 BATCH = 3
 
 
-def is_hydra(launcher: str) -> bool:
-    try:
-        out = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "HYDRA" in out.stdout + out.stderr
-
-
-def _env() -> dict:
-    """The jobs' environment: clean_env(), with this run's SHMEMVM_AGREEMENT (board
-    or mpi) passed on, so that the jobs run with either agreement transport."""
-    env = clean_env()
-    if os.environ.get("SHMEMVM_AGREEMENT"):
-        env["SHMEMVM_AGREEMENT"] = os.environ["SHMEMVM_AGREEMENT"]
-    return env
-
-
 @pytest.fixture(scope="module")
 def outcomes():
     launcher = mpiexec()
@@ -83,7 +64,7 @@ def outcomes():
                            str(HELPER), scenario, f"{TIMEOUT:g}", str(root / name)]
                 if split is not None:
                     command.append(str(split))
-                jobs[name] = (command, _env())
+                jobs[name] = (command, agreement_env())
             results.update(run_jobs(root, jobs, JOB_LIMIT, N_PES))
         yield results
     finally:

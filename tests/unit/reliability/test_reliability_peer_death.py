@@ -15,28 +15,19 @@ tests/run_all.sh. The scenarios run side by side to keep the test short.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from util import REPO, clean_env, mpiexec, run_jobs
+from util import REPO, clean_env, is_hydra, mpiexec, run_jobs
 
 HELPER = REPO / "tests" / "helpers" / "peer_death.py"
 N_PES = 3
 TIMEOUT = 3.0          # SHMEMVM_TIMEOUT given to the jobs
 MARGIN = 2.0           # scheduling slack on 2 cores with 9 processes
 JOB_LIMIT = 150        # seconds: a job that takes longer than this hangs
-
-
-def _is_hydra(mpiexec: str) -> bool:
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "HYDRA" in out.stdout + out.stderr
 
 
 # scenario -> how the survivors are given the timeout: "arg" (timeout=) or "env" (SHMEMVM_TIMEOUT)
@@ -46,7 +37,7 @@ SCENARIOS = {"before-malloc": "arg", "mid-malloc": "arg", "mid-barrier": "env"}
 @pytest.fixture(scope="module")
 def outcomes():
     launcher = mpiexec()
-    if not _is_hydra(launcher):
+    if not is_hydra(launcher):
         pytest.skip(f"{launcher} is not MPICH's hydra; this test relies on -disable-auto-cleanup")
     root = Path(tempfile.mkdtemp(prefix="shmemvm-peer-death-"))
     results = {}
