@@ -171,20 +171,24 @@ def _blocks(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return blocks
 
 
-def check_readme_figures(doc: str = "README.md", section: str = "## Performance") -> list[str]:
-    """Every block of `section` that quotes a figure names its stored result."""
+def _section(doc: str, section: str) -> list[tuple[int, str]]:
+    """(line number, line) of the prose of `doc`'s `section` (a "## " heading)."""
     with open(os.path.join(ROOT, doc)) as f:
         text = f.read()
-    lines = _prose(text)
-    inside, chosen = False, []
-    for number, line in lines:
+    chosen, inside = [], False
+    for number, line in _prose(text):
         if line.startswith("## "):
             inside = line.strip() == section
             continue
         if inside:
             chosen.append((number, line))
+    return chosen
+
+
+def check_readme_figures(doc: str = "README.md", section: str = "## Performance") -> list[str]:
+    """Every block of `section` that quotes a figure names its stored result."""
     problems = []
-    for first, block in _blocks(chosen):
+    for first, block in _blocks(_section(doc, section)):
         if not FIGURE.search(block):
             continue
         refs = REFERENCE.findall(block)
@@ -236,17 +240,8 @@ def check_quoted_figures(doc: str = "README.md", section: str = "## Performance"
     baseline's median, a ratio or its inverse); a goal (a figure after ≥, ≤, <, >)
     is not a figure of a result. A result made again thus fails the README's old
     figures here until they are copied from it."""
-    with open(os.path.join(ROOT, doc)) as f:
-        text = f.read()
-    chosen, inside = [], False
-    for number, line in _prose(text):
-        if line.startswith("## "):
-            inside = line.strip() == section
-            continue
-        if inside:
-            chosen.append((number, line))
     problems = []
-    for first, block in _blocks(chosen):
+    for first, block in _blocks(_section(doc, section)):
         refs = [r for r in REFERENCE.findall(block) if r.endswith(".json")]
         if not refs or any("/history/" in r for r in refs):
             continue
