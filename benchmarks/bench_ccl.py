@@ -71,19 +71,11 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
     repeat = args.repeat or (2 if args.quick else 7)
     min_time = args.min_time if args.min_time is not None else (0.001 if args.quick else 0.05)
     setup_logging()
-    run, refused = None, None
-    if comm.Get_rank() == 0:
-        try:
-            run = schema.Run("device-ccl", schema.command(comm.Get_size(),
-                                                          "-m benchmarks device-ccl",
-                                                          list(argv or [])),
-                             method=METHOD, path=args.json, allow_dirty=args.allow_dirty)
-        except schema.DirtyTreeError as exc:
-            refused = str(exc)
-    refused = comm.bcast(refused, root=0)
+    run, refused = schema.run_on_pe0(
+        comm, "python -m benchmarks device-ccl", "device-ccl",
+        schema.command(comm.Get_size(), "-m benchmarks device-ccl", list(argv or [])),
+        method=METHOD, path=args.json, allow_dirty=args.allow_dirty)
     if refused:
-        if comm.Get_rank() == 0:
-            print(f"python -m benchmarks device-ccl: {refused}", file=sys.stderr)
         return 2
     from shmemvm.device.ccl import Ccl
     from shmemvm.heap import SymmetricHeap

@@ -93,19 +93,11 @@ class Run:
         self.meta: dict = {}
         self.errors: list[str] = []
         self.fresh_malloc_us: dict[int, list[float]] = {}   # samples of each size
-        self.result, refused = None, None
-        if rank == 0:
-            program = os.path.relpath(os.path.abspath(sys.argv[0]), schema.ROOT)
-            try:
-                self.result = schema.Run(benchmark, schema.command(n_pes, program, sys.argv[1:]),
-                                         method=method, path=args.out,
-                                         allow_dirty=getattr(args, "allow_dirty", False))
-            except schema.DirtyTreeError as exc:
-                refused = str(exc)
-        refused = comm.bcast(refused, root=0)
+        program = os.path.relpath(os.path.abspath(sys.argv[0]), schema.ROOT)
+        self.result, refused = schema.run_on_pe0(
+            comm, sys.argv[0], benchmark, schema.command(n_pes, program, sys.argv[1:]),
+            method=method, path=args.out, allow_dirty=getattr(args, "allow_dirty", False))
         if refused:
-            if rank == 0:
-                print(f"{sys.argv[0]}: {refused}", file=sys.stderr)
             raise SystemExit(2)
 
     def record(self, name, params, samples, unit, baseline_name=None, baseline_samples=None,

@@ -85,17 +85,11 @@ def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
     setup_logging()
     # PE 0 checks where the result goes before anything is measured, and every PE
     # stops alike if it may not go there
-    run, refused = None, None
-    if comm.Get_rank() == 0:
-        try:
-            run = schema.Run("host-suite", schema.command(comm.Get_size(), "-m benchmarks", argv),
-                             method=METHOD, path=args.json, allow_dirty=args.allow_dirty)
-        except schema.DirtyTreeError as exc:
-            refused = str(exc)
-    refused = comm.bcast(refused, root=0)
+    run, refused = schema.run_on_pe0(
+        comm, "python -m benchmarks", "host-suite",
+        schema.command(comm.Get_size(), "-m benchmarks", argv),
+        method=METHOD, path=args.json, allow_dirty=args.allow_dirty)
     if refused:
-        if comm.Get_rank() == 0:
-            print(f"python -m benchmarks: {refused}", file=sys.stderr)
         return 2
     from shmemvm.heap import SymmetricHeap
 

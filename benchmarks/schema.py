@@ -334,6 +334,23 @@ class Run:
         return doc
 
 
+def run_on_pe0(comm, prog: str, *args, **kwargs) -> tuple[Run | None, bool]:
+    """A Run(*args, **kwargs) made on PE 0 of `comm`, which checks where the result
+    goes before anything is measured, and whether it was refused there
+    (DirtyTreeError): every PE learns it, so that all stop alike, and PE 0 prints
+    why as "`prog`: why". (The Run on PE 0, None on the others; refused.)"""
+    run, refused = None, None
+    if comm.Get_rank() == 0:
+        try:
+            run = Run(*args, **kwargs)
+        except DirtyTreeError as exc:
+            refused = str(exc)
+    refused = comm.bcast(refused, root=0)
+    if refused and comm.Get_rank() == 0:
+        print(f"{prog}: {refused}", file=sys.stderr)
+    return run, bool(refused)
+
+
 def write(doc: dict, path: str) -> None:
     """`doc` as indented JSON at `path`, replaced whole (a reader never sees half)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
