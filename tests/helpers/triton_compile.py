@@ -101,13 +101,22 @@ def kernels():
     yield from producer_consumer.compile_signatures()
 
 
-for name, target, binary in (("cuda", GPUTarget("cuda", 90, 32), "cubin"),
-                             ("hip", GPUTarget("hip", "gfx942", 64), "hsaco")):
-    for fn, signature, constants in kernels():
-        try:
-            kernel = triton.compile(ASTSource(fn, signature, constants), target=target)
-        except Exception as exc:
-            print(f"{name}: {fn.__name__} {constants} failed to compile: {exc}")
-            raise
-        assert kernel.asm[binary], (name, fn.__name__)
-    print(f"{name} ok")
+def compile_for_gpus(signatures) -> None:
+    """Compile each (kernel, signature, constants) of `signatures` for sm_90 and
+    gfx942; print "<backend> ok (N kernels)" per target, raise at the first failure
+    (also used by tests/mpi/device/test_ccl_compile.py)."""
+    signatures = list(signatures)
+    for name, target, binary in (("cuda", GPUTarget("cuda", 90, 32), "cubin"),
+                                 ("hip", GPUTarget("hip", "gfx942", 64), "hsaco")):
+        for fn, signature, constants in signatures:
+            try:
+                kernel = triton.compile(ASTSource(fn, signature, constants), target=target)
+            except Exception as exc:
+                print(f"{name}: {fn.__name__} {constants} failed to compile: {exc}")
+                raise
+            assert kernel.asm[binary], (name, fn.__name__)
+        print(f"{name} ok ({len(signatures)} kernels)")
+
+
+if __name__ == "__main__":
+    compile_for_gpus(kernels())
