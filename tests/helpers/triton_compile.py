@@ -8,8 +8,6 @@ from pathlib import Path
 
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
@@ -18,6 +16,7 @@ from shmemvm.transport import kernels as device_atomics
 from shmemvm.device import triton as sv  # noqa: E402  (its private _poll_unset too)
 import producer_consumer  # noqa: E402
 import triton_allreduce  # noqa: E402
+from gpu_targets import compile_for_gpus  # noqa: E402
 
 
 @triton.jit
@@ -99,23 +98,6 @@ def kernels():
                     "N_PES": 4, "BLOCK": 2048, "OP": op, "TWO_SHOT": two_shot, "HINT": 2048}
     yield sv._poll_unset, {"sig_ptr": "*i64", "max_polls": "i32"}, {}
     yield from producer_consumer.compile_signatures()
-
-
-def compile_for_gpus(signatures) -> None:
-    """Compile each (kernel, signature, constants) of `signatures` for sm_90 and
-    gfx942; print "<backend> ok (N kernels)" per target, raise at the first failure
-    (also used by tests/mpi/device/test_ccl_compile.py)."""
-    signatures = list(signatures)
-    for name, target, binary in (("cuda", GPUTarget("cuda", 90, 32), "cubin"),
-                                 ("hip", GPUTarget("hip", "gfx942", 64), "hsaco")):
-        for fn, signature, constants in signatures:
-            try:
-                kernel = triton.compile(ASTSource(fn, signature, constants), target=target)
-            except Exception as exc:
-                print(f"{name}: {fn.__name__} {constants} failed to compile: {exc}")
-                raise
-            assert kernel.asm[binary], (name, fn.__name__)
-        print(f"{name} ok ({len(signatures)} kernels)")
 
 
 if __name__ == "__main__":

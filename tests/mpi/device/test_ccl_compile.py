@@ -62,7 +62,7 @@ def signatures():
 
 def compile_all() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "helpers"))
-    from triton_compile import compile_for_gpus
+    from gpu_targets import compile_for_gpus
     compile_for_gpus(signatures())
 
 
