@@ -16,8 +16,6 @@ tests run too.
 
 from __future__ import annotations
 
-import torch
-
 from ..config import setting
 
 try:
@@ -25,17 +23,38 @@ try:
 except ImportError:  # not built (a source tree used without meson): the Python paths
     _native = None
 
-#: word kinds of _native.c, by the array/struct typecode of their bits
-WORDS = {"b": 0, "B": 1, "h": 2, "H": 3, "i": 4, "I": 5, "q": 6, "Q": 7, "f": 8, "d": 9}
-#: operations of _native.c's atomic()
-FETCH, SET, ADD, AND, OR, XOR, CAS = range(7)
-#: comparisons of _native.c's wait(), by name
-COMPARISONS = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
+# The numbers _native.c gives word kinds and atomic operations. The C module
+# exports its own (its enums, as WORDS and OPERATIONS); this table is the one
+# the Python side writes, because the names must exist where C is not built
+# (the pure Python paths use them as codes). _numbering() holds the two equal
+# at import: a build of another _native.c would otherwise turn an ADD into an
+# AND without a word.
+_WORDS = {"b": 0, "B": 1, "h": 2, "H": 3, "i": 4, "I": 5, "q": 6, "Q": 7, "f": 8, "d": 9}
+_OPERATIONS = {"fetch": 0, "set": 1, "add": 2, "and": 3, "or": 4, "xor": 5, "cas": 6}
 
-#: torch dtypes as the typecodes of their bits
-TORCH_CODES = {torch.int8: "b", torch.uint8: "B", torch.int16: "h", torch.uint16: "H",
-               torch.int32: "i", torch.uint32: "I", torch.int64: "q", torch.uint64: "Q",
-               torch.float32: "f", torch.float64: "d"}
+
+def _numbering(module) -> tuple[dict[str, int], dict[str, int]]:
+    """(WORDS, OPERATIONS) of the compiled `module` (None: not built, the
+    Python table); ImportError where its numbers are not this file's."""
+    if module is None:
+        return dict(_WORDS), dict(_OPERATIONS)
+    for name, ours in (("WORDS", _WORDS), ("OPERATIONS", _OPERATIONS)):
+        theirs = getattr(module, name, None)
+        if theirs != ours:
+            raise ImportError(
+                f"the compiled piece {getattr(module, '__file__', module)} numbers its {name} "
+                f"{theirs}, shmemvm/native/__init__.py expects {ours}: it was built from "
+                f"another version of _native.c. Rebuild it (pip install -e . again, or "
+                f"remove the stale _native*.so), or make the two tables equal")
+    return dict(module.WORDS), dict(module.OPERATIONS)
+
+
+#: word kinds of _native.c, by the array/struct typecode of their bits
+#: (OPERATIONS: its atomic() operations, by name)
+WORDS, OPERATIONS = _numbering(_native)
+#: operations of _native.c's atomic()
+FETCH, SET, ADD, AND, OR, XOR, CAS = (OPERATIONS[name] for name in
+                                      ("fetch", "set", "add", "and", "or", "xor", "cas"))
 
 
 def built() -> str | None:
@@ -64,12 +83,6 @@ def atomic(address: int, code: str, op: int, value=0, cond=0):
 def load(address: int, code: str):
     """The word at `address`, read atomically."""
     return _native.load(address, WORDS[code])
-
-
-def wait(address: int, code: str, cmp: str, value, spins: int):
-    """Poll the word at `address` until `word cmp value` holds, at most `spins`
-    times, without the GIL: (held, the last value read)."""
-    return _native.wait(address, WORDS[code], COMPARISONS[cmp], value, spins)
 
 
 def copy(dst: int, src: int, nbytes: int) -> None:

@@ -6,8 +6,6 @@
  *       1, 2, 4 or 8 bytes (signed, unsigned) or a float32/float64 (fetch,
  *       set, swap only); returns the value before.
  *   load(address, word)                     an atomic read (acquire).
- *   wait(address, word, cmp, value, spins)  poll that read until the
- *       comparison holds, at most `spins` times; returns (held, last value).
  *   copy(dst, src, nbytes)                  memmove between addresses.
  *   address(buffer)                         where a C-contiguous buffer (a
  *       NumPy array) starts: 0.1 us, against 0.8 for __array_interface__.
@@ -25,8 +23,16 @@
  * and decides when to call. What C can check cheaply it checks too, so that a
  * wrong call is a ValueError, not a crash: a negative length, a null address
  * or one below the lowest page a process can map (vm.mmap_min_addr, 64 KiB),
- * a range that runs past the highest user address. The GIL is released
- * around waits and large copies. Multi-phase initialisation (PEP 489).
+ * a range that runs past the highest user address. What C cannot know is
+ * whether an address is inside a live block: every caller reaches these
+ * functions through shmemvm.native's wrappers from code that checked it
+ * (transport/openshmem: the block and generation; agreement/board.py: its own
+ * mapping; shmem/rma.py: the array's length, which C checks again). The GIL is
+ * released around board polls and large copies.
+ *
+ * The module exports its numbering of word kinds and operations (WORDS,
+ * OPERATIONS: dicts added by the exec slot, multi-phase initialisation, PEP
+ * 489); shmemvm/native/__init__.py compares them with its own table at import.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,12 +40,12 @@
 #include <string.h>
 #include <sched.h>
 
-/* word kinds: the code of each, as the Python side numbers them */
+/* word kinds, exported as WORDS by the array/struct typecode of their bits */
 enum { W_I8, W_U8, W_I16, W_U16, W_I32, W_U32, W_I64, W_U64, W_F32, W_F64, W_COUNT };
-/* operations */
+static const char *const word_codes[W_COUNT] = {"b", "B", "h", "H", "i", "I", "q", "Q", "f", "d"};
+/* operations of atomic(), exported as OPERATIONS by name */
 enum { OP_FETCH, OP_SET, OP_ADD, OP_AND, OP_OR, OP_XOR, OP_CAS, OP_COUNT };
-/* comparisons of wait() */
-enum { CMP_EQ, CMP_NE, CMP_GT, CMP_GE, CMP_LT, CMP_LE };
+static const char *const op_names[OP_COUNT] = {"fetch", "set", "add", "and", "or", "xor", "cas"};
 
 #define SEQ_CST __ATOMIC_SEQ_CST
 
@@ -222,63 +228,6 @@ static PyObject *native_load(PyObject *self, PyObject *const *args, Py_ssize_t n
     return from_bits(load_bits(address, size), word);
 }
 
-/* The comparison `current cmp value` of two patterns of a word kind. */
-static int holds(uint64_t current, uint64_t value, int word, int cmp) {
-    int order;   /* -1, 0, 1 */
-    if (word == W_F32 || word == W_F64) {
-        double a, b;
-        if (word == W_F32) { float fa, fb; uint32_t ua = (uint32_t)current, ub = (uint32_t)value;
-                             memcpy(&fa, &ua, 4); memcpy(&fb, &ub, 4); a = fa; b = fb; }
-        else { memcpy(&a, &current, 8); memcpy(&b, &value, 8); }
-        if (a != a || b != b) return cmp == CMP_NE;   /* NaN compares unequal, unordered */
-        order = (a > b) - (a < b);
-    } else if (is_signed(word)) {
-        int shift = 64 - 8 * word_size(word);
-        int64_t a = (int64_t)(current << shift) >> shift, b = (int64_t)(value << shift) >> shift;
-        order = (a > b) - (a < b);
-    } else {
-        order = (current > value) - (current < value);
-    }
-    switch (cmp) {
-    case CMP_EQ: return order == 0;
-    case CMP_NE: return order != 0;
-    case CMP_GT: return order > 0;
-    case CMP_GE: return order >= 0;
-    case CMP_LT: return order < 0;
-    default:     return order <= 0;
-    }
-}
-
-/* wait(address, word, cmp, value, spins) -> (held, last value): polls without
- * the GIL, yielding the core between polls after the first few */
-static PyObject *native_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "wait(address, word, cmp, value, spins)");
-        return NULL;
-    }
-    int word = (int)PyLong_AsLong(args[1]), cmp = (int)PyLong_AsLong(args[2]);
-    long long spins = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred()) return NULL;
-    int size = word_size(word);
-    uintptr_t address;
-    uint64_t value, current = 0;
-    int ok = 0;
-    if (!size || cmp < CMP_EQ || cmp > CMP_LE) {
-        PyErr_Format(PyExc_ValueError, "wait: bad word kind %d or comparison %d", word, cmp);
-        return NULL;
-    }
-    if (parse_address(args[0], &address, size) < 0 || to_bits(args[3], word, &value) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    for (long long i = 0; i < spins; i++) {
-        current = load_bits(address, size);
-        if ((ok = holds(current, value, word, cmp))) break;
-        if (i >= 64) sched_yield();
-    }
-    Py_END_ALLOW_THREADS
-    return Py_BuildValue("(NN)", PyBool_FromLong(ok), from_bits(current, word));
-}
-
 /* The GIL is let go around copies from this size on: other threads run meanwhile. */
 #define COPY_WITHOUT_GIL (64 * 1024)
 
@@ -451,8 +400,6 @@ static PyMethodDef methods[] = {
      "atomic(address, word, op, value, cond) -> the value before"},
     {"load", (PyCFunction)(void (*)(void))native_load, METH_FASTCALL,
      "load(address, word) -> the value (an atomic read)"},
-    {"wait", (PyCFunction)(void (*)(void))native_wait, METH_FASTCALL,
-     "wait(address, word, cmp, value, spins) -> (held, last value)"},
     {"copy", (PyCFunction)(void (*)(void))native_copy, METH_FASTCALL,
      "copy(dst, src, nbytes)"},
     {"address", (PyCFunction)native_address, METH_O, "address(buffer) -> where it starts"},
@@ -467,10 +414,25 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* {names[i]: i} as the module attribute `attr`; 0, or -1 with an error set. */
+static int add_numbering(PyObject *module, const char *attr, const char *const *names, int n) {
+    PyObject *table = PyDict_New();
+    if (table == NULL) return -1;
+    for (int i = 0; i < n; i++) {
+        PyObject *code = PyLong_FromLong(i);
+        int failed = code == NULL || PyDict_SetItemString(table, names[i], code) < 0;
+        Py_XDECREF(code);
+        if (failed) { Py_DECREF(table); return -1; }
+    }
+    int result = PyModule_AddObjectRef(module, attr, table);
+    Py_DECREF(table);
+    return result;
+}
+
 static int exec_module(PyObject *module) {
-    (void)module;
     crc_init();   /* the same table every time: a second module object may redo it */
-    return 0;
+    if (add_numbering(module, "WORDS", word_codes, W_COUNT) < 0) return -1;
+    return add_numbering(module, "OPERATIONS", op_names, OP_COUNT);
 }
 
 static PyModuleDef_Slot slots[] = {
@@ -480,7 +442,7 @@ static PyModuleDef_Slot slots[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",
-    "CPU atomics, waits, copies and the board's steps on shared memory (see the source).",
+    "CPU atomics, atomic loads, copies and the board's steps on shared memory (see the source).",
     0, methods, slots, NULL, NULL, NULL,
 };
 

@@ -1,5 +1,5 @@
-"""The compiled piece (shmemvm/native/_native.c): CPU atomics, waits, copies and
-the board's steps on shared memory. Single process; the contention tests fork
+"""The compiled piece (shmemvm/native/_native.c): CPU atomics, atomic loads, copies
+and the board's steps on shared memory. Single process; the contention tests fork
 processes that hammer one word of a shared mapping at once, as the node's PEs
 do, and count that nothing is lost. Its vote at init, under MPI:
 tests/mpi/native/test_native_vote.py."""
@@ -68,17 +68,6 @@ def test_bad_addresses_and_kinds_are_refused_not_dereferenced():
         native._native.atomic(address, 42, 0, 0, 0)
     with pytest.raises(OverflowError):
         native.atomic(address, "Q", native.SET, -1)     # the caller checks ranges; C refuses too
-
-
-@pytest.mark.parametrize("cmp, value, held", [("eq", 7, True), ("ne", 7, False), ("gt", 6, True),
-                                              ("ge", 8, False), ("lt", 8, True), ("le", 6, False)])
-def test_wait_compares_and_gives_up_after_its_spins(cmp, value, held):
-    word, address = _word("q", 7)
-    assert native.wait(address, "q", cmp, value, 100) == (held, 7)
-    signed, signed_address = _word("b", -1)
-    assert native.wait(signed_address, "b", "lt", 0, 10) == (True, -1)   # signed compare
-    unsigned, unsigned_address = _word("B", 255)
-    assert native.wait(unsigned_address, "B", "gt", 0, 10) == (True, 255)
 
 
 def test_copy_moves_bytes_between_addresses():

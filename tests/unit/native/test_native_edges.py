@@ -29,7 +29,6 @@ CASES = {
     "atomic, absurd address": "n.atomic(8, 'q', n.FETCH)",
     "atomic, null address": "n.atomic(0, 'q', n.ADD, 1)",
     "load, absurd address": "n.load(16, 'q')",
-    "wait, absurd address": "n.wait(16, 'q', 'eq', 0, 10)",
     "copy_from, negative length": "n.copy_from(a, bytes(8), -1)",
     "copy_from, absurd destination": "n.copy_from(8, bytes(8), 8)",
     "copy_into, absurd source": "n.copy_into(buf, 8, 8)",
