@@ -280,9 +280,6 @@ class Pow2Allocator:
         block = self._blocks[offset] = Block(offset, size, nbytes, segment, self._serial)
         return block
 
-    def is_external(self, offset: int) -> bool:
-        return offset in self._external
-
     def free(self, offset: int) -> Block:
         block = self._blocks.pop(offset, None)
         if block is None:
