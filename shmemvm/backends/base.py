@@ -32,11 +32,6 @@ class VMMBackend(abc.ABC):
     granularity: int = 0
     #: the device tensors live on (torch.device("cpu") for host memory)
     device: torch.device = torch.device("cpu")
-    #: True where access rights can only be set cumulatively from the base of
-    #: the reservation (ROCm): such a backend keeps [base, highest mapped end)
-    #: gap-free itself (hip.py maps a filler piece into holes) and sets access
-    #: over all of it, so pieces may be mapped and unmapped in any order.
-    cumulative_access: bool = False
     #: True where the MPI library can read and write this memory, so the heap
     #: attaches it to its MPI window (off-node put/get, atomics). Host memory:
     #: yes. Device memory: no, since shmemvm does not assume a GPU-aware MPI.
@@ -87,7 +82,8 @@ class VMMBackend(abc.ABC):
     @abc.abstractmethod
     def set_access(self, va: int, size: int) -> None:
         """Make a freshly mapped range readable and writable from this process's
-        device. Backends with `cumulative_access` widen from their base."""
+        device. Where access can only be set from the reservation's base (ROCm),
+        the backend widens the range itself (hip.py)."""
 
     def map_accessible(self, va: int, size: int, handle: Handle) -> None:
         """map() then set_access(); nothing is left mapped if either fails."""

@@ -246,7 +246,6 @@ def _check_piece(drv, piece: ExternalPiece, posix: int, device: int, granularity
 
 class CudaBackend(VMMBackend):
     name = "cuda"
-    cumulative_access = False
     mpi_accessible = False       # device memory: no GPU-aware MPI is assumed
 
     @staticmethod

@@ -10,8 +10,8 @@ hipMemImportFromShareableHandle.
 
 ROCm constraint (DESIGN.md): hipMemSetAccess only works when called from the
 base of the reservation over the whole mapped prefix; a sub-range, or a range
-with an unmapped hole, fails with hipErrorInvalidValue (1). So this backend is
-`cumulative_access`: per reservation it tracks every mapped piece and the
+with an unmapped hole, fails with hipErrorInvalidValue (1). So this backend sets
+access cumulatively: per reservation it tracks every mapped piece and the
 highest mapped end (the "high water"), and set_access(va, size) always sets
 access over [reservation base, high water).
 
@@ -219,7 +219,6 @@ class _Reservation:
 
 class HipBackend(VMMBackend):
     name = "hip"
-    cumulative_access = True
     mpi_accessible = False       # device memory: no GPU-aware MPI is assumed
 
     @staticmethod

@@ -114,7 +114,7 @@ class TestOnAMDGPU:
 
     def test_rocm_still_refuses_sub_range_set_access(self, be):
         """The DESIGN.md fact this backend is built around; if this starts to
-        fail, ROCm may have lifted the limit and cumulative_access can go."""
+        fail, ROCm may have lifted the limit and the filler can go."""
         hip = hipmod._import_hip()
         g = be.granularity
         base = be.reserve(2 * g, g)
