@@ -32,7 +32,7 @@ params["goal"]. Sections, in this order (the riskiest last):
    allocation inside it needs none; the baseline of record 4a is that (what
    a NVSHMEM user sees), and section 6 measures NVSHMEM's own new-memory case.
 5. profile (shmemvm only): where a fresh (64 KiB, 1 MiB, 64 MiB, 1 GiB) and a cached
-   (1 KiB, 1 MiB) malloc spend their time, step by step (shmemvm/profile.py).
+   (1 KiB, 1 MiB) malloc spend their time, step by step (shmemvm/core/profile.py).
 6. NVSHMEM4Py allocation beyond NVSHMEM_SYMMETRIC_SIZE: allocations of one
    size held until their total passes the pre-mapped size by two growth
    granules (NVSHMEM grows its heap through CUDA VMM in 512 MiB granules when
@@ -552,25 +552,25 @@ def new_memory(bench: Bench) -> None:
 def profile_steps(bench: Bench) -> None:
     heap, run = bench.heap, bench.run
     fresh_sizes = [n for n in (64 * KiB, 1 * MiB, 64 * MiB, 1 * GiB) if n <= bench.args.max_size]
-    with profile.instrumented(heap):
+    with profile.instrumented(heap) as timed:
         for kind, sizes in (("fresh", fresh_sizes), ("cached", [1 * KiB, 1 * MiB])):
             for n in sizes:
                 calls = bench.iters(8, 3) if kind == "fresh" else bench.iters(200, 30)
                 if kind == "cached":
                     heap.free(heap.malloc(n))   # now cached
-                profile.reset()
+                timed.reset()
                 total = 0
                 for _ in range(calls):
                     if kind == "fresh":
                         heap.trim()
                     comm.Barrier()
-                    with profile.measuring():
+                    with timed.measuring():
                         t0 = time.perf_counter_ns()
                         x = heap.malloc(n)
                         total += time.perf_counter_ns() - t0
                     heap.free(x)
                     del x
-                steps = {k: _round(v) for k, v in profile.breakdown(total, calls).items()}
+                steps = {k: _round(v) for k, v in timed.breakdown(total, calls).items()}
                 everyone = comm.gather(steps, root=0)
                 if rank == 0:
                     run.record(f"profile_malloc_{kind}", {

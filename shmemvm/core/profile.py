@@ -25,7 +25,8 @@ own end-to-end time has beyond the top-level steps is the Python around them.
 The steps are timed by wrapping the bound methods of one heap's objects
 (instrument()), so a heap that is not instrumented runs exactly the code it
 runs without this module: the cost of profiling off is nothing at all. With
-it on, each timed call costs about a microsecond of wrapper.
+it on, each timed call costs about a microsecond of wrapper. The sums are that
+heap's (a Steps object its wrappers hold; of(heap) finds it), not the module's.
 
 Beside it, core/trace.py: the public calls (put, waits, collectives, malloc,
 ...) one by one as ranges in a torch.profiler trace, while a torch profiler
@@ -40,11 +41,47 @@ from contextlib import contextmanager
 
 from ..config import setting
 
-_totals: dict[str, int] = {}     # step path -> nanoseconds
-_counts: dict[str, int] = {}     # step path -> calls
-_stack: list[str] = []           # the steps being timed, outermost first
-_recording = [False]             # only calls inside measuring() are summed (all, once a
-                                 # heap started with SHMEMVM_PROFILE=1)
+
+class Steps:
+    """One heap's step timings: what instrument(heap) sums, kept by the
+    wrappers it puts on that heap's objects (no module state: two heaps are
+    timed apart, and a heap's timings go with it)."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = {}      # step path -> nanoseconds
+        self.calls: dict[str, int] = {}   # step path -> calls
+        self.stack: list[str] = []        # the steps being timed, outermost first
+        self.recording = False            # only calls inside measuring() are summed (all,
+                                          # for a heap started with SHMEMVM_PROFILE=1)
+
+    def reset(self) -> None:
+        """Forget every step's totals (the next measurement starts from zero)."""
+        self.ns.clear()
+        self.calls.clear()
+
+    def totals(self) -> dict[str, dict[str, float]]:
+        """{step path: {"us": total microseconds, "calls": n}}, in first-seen order."""
+        return {path: {"us": ns / 1e3, "calls": self.calls[path]} for path, ns in self.ns.items()}
+
+    @contextmanager
+    def measuring(self):
+        """Sum the steps of the calls made inside the block (the calls a caller
+        times end to end; setup around them, like free() or trim(), stays out)."""
+        before = self.recording
+        self.recording = True
+        try:
+            yield self
+        finally:
+            self.recording = before
+
+    def breakdown(self, total_ns: int, calls: int) -> dict[str, float]:
+        """Microseconds per call of every step, plus "python": `total_ns` (the
+        callers' own end-to-end time over `calls` calls) less the top-level steps."""
+        steps = {path: ns / 1e3 / calls for path, ns in self.ns.items()}
+        top = sum(ns for path, ns in self.ns.items() if "/" not in path)
+        steps["python"] = (total_ns - top) / 1e3 / calls
+        steps["total"] = total_ns / 1e3 / calls
+        return steps
 
 
 def enabled() -> bool:
@@ -52,41 +89,33 @@ def enabled() -> bool:
     return setting("SHMEMVM_PROFILE").strip() == "1"
 
 
-def start(heap) -> None:
+def start(heap) -> Steps:
     """SHMEMVM_PROFILE=1 at a heap's init: time its steps and sum every call
-    from now on, not only those inside measuring()."""
-    instrument(heap)
-    _recording[0] = True
+    from now on, not only those inside measuring(); of(heap) reads them."""
+    steps = instrument(heap)
+    steps.recording = True
+    return steps
 
 
-def reset() -> None:
-    """Forget every step's totals (the next measurement starts from zero)."""
-    _totals.clear()
-    _counts.clear()
-
-
-def totals() -> dict[str, dict[str, float]]:
-    """{step path: {"us": total microseconds, "calls": n}}, in first-seen order."""
-    return {path: {"us": ns / 1e3, "calls": _counts[path]} for path, ns in _totals.items()}
-
-
-def _timed(name: str, fn):
+def _timed(steps: Steps, name: str, fn):
     clock = time.perf_counter_ns
 
     @functools.wraps(fn)
     def step(*args, **kwargs):
-        if not _recording[0]:
+        if not steps.recording:
             return fn(*args, **kwargs)
-        path = f"{_stack[-1]}/{name}" if _stack else name
-        _stack.append(path)
+        stack = steps.stack
+        path = f"{stack[-1]}/{name}" if stack else name
+        stack.append(path)
         t0 = clock()
         try:
             return fn(*args, **kwargs)
         finally:
-            _totals[path] = _totals.get(path, 0) + clock() - t0
-            _counts[path] = _counts.get(path, 0) + 1
-            _stack.pop()
+            steps.ns[path] = steps.ns.get(path, 0) + clock() - t0
+            steps.calls[path] = steps.calls.get(path, 0) + 1
+            stack.pop()
     step.__shmemvm_profiled__ = fn
+    step.__shmemvm_steps__ = steps
     return step
 
 
@@ -109,13 +138,22 @@ def _targets(heap) -> list[tuple[object, str, str]]:
     return [(obj, method, name) for obj, method, name in targets if obj is not None]
 
 
-def instrument(heap) -> None:
-    """Make `heap`'s steps timed (idempotent); SHMEMVM_PROFILE=1 does it at
-    init and records every call (measuring() is then on for the whole run)."""
+def of(heap) -> Steps | None:
+    """The Steps of an instrumented `heap` (SHMEMVM_PROFILE=1, instrument(),
+    instrumented()); None where its steps are not timed."""
+    return getattr(heap.agreement.collective, "__shmemvm_steps__", None)
+
+
+def instrument(heap) -> Steps:
+    """Make `heap`'s steps timed (idempotent: the same Steps again);
+    SHMEMVM_PROFILE=1 does it at init and records every call (measuring() is
+    then on for the whole run)."""
+    steps = of(heap) or Steps()
     for obj, method, name in _targets(heap):
         current = getattr(obj, method)
         if not hasattr(current, "__shmemvm_profiled__"):
-            setattr(obj, method, _timed(name, current))
+            setattr(obj, method, _timed(steps, name, current))
+    return steps
 
 
 def uninstrument(heap) -> None:
@@ -127,35 +165,13 @@ def uninstrument(heap) -> None:
 
 @contextmanager
 def instrumented(heap):
-    """`with instrumented(heap):` makes `heap`'s steps timeable inside the
-    block (only those inside measuring() are summed), from zero."""
-    was = hasattr(getattr(heap.agreement, "collective"), "__shmemvm_profiled__")
-    instrument(heap)
-    reset()
+    """`with instrumented(heap) as steps:` makes `heap`'s steps timeable inside
+    the block (only those inside steps.measuring() are summed), from zero."""
+    was = of(heap) is not None
+    steps = instrument(heap)
+    steps.reset()
     try:
-        yield
+        yield steps
     finally:
         if not was:
             uninstrument(heap)
-
-
-@contextmanager
-def measuring():
-    """Sum the steps of the calls made inside the block (the calls a caller
-    times end to end; setup around them, like free() or trim(), stays out)."""
-    before = _recording[0]
-    _recording[0] = True
-    try:
-        yield
-    finally:
-        _recording[0] = before
-
-
-def breakdown(total_ns: int, calls: int) -> dict[str, float]:
-    """Microseconds per call of every step, plus "python": `total_ns` (the
-    callers' own end-to-end time over `calls` calls) less the top-level steps."""
-    steps = {path: ns / 1e3 / calls for path, ns in _totals.items()}
-    top = sum(ns for path, ns in _totals.items() if "/" not in path)
-    steps["python"] = (total_ns - top) / 1e3 / calls
-    steps["total"] = total_ns / 1e3 / calls
-    return steps

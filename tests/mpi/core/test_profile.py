@@ -18,16 +18,16 @@ HEAP_OPTIONS = {"heap_size": "16M", "backend": "host"}
 
 @pytest.mark.mpi(min_size=1)
 def test_fresh_malloc_steps_are_timed_and_add_up(heap):
-    with profile.instrumented(heap):
+    with profile.instrumented(heap) as timed:
         heap.trim()
         WORLD.Barrier()
-        with profile.measuring():
+        with timed.measuring():
             t0 = time.perf_counter_ns()
             x = heap.malloc(1 * MiB)
             total = time.perf_counter_ns() - t0
         heap.free(x)
-        steps = profile.breakdown(total, 1)
-        counts = profile.totals()
+        steps = timed.breakdown(total, 1)
+        counts = timed.totals()
     # a fresh segment is created, then (once sent to the peers) mapped and made
     # accessible here, inside the exchange, and attached to the MPI window
     for step in ("agreement", "allocate", "allocate/create", "exchange", "exchange/map_new",
@@ -54,22 +54,23 @@ def test_fresh_malloc_steps_are_timed_and_add_up(heap):
 @pytest.mark.mpi(min_size=1)
 def test_cached_malloc_has_no_backend_steps(heap):
     heap.free(heap.malloc(4 * KiB))  # now cached
-    with profile.instrumented(heap):
-        with profile.measuring():
+    with profile.instrumented(heap) as timed:
+        with timed.measuring():
             x = heap.malloc(4 * KiB)
         heap.free(x)
-        counts = profile.totals()
+        counts = timed.totals()
     assert set(counts) >= {"agreement", "allocate", "tensor"}
     assert not any("create" in k or "exchange" in k for k in counts), counts
 
 
 @pytest.mark.mpi(min_size=1)
 def test_uninstrumented_heap_runs_its_own_methods(heap):
-    with profile.instrumented(heap):
+    with profile.instrumented(heap) as timed:
         assert hasattr(heap.backend.create, "__shmemvm_profiled__")
     # after the block, nothing of the wrapper is left on any object
     for obj in (heap.agreement, heap.local, heap.backend):
         assert not any(hasattr(v, "__shmemvm_profiled__") for v in vars(obj).values())
-    profile.reset()
+    assert profile.of(heap) is None
+    timed.reset()
     heap.free(heap.malloc(64 * KiB))
-    assert profile.totals() == {}
+    assert timed.totals() == {}
