@@ -30,6 +30,7 @@ from ..agreement.protocol import Call, Phase
 from ..config import check_all, raw, setting
 from ..errors import ShmemError
 from ..memory.buddy import Segment
+from ..memory.heapmem import HeapMemory
 from ..memory.vmm import VMemPow2Allocator
 from ..node.anchor import Anchor, anchor_setting, anchor_size
 from ..node.exchange import Exchange
@@ -98,8 +99,8 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
         try:
             # Blocks nothing views any more are released only once every PE
             # agrees (HeapCore.agree), so release_dead=False.
-            core.local = VMemPow2Allocator(heap_size, backend, va_factor=va_factor,
-                                           release_dead=False, local_rank=core.node.Get_rank())
+            core.local = HeapMemory(heap_size, backend, va_factor=va_factor,
+                                    release_dead=False, local_rank=core.node.Get_rank())
             core.backend = core.local.backend
             core.completion = CompletionTracker(core.backend, current_stream=True)
             _note_rounding(heap_size, core.local, core.my_pe)

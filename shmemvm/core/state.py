@@ -37,7 +37,7 @@ from ..agreement.protocol import Call, Outcome
 from ..backends.base import VMMBackend
 from ..errors import NotSymmetricError, ShmemError, UnsupportedError
 from ..memory.buddy import Block, Segment
-from ..memory.vmm import VMemPow2Allocator
+from ..memory.heapmem import HeapMemory
 from ..node.anchor import Anchor
 from ..node.exchange import Exchange
 from ..node.fdpass import FdChannel
@@ -93,7 +93,7 @@ class HeapCore:
     timeout: float
     thread_level: int
     backend: VMMBackend
-    local: VMemPow2Allocator
+    local: HeapMemory
     peers: PeerTable
     channel: FdChannel | None
     exchange: Exchange

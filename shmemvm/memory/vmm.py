@@ -12,8 +12,10 @@ its old memory, and it is released when the last of them dies. close()
 releases everything nothing views and keeps the rest mapped (and the VA
 reserved) until its last view dies.
 
-The symmetric heap builds on the same object but releases a block only when
-every PE agrees that nothing views it (release_dead=False).
+This is the stand-alone public allocator. The symmetric heap builds on
+HeapMemory (heapmem.py), its subclass that exposes the steps of an
+allocation one by one and releases a block only when every PE agrees that
+nothing views it.
 """
 
 from __future__ import annotations
@@ -35,9 +37,17 @@ from .limits import naming_limits
 
 log = logging.getLogger("shmemvm")
 
-#: closed allocators whose memory tensors still view: held here until the last
-#: view dies, since otherwise nothing outside holds them, their watches included
-_LINGERING: set = set()
+#: Closed allocators whose memory tensors still view, held until the last view
+#: dies. Process-wide on purpose: what keeps such an allocator alive is only
+#: tensors the user holds, and its watches are weak references that fire only
+#: while the watch objects themselves live. The allocator, its records (the
+#: watches) and their mailbox form a cycle that nothing outside references
+#: once the user dropped the allocator, so without a root here the garbage
+#: collector would take the watches with it: the callbacks would never run and
+#: the mappings under those tensors would never be released (or, through the
+#: backend's finalizer, released under them). The last view's death removes
+#: its allocator from here (_finish_close).
+_LINGERING: set[VMemPow2Allocator] = set()
 
 
 #: the automatic chunk size gives a heap at most this many chunks (SHMEMVM_CHUNK_SIZE)
@@ -80,13 +90,13 @@ class HeapStats(TypedDict):
 
 
 @dataclass(eq=False)
-class _Imported:
+class Imported:
     """Memory of another allocator placed in the heap (import_external_tensor):
     its pieces, where they are mapped here, and the tensor that owns it, kept
     alive so that its allocator cannot reuse the memory while it is mapped."""
     segment: Segment
     pieces: list                  # the backend's pieces, each holding a handle reference
-    placed: list                  # (va, size) of each mapping here
+    placed: list[tuple[int, int]]  # (va, size) of each mapping here
     owner: torch.Tensor | None
     start: int                    # heap offset of the imported storage's first byte
 
@@ -94,13 +104,15 @@ class _Imported:
 class VMemPow2Allocator:
     """Power-of-two allocator over a VMM heap of `heap_size` physical bytes.
 
-    `release_dead=False` leaves blocks that nothing views any more allocated
-    until the owner calls release() (the symmetric heap does so once every PE
-    agrees); by default they are released at the next call.
+    Blocks that nothing views any more are released at the next call.
     """
 
+    #: whether blocks nothing views any more are released at the next call
+    #: (HeapMemory: only when every PE agrees, through its release())
+    release_dead: bool = True
+
     def __init__(self, heap_size: int | str | None = None, backend: str | VMMBackend | None = "host",
-                 *, va_factor: int | None = None, min_block: int = 64, release_dead: bool = True,
+                 *, va_factor: int | None = None, min_block: int = 64,
                  chunk: int | str | None = None, **backend_options):
         self.backend = create_backend(backend, **backend_options)
         granularity = self.backend.granularity
@@ -133,7 +145,7 @@ class VMemPow2Allocator:
                 f"SHMEMVM_HEAP_SIZE or SHMEMVM_VA_FACTOR") from exc
         self._handles: dict[int, object] = {}        # segment offset -> physical handle
         self._unmapped: set[int] = set()             # offsets created, not mapped yet
-        self._imported: dict[int, _Imported] = {}    # block offset -> imported memory
+        self._imported: dict[int, Imported] = {}     # block offset -> imported memory
         self._storage_at: dict[int, int] = {}        # imported storage's offset -> block offset
         self._records: dict[int, ownership.Record] = {}       # block offset -> allocated block
         self._dead: set[int] = set()                 # offsets nothing here views any more
@@ -141,12 +153,7 @@ class VMemPow2Allocator:
         self._died = self._mailbox.died              # every watch's callback, bound once
         self._lock = threading.RLock()               # allocator, records, handles
         self._drain_lock = threading.Lock()          # after close: one drainer at a time
-        self.release_dead = release_dead
         self.closed = False
-        #: called with each segment just before its physical memory is released
-        self.release_listeners: list = []
-        #: called once everything is released (after close and the last view's death)
-        self.close_listeners: list = []
         log.debug("heap of %d bytes (VA %d) at %#x on %s", budget, self.va_size, self.base,
                   self.backend.name)
 
@@ -170,8 +177,8 @@ class VMemPow2Allocator:
         with self._lock:
             self._check_open()
             self._release_dead()
-            block, _ = self.allocate_block(nbytes)
-            return self.tensor_for(block, dims, dtype)
+            block, _ = self._allocate_block(nbytes)
+            return self._tensor_for(block, dims, dtype)
 
     def free(self, tensor: torch.Tensor) -> None:
         """Free `tensor`'s block; `tensor` becomes empty. Other views of the
@@ -179,8 +186,8 @@ class VMemPow2Allocator:
         with self._lock:
             self._check_open()
             self._release_dead()
-            retirement = self.retire(tensor)
-            self.finish_free(retirement, release_now=retirement.alone)
+            retirement = self._retire(tensor)
+            self._finish_free(retirement, release_now=retirement.alone)
 
     def owns_tensor(self, tensor: torch.Tensor) -> bool:
         """True when `tensor`'s memory lies in one live block of this heap."""
@@ -190,7 +197,7 @@ class VMemPow2Allocator:
             if self.closed or tensor.device.type != self.device.type:
                 return False
             try:
-                self.block_of(tensor)
+                self._record_of(tensor)
             except NotSymmetricError:
                 return False
             return True
@@ -223,11 +230,11 @@ class VMemPow2Allocator:
                     self.backend.release(piece.handle)
                 raise
             try:
-                self.place_external(block, tensor, pieces, 0)
+                self._place_external(block, tensor, pieces, 0)
             except BaseException:
-                self.undo_allocation(block, [])
+                self._undo_allocation(block, [])
                 raise
-            return self.external_tensor_for(block, lead, tensor)
+            return self._external_tensor_for(block, lead, tensor)
 
     def stats(self) -> HeapStats:
         """Bytes and counts of this heap; all zero but heap_size once closed.
@@ -289,19 +296,16 @@ class VMemPow2Allocator:
     def __exit__(self, *exc):
         self.close()
 
-    # -- lookups -------------------------------------------------------------
-    def block_of(self, tensor: torch.Tensor) -> Block:
-        """The live block `tensor` views; FreedTensorError for a tensor of a
-        block freed since, NotSymmetricError for one that never was this heap's.
+    # -- the steps of allocating and freeing (HeapMemory makes them public) -------
+    def _record_of(self, tensor: torch.Tensor) -> tuple[ownership.Record, torch.UntypedStorage]:
+        """The record of the live block `tensor` views, and tensor's storage;
+        FreedTensorError for a tensor of a block freed since, NotSymmetricError
+        for one that never was this heap's.
 
         A tensor counts as ours when its storage is the storage we created for
         a still-live block: a freed block's old views fail even while they keep
         its memory, and after the offset is reused, because the storage differs.
         """
-        return self._record_of(tensor)[0].block
-
-    def _record_of(self, tensor: torch.Tensor) -> tuple[ownership.Record, torch.UntypedStorage]:
-        """block_of()'s record of the live block and tensor's storage."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         storage = tensor.untyped_storage()
@@ -327,45 +331,22 @@ class VMemPow2Allocator:
                 f"({self.base:#x}..{self.base + self.va_size:#x} on {self.device})")
         return record, storage
 
-    def offset_of(self, tensor: torch.Tensor) -> int:
-        """Heap offset of `tensor`'s first element (from the storage: data_ptr()
-        is 0 for a tensor without elements)."""
-        return (tensor.untyped_storage().data_ptr() - self.base
-                + tensor.storage_offset() * tensor.element_size())
-
-    def size_class(self, nbytes: int) -> int:
-        return self._core.size_class(nbytes)
-
-    def allocator_state(self) -> tuple:
-        """Everything that decides the allocator's future answers (for comparing PEs)."""
-        with self._lock:
-            return self._core.state()
-
-    # -- the interface the symmetric heap builds on -----------------------------
-    def allocate_block(self, nbytes: int) -> tuple[Block, list[Segment]]:
+    def _allocate_block(self, nbytes: int) -> tuple[Block, list[Segment]]:
         """Allocate and back a block (create and map its new segments); on a
         backend failure nothing is left behind."""
         with self._lock:
-            block, created, failure = self.allocate_unmapped(nbytes)
+            block, created, failure = self._allocate_unmapped(nbytes)
             if failure is not None:
                 raise failure
             try:
-                self.map_created(created)
+                self._map_created(created)
             except BaseException:
-                self.undo_allocation(block, created)
+                self._undo_allocation(block, created)
                 raise
             return block, created
 
-    def allocate_unmapped(self, nbytes: int) -> tuple[Block, list[Segment], Exception | None]:
-        """Allocate a block and create the physical memory of the segments made
-        for it, without mapping it yet: the symmetric heap exports it to the
-        node's peers first and maps it (map_created) while they import it.
-
-        Returns (block, created, failure). A backend failure is returned, not
-        raised, once the allocation is undone here (undo_allocation, which the
-        other PEs mirror), with the block and segments it was for, so that the
-        caller can still tell its peers which step failed. The allocator's own
-        errors (HeapExhaustedError: the same on every PE) are raised."""
+    def _allocate_unmapped(self, nbytes: int) -> tuple[Block, list[Segment], Exception | None]:
+        """HeapMemory.allocate_unmapped (which says what it returns)."""
         with self._lock:
             try:
                 block, created = self._core.allocate(nbytes)
@@ -383,17 +364,17 @@ class VMemPow2Allocator:
                 for segment in created:
                     self._create(segment)
             except Exception as exc:  # noqa: BLE001 - returned, agreed on by the caller
-                self.undo_allocation(block, created)
+                self._undo_allocation(block, created)
                 return block, created, exc
             except BaseException:
-                self.undo_allocation(block, created)
+                self._undo_allocation(block, created)
                 raise
             return block, created, None
 
-    def map_created(self, created: list[Segment]) -> None:
-        """Map the segments allocate_unmapped created, readable and writable
+    def _map_created(self, created: list[Segment]) -> None:
+        """Map the segments _allocate_unmapped created, readable and writable
         here. A segment whose mapping fails stays created and unmapped, for
-        undo_allocation to release."""
+        _undo_allocation to release."""
         with self._lock:
             for segment in created:
                 if segment.offset not in self._unmapped:
@@ -403,15 +384,9 @@ class VMemPow2Allocator:
                                                 self._handles[segment.offset])
                 self._unmapped.discard(segment.offset)
 
-    def allocate_external(self, nbytes: int) -> Block:
-        """An address range for imported memory (place_external maps it)."""
-        with self._lock:
-            return self._core.allocate_external(nbytes)
-
-    def undo_allocation(self, block: Block, created: list[Segment]) -> None:
-        """Return a block just allocated and evict the segments made for it.
-        Deterministic, so PEs whose backing succeeded can mirror a PE whose
-        backing failed and stay identical."""
+    def _undo_allocation(self, block: Block, created: list[Segment]) -> None:
+        """Return a block just allocated and evict the segments made for it
+        (deterministic: HeapMemory.undo_allocation says why)."""
         with self._lock:
             self._records.pop(block.offset, None)  # its watch goes with it
             self._core.free(block.offset)
@@ -420,7 +395,7 @@ class VMemPow2Allocator:
                     self._core.evict(segment.offset)
             self._unback_released()
 
-    def tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def _tensor_for(self, block: Block, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The block's own tensor; its storage's life decides the block's."""
         tensor = self.backend.tensor(self.base + block.offset, dims, dtype)
         record = ownership.record(tensor.untyped_storage(), self._died, block)
@@ -428,30 +403,15 @@ class VMemPow2Allocator:
             self._records[block.offset] = record
         return tensor
 
-    def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor:
-        """Let `view` (memory at this block's offset elsewhere, e.g. a peer's
-        copy) keep the block from being released until its storage dies."""
-        with self._lock:
-            record = self._records.get(block.offset)
-            if record is None or record.block.serial != block.serial or record.freed:
-                raise FreedTensorError(f"the block at heap offset {block.offset:#x} was freed "
-                                       f"while a view of it was being made")
-            if record.views is None:
-                record.views = set()
-            record.views.add(ownership.watch(view.untyped_storage(), self._died, block.offset,
-                                    block.serial, ownership.VIEW))
-        return view
-
-    def retire(self, tensor: torch.Tensor) -> ownership.Retirement:
+    def _retire(self, tensor: torch.Tensor) -> ownership.Retirement:
         """Detach `tensor` from its live block (first half of a free)."""
         with self._lock:
             record, storage = self._record_of(tensor)
             return ownership.Retirement(record, tensor, storage)
 
-    def finish_free(self, retirement: ownership.Retirement, release_now: bool) -> Exception | None:
-        """Second half of a free: release the block now (nothing views it, here
-        or, for the symmetric heap, on any PE), or defer it to its views' death.
-        Returns what release() returns."""
+    def _finish_free(self, retirement: ownership.Retirement, release_now: bool) -> Exception | None:
+        """Second half of a free: release the block now (nothing views it), or
+        defer it to its views' death. Returns what _release() returns."""
         offset = retirement.block.offset
         with self._lock:
             if release_now:
@@ -463,18 +423,9 @@ class VMemPow2Allocator:
             self._absorb_events()
             return None
 
-    def resize(self, retirement: ownership.Retirement, nbytes: int, dims, dtype) -> torch.Tensor:
-        """A new tensor over the retired block, which now holds `nbytes` (same
-        size class, same place); only when nothing viewed the old tensor anywhere."""
-        offset = retirement.block.offset
-        with self._lock:
-            del self._records[offset]          # its watch goes first: no report
-            retirement.storage = None
-            return self.tensor_for(self._core.resize(offset, nbytes), dims, dtype)
-
-    def take_dead(self) -> list[int]:
+    def _take_dead(self) -> list[int]:
         """Offsets of blocks nothing here views any more (GC'd, or freed and
-        their last view gone), handed over to be released (release())."""
+        their last view gone), handed over to be released (_release())."""
         if not self._dead and not self._mailbox.events:
             return []  # the common case, without the lock
         with self._lock:
@@ -482,27 +433,23 @@ class VMemPow2Allocator:
             dead, self._dead = sorted(self._dead), set()
             return dead
 
-    def release(self, offset: int) -> Exception | None:
+    def _release(self, offset: int) -> Exception | None:
         """Give the block back to the allocator (its segment is cached).
         Imported memory is unmapped at once instead: where that fails, the
         release is done all the same (the allocator moved on) and the failure,
         logged, is returned, for the caller to decide whom to tell; else None."""
         with self._lock:
-            return self._release(offset)
+            del self._records[offset]              # with its watches: they report nothing
+            self._dead.discard(offset)
+            self._core.free(offset)
+            if offset in self._imported:           # never cached: unmapped and given back now
+                try:
+                    self._unback_released()
+                except Exception as exc:  # noqa: BLE001 - logged there; on this PE alone
+                    return exc
+            return None
 
-    def _release(self, offset: int) -> Exception | None:
-        """release(), under the lock."""
-        del self._records[offset]              # with its watches: they report nothing
-        self._dead.discard(offset)
-        self._core.free(offset)
-        if offset in self._imported:           # never cached: unmapped and given back now
-            try:
-                self._unback_released()
-            except Exception as exc:  # noqa: BLE001 - logged there; on this PE alone
-                return exc
-        return None
-
-    def place_external(self, block: Block, owner: torch.Tensor, pieces: list, shift: int) -> None:
+    def _place_external(self, block: Block, owner: torch.Tensor, pieces: list, shift: int) -> None:
         """Map another allocator's `pieces` (backend.import_external) one after
         the other from heap offset block.offset + shift; the block owns their
         handle references and keeps `owner` alive from here on. Nothing stays
@@ -522,10 +469,10 @@ class VMemPow2Allocator:
                     self.backend.release(piece.handle)
                 raise
             start = owner.untyped_storage().data_ptr() - pieces[0].va + block.offset + shift
-            self._imported[block.offset] = _Imported(block.segment, list(pieces), placed, owner,
-                                                     start)
+            self._imported[block.offset] = Imported(block.segment, list(pieces), placed, owner,
+                                                    start)
 
-    def external_tensor_for(self, block: Block, lead: int, like: torch.Tensor) -> torch.Tensor:
+    def _external_tensor_for(self, block: Block, lead: int, like: torch.Tensor) -> torch.Tensor:
         """The heap's tensor over imported memory: `like`'s geometry over a
         storage of like's size at heap offset block.offset + lead."""
         storage = self.backend.tensor(self.base + block.offset + lead,
@@ -540,21 +487,13 @@ class VMemPow2Allocator:
                 self._storage_at[block.offset + lead] = block.offset
         return tensor
 
-    def storage_start(self, block: Block) -> int:
-        """Heap offset where the storage of the block's tensor starts: the
-        block's own offset, but for imported memory, which starts where its
-        allocator put it inside its pieces."""
-        imported = self._imported.get(block.offset)
-        return block.offset if imported is None else imported.start
+    # -- hooks HeapMemory fills in ---------------------------------------------------
+    def _releasing(self, segment: Segment) -> None:
+        """Called with each segment just before its physical memory is released."""
 
-    def imported(self, offset: int) -> _Imported | None:
-        """The imported memory of the block at `offset`, if it holds any."""
-        return self._imported.get(offset)
-
-    def export(self, segment: Segment) -> int:
-        """A new fd for a backed segment, owned by the caller."""
-        with naming_limits("exporting new memory to the PEs of the node"):
-            return self.backend.export_fd(self._handles[segment.offset])
+    def _closing(self) -> None:
+        """Called once everything is released (after close and the last view's
+        death), before the VA reservation is given back."""
 
     # -- internals -----------------------------------------------------------------
     def _check_open(self) -> None:
@@ -572,7 +511,7 @@ class VMemPow2Allocator:
                 continue  # a block released since (explicit free with no other view)
             if watch.kind == ownership.OWN:
                 record.own_alive = False
-            else:
+            elif record.views is not None:
                 record.views.discard(watch)
             offset = watch.offset
             if not record.viewed:
@@ -580,8 +519,8 @@ class VMemPow2Allocator:
 
     def _release_dead(self) -> None:
         if self.release_dead:
-            for offset in self.take_dead():
-                self.release(offset)
+            for offset in self._take_dead():
+                self._release(offset)
 
     def _unback_unviewed(self) -> set[int]:
         """After close: unmap every backed segment no live view needs; returns
@@ -620,13 +559,12 @@ class VMemPow2Allocator:
         self._records.clear()  # with their watches
         self._dead.clear()
         self._mailbox.events.clear()
-        for listener in self.close_listeners:
-            listener()
+        self._closing()
         self.backend.unreserve(self.base, self.va_size)
         self.backend.close()
 
     def _create(self, segment: Segment) -> None:
-        """Physical memory for `segment`, not mapped yet (map_created maps it)."""
+        """Physical memory for `segment`, not mapped yet (_map_created maps it)."""
         with naming_limits(f"creating {format_bytes(segment.size)} of memory"):
             handle = self.backend.create(segment.size)
         self._handles[segment.offset] = handle
@@ -639,8 +577,7 @@ class VMemPow2Allocator:
         not be removed is replaced when the offset is mapped again."""
         attempts = Attempts()
         attempt = attempts.attempt
-        for listener in self.release_listeners:
-            attempt(listener, segment)
+        attempt(self._releasing, segment)
         imported = self._imported.pop(segment.offset, None)
         if imported is not None:
             self._storage_at.pop(imported.start, None)

@@ -74,7 +74,8 @@ def test_without_expandable_segments_the_error_says_why_and_how_to_copy_in():
 def test_with_expandable_segments_one_process_imports_without_a_copy():
     p = _python("""
         import gc, weakref, torch, shmemvm
-        heap = shmemvm.VMemPow2Allocator("64M", backend="cuda", device=0)
+        from shmemvm.memory.heapmem import HeapMemory   # block_of, imported: the heap's engine
+        heap = HeapMemory("64M", backend="cuda", device=0, release_dead=True)
         t = torch.arange(25 << 20, dtype=torch.int32, device="cuda:0")   # 100 MiB
         x = heap.import_external_tensor(t)
         assert heap.base <= x.data_ptr() < heap.base + heap.va_size

@@ -15,6 +15,7 @@ import torch
 import shmemvm
 from shmemvm import VMemPow2Allocator
 from shmemvm.backends.host import HostBackend
+from shmemvm.memory.heapmem import HeapMemory
 from util import open_fds, shmemvm_mappings
 
 G = 64 * 1024           # default host granularity (SHMEMVM_HOST_GRANULARITY)
@@ -423,7 +424,7 @@ class StrictHostBackend(FlakyHostBackend):
 @pytest.mark.parametrize("when", ["before mapping", "mapping fails"])
 def test_created_but_unmapped_segment_is_undone_without_unmapping(when):
     backend = StrictHostBackend(granularity=G)
-    with VMemPow2Allocator(8 * G, backend=backend) as h:
+    with HeapMemory(8 * G, backend=backend, release_dead=True) as h:
         keep = h.allocate(G)
         before, segs, fds = h.stats(), h.get_allocation_segments(), open_fds()
         held = set(backend.handles)
@@ -450,7 +451,7 @@ def test_creation_failure_is_returned_with_what_it_was_for():
     """allocate_unmapped returns a backend failure (already undone here) with
     the block and segments, so the heap can tell its peers which step failed."""
     backend = StrictHostBackend(granularity=G)
-    with VMemPow2Allocator(8 * G, backend=backend) as h:
+    with HeapMemory(8 * G, backend=backend, release_dead=True) as h:
         before, fds = h.stats(), open_fds()
 
         def no_memory(size):
