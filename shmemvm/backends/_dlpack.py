@@ -92,6 +92,13 @@ _dl.shape = _shape_pointer
 _dl.strides = None
 _dl.byte_offset = 0
 _dl_dtype.lanes = 1
+# What the struct holds now, so that tensor_at writes only what changed. Module
+# state on purpose (issue 29 asked): it describes the one struct above, which
+# is per process because torch reads it whenever a storage made from it dies;
+# a cache per backend over a shared struct would go stale as soon as two
+# backends took turns. Measured (tensor_at of a 64-float CPU tensor, best of
+# 6 x 50k calls, this 2-core machine): 3.8 us with it, 5.6 us writing every
+# field each call.
 _last: list = [None, None, None]   # device key, dtype, ndim written in the struct
 _device_key = (None, None, None)   # tensor_at's last device, device_type and their DLPack pair
 # torch's own capsule consumer: torch.utils.dlpack.from_dlpack only adds checks
