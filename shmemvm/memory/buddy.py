@@ -245,15 +245,17 @@ class Pow2Allocator:
                 self._quick_blocks -= 1
             else:
                 order = size.bit_length() - 1
-                offset = self._small.take(order)
-                if offset is None and self._quick_blocks:
+                taken = self._small.take(order)
+                if taken is None and self._quick_blocks:
                     self._flush_quick()
-                    offset = self._small.take(order)
-                if offset is None:
+                    taken = self._small.take(order)
+                if taken is None:
                     chunk = self._take_segment(self.chunk, nbytes, created)
                     self._small_users[chunk.offset] = 0
                     self._small.add(chunk.offset, self._chunk_order)
-                    offset = self._small.take(order)
+                    taken = self._small.take(order)
+                    assert taken is not None, "a new chunk holds a block of every smaller size"
+                offset = taken
             chunk_offset = offset & -chunk_size   # (= ~(chunk_size - 1))
             if self._idle and chunk_offset in self._idle:  # in use again
                 del self._idle[chunk_offset]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import deque
+from typing import Callable
 
 import torch
 
@@ -44,7 +45,7 @@ def _calibrate() -> int | None:
     # object; measure what "held by one Python reference only" reads as here.
     tensor = torch.empty(1, dtype=torch.uint8)
     storage = tensor.untyped_storage()
-    tensor.set_()
+    tensor.set_()  # type: ignore[call-overload]  # (no argument: empties it; torch's stubs lack it)
     return use_count(storage)
 
 
@@ -56,9 +57,10 @@ class Mailbox:
     that a watch never keeps the allocator alive; after close() it also drives
     the release of memory that was still viewed then."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.events: deque[Watch] = deque()
-        self.after_close = None   # called after each death once the allocator is closed
+        #: called after each death once the allocator is closed
+        self.after_close: Callable[[], None] | None = None
 
     def died(self, watch: "Watch") -> None:
         if sys.is_finalizing():
@@ -75,6 +77,9 @@ class Watch(weakref.ref):
     constructor, then the slots (no Python-level __new__/__init__ to run)."""
 
     __slots__ = ("offset", "serial", "kind")
+    offset: int
+    serial: int
+    kind: int              # OWN or VIEW
 
 
 def watch(storage, died, offset: int, serial: int, kind: int) -> Watch:
@@ -89,8 +94,12 @@ class Record(Watch):
     allocation, and dropping the record disarms it."""
 
     __slots__ = ("block", "own_alive", "views", "freed")
-    # views: watches of registered views (ptr views) alive, a set made at the first
-    # (None until then); freed: free()d, no longer a symmetric tensor, maybe still viewed
+    block: Block
+    own_alive: bool
+    #: watches of registered views (ptr views) alive, a set made at the first
+    views: set[Watch] | None
+    #: free()d, no longer a symmetric tensor, maybe still viewed
+    freed: bool
 
     @property
     def viewed(self) -> bool:
@@ -117,11 +126,13 @@ class Retirement:
     def __init__(self, record: Record, tensor: torch.Tensor, storage: torch.UntypedStorage):
         self.block = block = record.block
         self.tensor = tensor
-        self.storage = storage                 # tensor's, the block's own
+        #: tensor's, the block's own; None once the free is finished
+        self.storage: torch.UntypedStorage | None = storage
         self._geometry = (tensor.storage_offset(), tensor.shape, tensor.stride())
         try:
-            tensor.set_()
-            tensor._shmemvm_freed = block.offset   # for the error if it is used again
+            tensor.set_()  # type: ignore[call-overload]  # (see _calibrate)
+            # for the error if it is used again: our own mark, which Tensor does not declare
+            tensor._shmemvm_freed = block.offset  # type: ignore[attr-defined]
             self.detached = True
         except RuntimeError:  # e.g. a tensor that requires grad: leave it as it is
             self.detached = False
@@ -134,9 +145,12 @@ class Retirement:
     def restore(self) -> None:
         if self.detached and self.storage is not None:
             self.tensor.set_(self.storage, *self._geometry)
-            del self.tensor._shmemvm_freed
+            del self.tensor._shmemvm_freed  # type: ignore[attr-defined]  # (our mark)
             self.detached = False
 
     def old_bytes(self) -> torch.Tensor:
         """The block's bytes as they were (for realloc's copy)."""
+        if self.storage is None:
+            raise RuntimeError("old_bytes() of a free already finished: the block's storage "
+                               "is no longer held; read it before finish_free()")
         return torch.empty(0, dtype=torch.uint8, device=self.tensor.device).set_(self.storage)
