@@ -189,3 +189,68 @@ def test_a_host_heap_refuses_a_bad_setting_it_does_not_use(name):
     assert done.returncode != 0, done.stdout + done.stderr
     assert f"{name} must be " in done.stderr and "got 'abc'" in done.stderr, done.stderr[-2000:]
     assert "ValueError" in done.stderr, done.stderr[-2000:]
+
+
+#: environment reads outside config.py that are not shmemvm's settings: Triton's
+#: own switch, and shmem4py's SHMEM4PY_RC_* (shmem/setup.py, by prefix)
+FOREIGN = ("TRITON_INTERPRET", "SHMEM4PY_RC_")
+
+
+def _environment_reads(source: str) -> list[tuple[int, str]]:
+    """(line, key) of every environment read in `source`: os.environ.get/[]/in,
+    os.getenv, environ imported bare. The key is the literal (an f-string: its
+    leading literal part), or "?" where it is not written out."""
+    import ast
+
+    def environ(node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "environ") or \
+            (isinstance(node, ast.Name) and node.id == "environ")
+
+    def key(node) -> str:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr) and node.values and \
+                isinstance(node.values[0], ast.Constant):
+            return node.values[0].value
+        return "?"
+
+    reads = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr in ("get", "pop", "setdefault")
+                    and environ(func.value)) or \
+                    (isinstance(func, ast.Attribute) and func.attr == "getenv") or \
+                    (isinstance(func, ast.Name) and func.id == "getenv"):
+                reads.append((node.lineno, key(node.args[0])))
+        elif isinstance(node, ast.Subscript) and environ(node.value):
+            reads.append((node.lineno, key(node.slice)))
+        elif isinstance(node, ast.Compare) and any(environ(c) for c in node.comparators):
+            reads.append((node.lineno, key(node.left)))
+    return reads
+
+
+def test_the_environment_read_scan_sees_every_form():
+    source = ("import os\nfrom os import environ, getenv\nname = 'SHMEMVM_X'\n"
+              "a = os.environ.get('SHMEMVM_A')\nb = os.environ['SHMEMVM_B']\n"
+              "c = 'SHMEMVM_C' in os.environ\nd = os.getenv(name)\ne = environ.get(f'SHMEMVM_{a}')\n"
+              "f = getenv('TRITON_INTERPRET')\n")
+    assert _environment_reads(source) == [(4, "SHMEMVM_A"), (5, "SHMEMVM_B"), (6, "SHMEMVM_C"),
+                                          (7, "?"), (8, "SHMEMVM_"), (9, "TRITON_INTERPRET")]
+
+
+def test_every_environment_read_outside_config_is_not_a_setting():
+    """shmemvm reads its SHMEMVM_* settings through config.setting()/raw() alone,
+    so each is in SETTINGS (checked, shown by `info`); any other read names a
+    foreign variable, written out. The compiled piece reads none."""
+    strays = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "config.py" and path.parent == PACKAGE:
+            continue
+        for line, name in _environment_reads(path.read_text()):
+            if not name.startswith(FOREIGN):
+                strays.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name}")
+    assert not strays, ("read these through config.setting() (a SETTINGS entry), or add a "
+                        "foreign variable to FOREIGN:\n" + "\n".join(strays))
+    for path in sorted(PACKAGE.rglob("*.c")):
+        assert "getenv" not in path.read_text(), path
