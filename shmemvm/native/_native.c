@@ -24,11 +24,13 @@
  * wrong call is a ValueError, not a crash: a negative length, a null address
  * or one below the lowest page a process can map (vm.mmap_min_addr, 64 KiB),
  * a range that runs past the highest user address. What C cannot know is
- * whether an address is inside a live block: every caller reaches these
- * functions through shmemvm.native's wrappers from code that checked it
- * (transport/openshmem: the block and generation; agreement/board.py: its own
- * mapping; shmem/rma.py: the array's length, which C checks again). The GIL is
- * released around board polls and large copies.
+ * whether an address lies inside a mapping: each is reached only through
+ * shmemvm.native's wrappers, from code that checked that first: the torch and
+ * NumPy faces' atomics and copies (openshmem/atomics.py, openshmem/rma.py,
+ * shmem/rma.py: the live block, its generation, the PE, alignment and length,
+ * before any address is formed) and agreement/board.py (slots of its own
+ * mapping). A buffer argument's length C checks itself. The GIL is released
+ * around board polls and large copies.
  *
  * The module exports its numbering of word kinds and operations (WORDS,
  * OPERATIONS: dicts added by the exec slot, multi-phase initialisation, PEP
