@@ -72,7 +72,7 @@ def main(argv=None) -> int:
                                       for name, version in data["versions"].items()))
     print("backends: " + ", ".join(f"{n} ({'available' if ok else 'not available'})"
                                    for n, ok in data["backends"].items()))
-    print("compiled piece (CPU atomics, waits, the board): "
+    print("compiled piece (CPU atomics and loads, the board): "
           + (f"built ({data['native']})" if data["native"] else
              "not built: the pure Python paths (pip install builds it; a source tree "
              "on sys.path hides an installed copy)"))
