@@ -22,7 +22,22 @@ written, read again until the deadline.
 Where every PE has the compiled piece (native/, voted on at init), the steps'
 writes and reads run in C (use_native()): the same layout and the same test
 (the step word is stored last with release order and read with acquire), a
-few hundred nanoseconds a step instead of microseconds of Python.
+few hundred nanoseconds a step instead of microseconds of Python. A whole
+step is then one call into native/_collective.c per spin budget (exchange():
+this PE's slot written, every other PE's read and folded with MAX, no Python
+loop over the PEs); between calls the caller's wait checks the deadline and
+the PEs' liveness as before.
+
+Each slot also has a payload area (PAYLOAD bytes) where a small collective
+(transport/nodecoll.py) puts its data in the same step as its call vector
+(stage()): each PE copies what it needs of the others' payloads as it reads
+their slots, and uses it only once the step found every vector equal. No
+second step is needed for the payload to stay valid until everybody has read
+it: it lives in the slot, and the bank argument above holds for the whole
+slot. A PE reads every slot of step s, payload included, inside step s (the
+copies are made in the same call that takes the slot); step s+2, which
+reuses the bank, is written by a PE only after it has every PE's slot of
+step s+1, and each PE writes that only after it has read all of step s.
 """
 
 from __future__ import annotations
@@ -34,7 +49,14 @@ from mpi4py import MPI
 
 from .. import native
 
+try:   # built with _native by the same meson build (native/_collective.c)
+    from ..native import _collective
+except ImportError:
+    _collective = None
+
 _WORD = 8
+#: bytes of a slot's payload area (a small collective's data, transport/nodecoll.py)
+PAYLOAD = 4096
 #: a wait lets MPI make progress (_Poll) every _PROGRESS_EVERY polls once it
 #: has polled _QUIET_POLLS times (~100 us): not in the common short wait, where
 #: an MPI call per few polls made a cached malloc slower than MPI's allreduce
@@ -53,7 +75,7 @@ class Board:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.words, self.seq_word = words, seq_word
         self._comm = comm
-        self._slot = words + 2                        # step, vector, check
+        self._slot = words + 2 + PAYLOAD // _WORD     # step, vector, check, payload
         nbytes = 2 * self.size * self._slot * _WORD
         self._window = MPI.Win.Allocate_shared(nbytes if self.rank == 0 else 0, _WORD,
                                                comm=comm)
@@ -70,7 +92,17 @@ class Board:
             raise
         self._unfinished: int | None = None           # a step whose collection was interrupted
         self._address = buffer.address                # for the compiled piece (use_native)
+        self._nbytes = nbytes
         self.native = False
+        #: exchange()'s arguments that never change, its MAX vector and its PEs
+        #: read so far (native mode with _collective; see use_native())
+        self._head = None
+        self._out = array.array("q", bytes(words * _WORD))
+        self._done = bytearray(self.size)
+        #: the payload of the next step (stage()), and the one the last step carried
+        self._staged = self.carried = None
+        #: where the staged step puts the others' payload bytes (8-byte aligned)
+        self.scratch = array.array("q", bytes(self.size * PAYLOAD))
         # per bank: (step word, vector start byte, end byte, check word) of this
         # PE's slot and of the others', computed once
         self._mine, self._theirs = [], []
@@ -88,11 +120,42 @@ class Board:
         """Take every later step through the compiled piece (every PE at once:
         the heap votes on it at init)."""
         self.native = True
+        if _collective is not None:
+            self._head = (self._address, self._nbytes, self.size, self.rank, self._slot,
+                          self.words, self.seq_word, _NATIVE_SPINS)
+
+    @property
+    def fuses(self) -> bool:
+        """Whether a step can carry a payload (stage())."""
+        return self._head is not None
+
+    def stage(self, payload: int, payload_len: int, part: int, src_offset: int,
+              dst_stride: int, only: int) -> tuple:
+        """Let the next step carry `payload_len` bytes at address `payload` (a
+        live block of this PE's CPU memory, checked by the caller) in this PE's
+        slot, and copy `part` bytes at `src_offset` of each PE's payload
+        (only PE `only`'s where only >= 0) into scratch at pe * dst_stride.
+        After that step, `carried` is the returned stage (else unstage())."""
+        if not 0 <= payload_len <= PAYLOAD or not 0 <= src_offset <= PAYLOAD - part or \
+                part < 0 or dst_stride < 0 or (only < 0 and (self.size - 1) * dst_stride + part
+                                               > len(self.scratch) * _WORD):
+            raise ValueError(f"a board step's payload: {payload_len} bytes, {part} at "
+                             f"{src_offset} every {dst_stride}: out of the slot's {PAYLOAD}")
+        self._staged = staged = (payload, payload_len, self.scratch, part, src_offset,
+                                 dst_stride, only)
+        self.carried = None
+        return staged
+
+    def unstage(self) -> None:
+        """Forget a payload that no step carried (its call failed before its step)."""
+        self._staged = None
 
     def allreduce_max(self, send: array.array, seq: int, wait) -> array.array:
         """Every PE's `send` (step `seq`, also written in send[seq_word])
         reduced word by word with MAX, as MPI_Allreduce would. `wait(ready)`
         polls `ready()` until it is True or raises at the deadline."""
+        if self._head is not None:
+            return self._exchange(send, seq, wait)
         if self._unfinished is not None:
             self._collect(self._unfinished, b"", wait)   # before its bank is written again
             self._unfinished = None
@@ -118,6 +181,36 @@ class Board:
             for i, word in enumerate(array.array("q", vector)):
                 if word > out[i]:
                     out[i] = word
+        return out
+
+    def _exchange(self, send: array.array, seq: int, wait) -> array.array:
+        """allreduce_max in native/_collective.c: one call writes this PE's slot
+        (and the staged payload) and reads the others' as far as they are
+        there; then one call per spin budget, under `wait`, until every slot
+        is read. The result is this board's own array, valid until the next step."""
+        head, out, done = self._head, self._out, self._done
+        exchange = _collective.exchange
+        if self._unfinished is not None:   # finish reading it before its bank is written again
+            unfinished, self._unfinished = self._unfinished, None
+            args = (*head, unfinished, None, out, done, 0, 0, None, 0, 0, 0, -1)
+            if exchange(*args):
+                self._unfinished = unfinished
+                wait(_Exchange(self, args).ready)
+                self._unfinished = None
+        staged, self._staged = self._staged, None
+        done[:] = bytes(self.size)
+        if staged is None:
+            left = exchange(*head, seq, send, out, done, 0, 0, None, 0, 0, 0, -1)
+        else:
+            left = exchange(*head, seq, send, out, done, *staged)
+        if left:
+            try:
+                wait(_Exchange(self, (*head, seq, None, out, done, 0, 0)
+                               + ((None, 0, 0, 0, -1) if staged is None else staged[2:])).ready)
+            except BaseException:
+                self._unfinished = seq
+                raise
+        self.carried = staged
         return out
 
     def _collect(self, seq: int, data, wait) -> list:
@@ -153,6 +246,10 @@ class Board:
             return None   # still being written (or an older step's, not yet overwritten)
         return vector
 
+    def progress(self) -> None:
+        """Let MPI make progress (see _Poll)."""
+        self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
     def close(self) -> None:
         """Free the shared window (collective over the board's PEs: only when
         every PE has a board and no step is left hanging)."""
@@ -163,6 +260,24 @@ class Board:
         self._bytes = self._words = None
         if window is not None and self.freeable:
             window.Free()
+
+
+class _Exchange:
+    """ready() for the wait of a native step: one exchange() call, True once
+    every slot is read; MPI progress now and then, as _Poll."""
+
+    __slots__ = ("board", "args", "polls")
+
+    def __init__(self, board: Board, args: tuple):
+        self.board, self.args, self.polls = board, args, 0
+
+    def ready(self) -> bool:
+        if not _collective.exchange(*self.args):
+            return True
+        self.polls = polls = self.polls + 1
+        if polls > _QUIET_POLLS and polls % _PROGRESS_EVERY == 0:
+            self.board.progress()
+        return False
 
 
 class _Poll:

@@ -1,0 +1,393 @@
+/* shmemvm.native._collective: a whole agreed step of a collective on the
+ * node's shared-memory board in one call, and the combining of a reduction
+ * (issue 30). The board's layout and protocol are agreement/board.py's.
+ *
+ *   exchange(board, nbytes, size, rank, slot_words, words, seq_word, spins,
+ *            seq, vector, out, done, payload, payload_len, scratch, part,
+ *            src_offset, dst_stride, only) -> the number of PEs not read yet
+ *       With `vector` (not None): write this PE's slot of step `seq` (the
+ *       vector, its CRC-32, `payload_len` bytes at address `payload` (0 where
+ *       payload_len is 0) into the slot's payload area, the step
+ *       word last with release order), copy `vector` into `out` and mark this
+ *       PE in `done`. Then, at most `spins` times without the GIL, read every
+ *       other PE's slot of step `seq` that is not `done` yet: once it holds the
+ *       step whole (the step word, acquire; the step number inside the vector;
+ *       the CRC) fold its vector into `out` with MAX word by word and copy
+ *       `part` bytes of its payload from `src_offset` into `scratch` at
+ *       pe * dst_stride (only PE `only`'s where only >= 0). So one call per
+ *       spin budget, not one per PE, and the caller's wait checks the deadline
+ *       and the PEs' liveness between calls.
+ *   combine(dst, nbytes, scratch, n, kind, op)
+ *       dst[j] <- scratch[0][j] op scratch[1][j] op ... op scratch[n-1][j],
+ *       folded left in that order (team PE order) in the element type `kind`,
+ *       as the Python combiners fold (torch or NumPy: acc <- acc op other):
+ *       integers wrap; floats are IEEE in their own precision (sum, prod
+ *       only: min and max of floats stay with the Python combiners, whose NaN
+ *       and signed-zero rules differ between torch and NumPy).
+ *   deliver(dst, scratch, offset, nbytes)   memmove scratch[offset:+nbytes] to dst.
+ *
+ * Checks: every argument is checked here (C cannot tell a mapped address,
+ * so the addresses come from Python code that does: the board's own window,
+ * a live symmetric block of the heap's CPU memory): lengths and counts >= 0,
+ * buffers at least as long as what is read from or written to them, the
+ * ranges inside the board (its `nbytes`) and below the highest user address,
+ * no null or low address. A wrong call is a ValueError, never a crash.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <sched.h>
+
+#define MIN_ADDRESS ((unsigned long long)64 * 1024)
+#define MAX_ADDRESS ((unsigned long long)1 << 57)
+/* the longest vector a step compares (the agreement's is 30 words) */
+#define MAX_WORDS 64
+
+static int parse_address(PyObject *obj, uintptr_t *address, unsigned long long nbytes,
+                         int align, const char *what) {
+    unsigned long long a = PyLong_AsUnsignedLongLong(obj);
+    if (a == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    if (a < MIN_ADDRESS) {
+        PyErr_Format(PyExc_ValueError, "%s: address %p is null or below the lowest address a "
+                     "process can map (64 KiB)", what, (void *)(uintptr_t)a);
+        return -1;
+    }
+    if (nbytes > MAX_ADDRESS || a > MAX_ADDRESS - nbytes) {
+        PyErr_Format(PyExc_ValueError, "%s: %llu bytes at %p run past the highest user "
+                     "address", what, nbytes, (void *)(uintptr_t)a);
+        return -1;
+    }
+    if (align > 1 && a % (unsigned long long)align) {
+        PyErr_Format(PyExc_ValueError, "%s: address %p is not aligned to %d bytes", what,
+                     (void *)(uintptr_t)a, align);
+        return -1;
+    }
+    *address = (uintptr_t)a;
+    return 0;
+}
+
+static int get_ssize(PyObject *obj, Py_ssize_t *out, Py_ssize_t least, const char *name) {
+    Py_ssize_t v = PyLong_AsSsize_t(obj);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < least) {
+        PyErr_Format(PyExc_ValueError, "%s must be >= %zd, got %zd", name, least, v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* zlib's CRC-32, as _native.c's board functions and board.py compute it */
+static uint32_t crc_table[256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static uint32_t crc32_of(const unsigned char *data, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) c = crc_table[(c ^ data[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* exchange(...): see the top of the file */
+static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 19) {
+        PyErr_SetString(PyExc_TypeError, "exchange(board, nbytes, size, rank, slot_words, "
+                        "words, seq_word, spins, seq, vector, out, done, payload, payload_len, "
+                        "scratch, part, src_offset, dst_stride, only)");
+        return NULL;
+    }
+    Py_ssize_t nbytes, size, rank, slot_words, words, seq_word, payload_len, part, src_offset,
+        dst_stride;
+    long long spins = PyLong_AsLongLong(args[7]), seq = PyLong_AsLongLong(args[8]);
+    long only = PyLong_AsLong(args[18]);
+    if (PyErr_Occurred()) return NULL;
+    if (get_ssize(args[1], &nbytes, 0, "exchange: nbytes") < 0
+        || get_ssize(args[2], &size, 1, "exchange: size") < 0
+        || get_ssize(args[3], &rank, 0, "exchange: rank") < 0
+        || get_ssize(args[4], &slot_words, 0, "exchange: slot_words") < 0
+        || get_ssize(args[5], &words, 1, "exchange: words") < 0
+        || get_ssize(args[6], &seq_word, 0, "exchange: seq_word") < 0
+        || get_ssize(args[13], &payload_len, 0, "exchange: payload_len") < 0
+        || get_ssize(args[15], &part, 0, "exchange: part") < 0
+        || get_ssize(args[16], &src_offset, 0, "exchange: src_offset") < 0
+        || get_ssize(args[17], &dst_stride, 0, "exchange: dst_stride") < 0)
+        return NULL;
+    if (rank >= size || words > MAX_WORDS || seq_word >= words || slot_words < words + 2
+        || only < -1 || only >= size) {
+        PyErr_Format(PyExc_ValueError, "exchange: rank %zd of %zd PEs, %zd words (at most %d) "
+                     "with the step number at %zd, slots of %zd words, only %ld: out of range",
+                     rank, size, words, MAX_WORDS, seq_word, slot_words, only);
+        return NULL;
+    }
+    Py_ssize_t capacity = (slot_words - words - 2) * 8;   /* a slot's payload area */
+    if (part > capacity || src_offset > capacity - part) {
+        PyErr_Format(PyExc_ValueError, "exchange: %zd bytes at %zd of a payload area of %zd",
+                     part, src_offset, capacity);
+        return NULL;
+    }
+    if (size > PY_SSIZE_T_MAX / 2 / 8 / slot_words || 2 * size * slot_words * 8 > nbytes) {
+        PyErr_Format(PyExc_ValueError, "exchange: %zd PEs with slots of %zd words do not fit "
+                     "a board of %zd bytes", size, slot_words, nbytes);
+        return NULL;
+    }
+    uintptr_t board;
+    if (parse_address(args[0], &board, (unsigned long long)nbytes, 8, "exchange: board") < 0)
+        return NULL;
+    Py_buffer vector = {0}, out = {0}, done = {0}, scratch = {0};
+    PyObject *result = NULL;
+    int writing = args[9] != Py_None;
+    uintptr_t payload = 0;
+    if (payload_len > capacity) {
+        PyErr_Format(PyExc_ValueError, "exchange: a payload of %zd bytes does not fit a "
+                     "slot's %zd", payload_len, capacity);
+        return NULL;
+    }
+    if (writing && payload_len
+        && parse_address(args[12], &payload, (unsigned long long)payload_len, 0,
+                         "exchange: payload") < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[10], &out, PyBUF_WRITABLE) < 0) goto end;
+    if (PyObject_GetBuffer(args[11], &done, PyBUF_WRITABLE) < 0) goto end;
+    if (out.len < words * 8 || done.len < size) {
+        PyErr_Format(PyExc_ValueError, "exchange: out has %zd bytes (%zd needed), done %zd "
+                     "(%zd needed)", out.len, words * 8, done.len, size);
+        goto end;
+    }
+    if (args[14] != Py_None) {
+        if (PyObject_GetBuffer(args[14], &scratch, PyBUF_WRITABLE) < 0) goto end;
+        Py_ssize_t reach = part;   /* the last byte written: at (size - 1) * dst_stride + part */
+        if (only < 0 && size > 1) {
+            if (dst_stride > (PY_SSIZE_T_MAX - part) / (size - 1)) reach = -1;
+            else reach = (size - 1) * dst_stride + part;
+        } else if (only >= 0) {
+            reach = dst_stride > (PY_SSIZE_T_MAX - part) / (size) ? -1 : only * dst_stride + part;
+        }
+        if (reach < 0 || scratch.len < reach) {
+            PyErr_Format(PyExc_ValueError, "exchange: scratch has %zd bytes, too few for %zd "
+                         "PEs' %zd bytes %zd apart", scratch.len, size, part, dst_stride);
+            goto end;
+        }
+    } else if (part) {
+        PyErr_SetString(PyExc_ValueError, "exchange: part > 0 needs a scratch buffer");
+        goto end;
+    }
+    unsigned char *flags = (unsigned char *)done.buf;
+    int64_t *bank = (int64_t *)board + (seq & 1) * size * slot_words;
+    unsigned char *gather = (unsigned char *)scratch.buf;
+    if (writing) {
+        if (PyObject_GetBuffer(args[9], &vector, PyBUF_SIMPLE) < 0) goto end;
+        if (vector.len != words * 8) {
+            PyErr_Format(PyExc_ValueError, "exchange: the vector has %zd bytes, not %zd",
+                         vector.len, words * 8);
+            goto end;
+        }
+        int64_t *mine = bank + rank * slot_words;
+        memcpy(mine + 1, vector.buf, (size_t)words * 8);
+        __atomic_store_n(mine + 1 + words, (int64_t)crc32_of(vector.buf, (size_t)words * 8),
+                         __ATOMIC_RELAXED);
+        if (payload_len) memcpy(mine + 2 + words, (const void *)payload, (size_t)payload_len);
+        /* last, with release order: a reader that sees the step sees all of the above */
+        __atomic_store_n(mine, (int64_t)seq, __ATOMIC_RELEASE);
+        memcpy(out.buf, vector.buf, (size_t)words * 8);
+        flags[rank] = 1;
+        if (part && (only < 0 || only == rank))
+            memcpy(gather + (only < 0 ? rank : only) * dst_stride,
+                   (unsigned char *)(mine + 2 + words) + src_offset, (size_t)part);
+    }
+    Py_ssize_t left = 0;
+    for (Py_ssize_t pe = 0; pe < size; pe++) left += !flags[pe];
+    int64_t *acc = (int64_t *)out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t theirs[MAX_WORDS];
+    for (long long i = 0; i < spins && left; i++) {
+        for (Py_ssize_t pe = 0; pe < size; pe++) {
+            if (flags[pe]) continue;
+            int64_t *slot = bank + pe * slot_words;
+            if (__atomic_load_n(slot, __ATOMIC_ACQUIRE) != seq) continue;
+            memcpy(theirs, slot + 1, (size_t)words * 8);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            int64_t check = __atomic_load_n(slot + 1 + words, __ATOMIC_RELAXED);
+            if (theirs[seq_word] != seq
+                || check != (int64_t)crc32_of((unsigned char *)theirs, (size_t)words * 8))
+                continue;   /* still being written, or an older step's */
+            for (Py_ssize_t w = 0; w < words; w++)
+                if (theirs[w] > acc[w]) acc[w] = theirs[w];
+            if (part && (only < 0 || only == pe))
+                memcpy(gather + (only < 0 ? pe : only) * dst_stride,
+                       (unsigned char *)(slot + 2 + words) + src_offset, (size_t)part);
+            flags[pe] = 1;
+            left--;
+        }
+        if (left && i >= 64) sched_yield();
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(left);
+end:
+    if (vector.obj) PyBuffer_Release(&vector);
+    if (scratch.obj) PyBuffer_Release(&scratch);
+    if (done.obj) PyBuffer_Release(&done);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
+/* element kinds, as nodecoll.py numbers them, and ops */
+enum { K_I8, K_U8, K_I16, K_U16, K_I32, K_U32, K_I64, K_U64, K_F32, K_F64, K_COUNT };
+enum { O_SUM, O_PROD, O_MIN, O_MAX, O_AND, O_OR, O_XOR, O_COUNT };
+
+static const int kind_sizes[K_COUNT] = {1, 1, 2, 2, 4, 4, 8, 8, 4, 8};
+
+/* Integers: sum and prod in the unsigned type of the width (wraps as torch and
+ * NumPy do, without C's signed overflow), min and max in the signed or
+ * unsigned type itself. */
+#define FOLD_INT(T, U)                                                                   \
+    do {                                                                                  \
+        T *d_ = (T *)dst;                                                                 \
+        for (Py_ssize_t j = 0; j < count; j++) {                                          \
+            T a_ = ((const T *)src)[j];                                                   \
+            for (Py_ssize_t p = 1; p < n; p++) {                                          \
+                T b_ = ((const T *)(src + p * stride))[j];                                \
+                switch (op) {                                                             \
+                case O_SUM: a_ = (T)((U)a_ + (U)b_); break;                               \
+                case O_PROD: a_ = (T)((U)a_ * (U)b_); break;                              \
+                case O_MIN: a_ = b_ < a_ ? b_ : a_; break;                                \
+                case O_MAX: a_ = b_ > a_ ? b_ : a_; break;                                \
+                case O_AND: a_ = (T)(a_ & b_); break;                                     \
+                case O_OR: a_ = (T)(a_ | b_); break;                                      \
+                default: a_ = (T)(a_ ^ b_); break;                                        \
+                }                                                                         \
+            }                                                                             \
+            d_[j] = a_;                                                                   \
+        }                                                                                 \
+    } while (0)
+
+#define FOLD_FLOAT(T)                                                                    \
+    do {                                                                                  \
+        T *d_ = (T *)dst;                                                                 \
+        for (Py_ssize_t j = 0; j < count; j++) {                                          \
+            T a_ = ((const T *)src)[j];                                                   \
+            for (Py_ssize_t p = 1; p < n; p++) {                                          \
+                T b_ = ((const T *)(src + p * stride))[j];                                \
+                a_ = op == O_SUM ? (T)(a_ + b_) : (T)(a_ * b_);                           \
+            }                                                                             \
+            d_[j] = a_;                                                                   \
+        }                                                                                 \
+    } while (0)
+
+/* combine(dst, nbytes, scratch, n, kind, op): see the top of the file */
+static PyObject *coll_combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "combine(dst, nbytes, scratch, n, kind, op)");
+        return NULL;
+    }
+    Py_ssize_t nbytes, n, kind, op;
+    if (get_ssize(args[1], &nbytes, 0, "combine: nbytes") < 0
+        || get_ssize(args[3], &n, 1, "combine: n") < 0
+        || get_ssize(args[4], &kind, 0, "combine: kind") < 0
+        || get_ssize(args[5], &op, 0, "combine: op") < 0)
+        return NULL;
+    if (kind >= K_COUNT || op >= O_COUNT || (kind >= K_F32 && op > O_PROD)
+        || nbytes % kind_sizes[kind]) {
+        PyErr_Format(PyExc_ValueError, "combine: kind %zd, op %zd over %zd bytes: not one "
+                     "this combines", kind, op, nbytes);
+        return NULL;
+    }
+    uintptr_t dst_address;
+    if (parse_address(args[0], &dst_address, (unsigned long long)nbytes, kind_sizes[kind],
+                      "combine: dst") < 0)
+        return NULL;
+    Py_buffer scratch;
+    if (PyObject_GetBuffer(args[2], &scratch, PyBUF_SIMPLE) < 0) return NULL;
+    if (nbytes && n > scratch.len / nbytes) {
+        PyBuffer_Release(&scratch);
+        PyErr_Format(PyExc_ValueError, "combine: scratch has %zd bytes, not %zd PEs' %zd",
+                     scratch.len, n, nbytes);
+        return NULL;
+    }
+    if (((uintptr_t)scratch.buf) % kind_sizes[kind]) {
+        PyBuffer_Release(&scratch);
+        PyErr_SetString(PyExc_ValueError, "combine: scratch is not aligned to its elements");
+        return NULL;
+    }
+    const unsigned char *src = (const unsigned char *)scratch.buf;
+    void *dst = (void *)dst_address;
+    Py_ssize_t stride = nbytes, count = nbytes / kind_sizes[kind];
+    switch (kind) {
+    case K_I8:  FOLD_INT(int8_t, uint8_t); break;
+    case K_U8:  FOLD_INT(uint8_t, uint8_t); break;
+    case K_I16: FOLD_INT(int16_t, uint16_t); break;
+    case K_U16: FOLD_INT(uint16_t, uint16_t); break;
+    case K_I32: FOLD_INT(int32_t, uint32_t); break;
+    case K_U32: FOLD_INT(uint32_t, uint32_t); break;
+    case K_I64: FOLD_INT(int64_t, uint64_t); break;
+    case K_U64: FOLD_INT(uint64_t, uint64_t); break;
+    case K_F32: FOLD_FLOAT(float); break;
+    default:    FOLD_FLOAT(double); break;
+    }
+    PyBuffer_Release(&scratch);
+    Py_RETURN_NONE;
+}
+
+/* deliver(dst, scratch, offset, nbytes) */
+static PyObject *coll_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "deliver(dst, scratch, offset, nbytes)");
+        return NULL;
+    }
+    Py_ssize_t offset, nbytes;
+    if (get_ssize(args[2], &offset, 0, "deliver: offset") < 0
+        || get_ssize(args[3], &nbytes, 0, "deliver: nbytes") < 0)
+        return NULL;
+    uintptr_t dst;
+    if (parse_address(args[0], &dst, (unsigned long long)nbytes, 0, "deliver: dst") < 0)
+        return NULL;
+    Py_buffer scratch;
+    if (PyObject_GetBuffer(args[1], &scratch, PyBUF_SIMPLE) < 0) return NULL;
+    if (offset > scratch.len || nbytes > scratch.len - offset) {
+        PyBuffer_Release(&scratch);
+        PyErr_Format(PyExc_ValueError, "deliver: %zd bytes at %zd of a scratch of %zd",
+                     nbytes, offset, scratch.len);
+        return NULL;
+    }
+    if (nbytes) memmove((void *)dst, (unsigned char *)scratch.buf + offset, (size_t)nbytes);
+    PyBuffer_Release(&scratch);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"exchange", (PyCFunction)(void (*)(void))coll_exchange, METH_FASTCALL,
+     "exchange(board, nbytes, size, rank, slot_words, words, seq_word, spins, seq, vector, "
+     "out, done, payload, payload_len, scratch, part, src_offset, dst_stride, only) -> PEs left"},
+    {"combine", (PyCFunction)(void (*)(void))coll_combine, METH_FASTCALL,
+     "combine(dst, nbytes, scratch, n, kind, op)"},
+    {"deliver", (PyCFunction)(void (*)(void))coll_deliver, METH_FASTCALL,
+     "deliver(dst, scratch, offset, nbytes)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int exec_module(PyObject *module) {
+    (void)module;
+    crc_init();
+    return 0;
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
+    {0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_collective",
+    "A collective's agreed step on the node's board in one call, and reductions (see the source).",
+    0, methods, slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__collective(void) {
+    return PyModuleDef_Init(&module);
+}
