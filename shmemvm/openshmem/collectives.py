@@ -51,6 +51,7 @@ from .. import _args, _docs
 from ..agreement.protocol import Phase
 from ..core.state import HeapCore
 from ..errors import plural
+from ..transport import nodecoll
 from . import group
 
 class Operand(NamedTuple):
@@ -213,22 +214,24 @@ def broadcast_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
     what = "broadcast"
     t = group.resolve(heap, team, what)
     made: list = []
+    fused = nodecoll.fusion(t)   # the data in the agreed step, where it fits (issue 30)
 
     def check():
         r = t.check_pe(root, "root")
         dest, source = operands()
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=True)
         made[:] = dest, source
+        fused.broadcast(dest, source, r, t.me)
         return (d, s, source.dtype, source.count, r), (
             f"{t.label}broadcast(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.count} x {source.dtype}, root={r})")
 
-    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
+    with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         d, s, _, _, r = t.agree_checked(
             Phase.BROADCAST, f"{t.label}broadcast(dest, source, root={root!r})", check)
         dest, source = made
-        if source.data.numel() == 0:
+        if source.data.numel() == 0 or fused.deliver():
             return
         me, text = t.me, f"{t.label}broadcast(root={r})"
         same = d == s
@@ -282,21 +285,23 @@ def fcollect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
     what = "fcollect"
     t = group.resolve(heap, team, what)
     made: list = []
+    fused = nodecoll.fusion(t)   # the data in the agreed step, where it fits (issue 30)
 
     def check():
         dest, source = operands()
         d, s = _pair(heap, t, what, dest, source, len(t.pes), identical_ok=False)
         made[:] = dest, source
+        fused.fcollect(dest, source)
         return (d, s, source.dtype, source.count), (
             f"{t.label}fcollect(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.count} x {source.dtype} per PE)")
 
-    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
+    with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         t.agree_checked(Phase.FCOLLECT, f"{t.label}fcollect(dest, source)", check)
         dest, source = made
         m = source.data.numel()
-        if m == 0:
+        if m == 0 or fused.deliver():
             return
         flat = dest.data
         if t.on_node:
@@ -428,6 +433,7 @@ def alltoall_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
     t = group.resolve(heap, team, what)
     n = len(t.pes)
     made: list = []
+    fused = nodecoll.fusion(t)   # the data in the agreed step, where it fits (issue 30)
 
     def check():
         dest, source = operands()
@@ -436,16 +442,17 @@ def alltoall_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
                              f"split into {n} equal blocks (one per PE); use a multiple of {n}")
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=False)
         made[:] = dest, source
+        fused.alltoall(dest, source, t.me)
         return (d, s, source.dtype, source.count), (
             f"{t.label}alltoall(dest at heap offset {d:#x}, source at {s:#x}, "
             f"{source.count} x {source.dtype})")
 
-    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
+    with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         t.agree_checked(Phase.ALLTOALL, f"{t.label}alltoall(dest, source)", check)
         dest, source = made
         b, me = source.data.numel() // n, t.me      # a block, in bytes
-        if b == 0:
+        if b == 0 or fused.deliver():
             return
         flat = dest.data
         if t.on_node:
@@ -624,6 +631,7 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
     what = "reduce"
     t = group.resolve(heap, team, what)
     made: list = []
+    fused = nodecoll.fusion(t)   # the data in the agreed step, where it fits (issue 30)
 
     def check():
         if op not in REDUCE_NAMES:
@@ -631,16 +639,17 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
         dest, source = operands()
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=True)
         made[:] = dest, source, combiner(source)
+        fused.reduce(dest, source, op)
         return (d, s, source.dtype, source.count, op), (   # (the text: only for a message)
             "{}reduce(dest at heap offset {:#x}, source at {:#x}, {} x {}, op={!r})",
             t.label, d, s, source.count, source.dtype, op)
 
-    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
+    with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
         t.agree_checked(Phase.REDUCE, f"{t.label}reduce(dest, source, op={op!r})", check)
         dest, source, combine = made
         numel, n, me, size = source.count, len(t.pes), t.me, source.itemsize
-        if numel == 0:
+        if numel == 0 or fused.deliver():
             return
         counts, displs = _chunks(numel, n)
         counts, displs = [c * size for c in counts], [d * size for d in displs]   # bytes

@@ -1,0 +1,146 @@
+"""Small collectives fused with their agreed step on the node's board (issue 30).
+
+Where every PE of the heap is on this node and the agreement's steps run on
+its shared-memory board in C (agreement/board.py, native/_collective.c), a
+collective whose data fits a slot's payload area (board.PAYLOAD bytes per PE)
+needs no step of its own for the data: each PE puts what the others need
+into its slot in the same step as its call vector, and copies what it needs
+of the others' payloads as it reads their slots. The collective is then one
+agreed step, one native call per spin budget, instead of the agreement, the
+copies through the peer mappings and a second step (collectives.py's node
+path, which stays for larger data, teams and the pure Python paths).
+
+A collective makes a Fusion for its call (fusion()), stages its data from
+inside its check (once the operands are checked: a live, contiguous block of
+the heap's CPU memory, so the addresses passed to C are sound), and after
+the agreement calls deliver(): the payload is used only where the step found
+every PE's call vector equal (a mismatch raises SymmetryError before, and
+dest is left as it was), and only where this step carried it. Whether a call
+stages depends only on what the agreement compares (sizes, dtype, op, root)
+and on what is the same on every PE (the board, the compiled piece, the
+heap's device), so either every PE of an agreed call stages or none does.
+
+reduce combines in C for integer and float32/float64 dtypes, folded in team
+PE order 0, 1, ..., n-1 as the Python combiners fold (bit-identical results
+on every PE and to the general path); float min and max, and every other
+dtype (float16, bool, complex, long double ...), take the general path.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..agreement.board import PAYLOAD, Board
+
+try:   # where it is missing, no board fuses (Board.fuses) and nothing here runs
+    from ..native import _collective
+except ImportError:
+    _collective = None
+
+#: element kinds of _collective.c's combine(), by torch dtype
+_TORCH_KINDS = {torch.int8: 0, torch.uint8: 1, torch.int16: 2, torch.uint16: 3,
+                torch.int32: 4, torch.uint32: 5, torch.int64: 6, torch.uint64: 7,
+                torch.float32: 8, torch.float64: 9}
+#: the same by NumPy's (kind, itemsize), for native byte order
+_NUMPY_KINDS = {("i", 1): 0, ("u", 1): 1, ("i", 2): 2, ("u", 2): 3, ("i", 4): 4, ("u", 4): 5,
+                ("i", 8): 6, ("u", 8): 7, ("f", 4): 8, ("f", 8): 9}
+#: reduce's ops as combine() numbers them (collectives.REDUCE_NAMES' order)
+_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "and": 4, "or": 5, "xor": 6}
+_FLOAT_KINDS = (8, 9)
+
+
+@functools.lru_cache(maxsize=256)
+def element_kind(dtype) -> int | None:
+    """combine()'s kind of a face's dtype (torch or NumPy), or None where C
+    does not combine it."""
+    if isinstance(dtype, torch.dtype):
+        return _TORCH_KINDS.get(dtype)
+    kind, itemsize = getattr(dtype, "kind", None), getattr(dtype, "itemsize", None)
+    if not getattr(dtype, "isnative", False) or getattr(dtype, "names", None) is not None:
+        return None
+    return _NUMPY_KINDS.get((kind, itemsize))
+
+
+class Fusion:
+    """One collective call's fused data (see the module doc); a context
+    manager that forgets a payload whose step never came (the call raised
+    before it)."""
+
+    __slots__ = ("board", "n", "staged", "after")
+
+    def __init__(self, board: Board | None, n: int):
+        self.board, self.n = board, n
+        self.staged = self.after = None
+
+    def __enter__(self) -> Fusion:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.staged is not None and self.board.carried is not self.staged:
+            self.board.unstage()
+
+    def _usable(self, *operands) -> bool:
+        return self.board is not None and all(o.data.device.type == "cpu" for o in operands)
+
+    def _stage(self, source, payload_len: int, part: int, src_offset: int, dst_stride: int,
+               only: int, after: tuple) -> None:
+        address = source.data.data_ptr() if payload_len else 0
+        self.staged = self.board.stage(address, payload_len, part, src_offset, dst_stride, only)
+        self.after = after
+
+    # -- staging, from inside a call's check (operands checked) ----------------------------
+    def broadcast(self, dest, source, root: int, me: int) -> None:
+        nbytes = source.data.numel()
+        if 0 < nbytes <= PAYLOAD and self._usable(dest, source):
+            self._stage(source, nbytes if me == root else 0, nbytes, 0, 0, root,
+                        (dest.data.data_ptr(), nbytes))
+
+    def fcollect(self, dest, source) -> None:
+        m = source.data.numel()
+        if 0 < m <= PAYLOAD and self._usable(dest, source):
+            self._stage(source, m, m, 0, m, -1, (dest.data.data_ptr(), self.n * m))
+
+    def alltoall(self, dest, source, me: int) -> None:
+        total = source.data.numel()
+        block = total // self.n
+        if 0 < total <= PAYLOAD and self._usable(dest, source):
+            self._stage(source, total, block, me * block, block, -1,
+                        (dest.data.data_ptr(), total))
+
+    def reduce(self, dest, source, op: str) -> None:
+        nbytes = source.data.numel()
+        kind = element_kind(source.dtype)
+        code = _OPS.get(op)
+        if kind is None or code is None or (kind in _FLOAT_KINDS and code > 1):
+            return
+        if 0 < nbytes <= PAYLOAD and self._usable(dest, source):
+            self._stage(source, nbytes, nbytes, 0, nbytes, -1,
+                        (dest.data.data_ptr(), nbytes, kind, code))
+
+    # -- after the agreement ------------------------------------------------------------------
+    def deliver(self) -> bool:
+        """Write dest from the payloads the agreed step carried; False where it
+        carried none (the general path then runs)."""
+        staged = self.staged
+        if staged is None or self.board.carried is not staged:
+            return False
+        self.board.carried = None
+        after = self.after
+        if len(after) == 2:
+            _collective.deliver(after[0], self.board.scratch, 0, after[1])
+        else:
+            address, nbytes, kind, code = after
+            _collective.combine(address, nbytes, self.board.scratch, self.n, kind, code)
+        return True
+
+
+def fusion(group) -> Fusion:
+    """A Fusion for a collective call over `group` (a Group: its agreement,
+    members and on_node, the same on every member); it stages nothing where
+    the group's steps do not run on a board in C."""
+    board = group.agreement.board
+    if board is None or not board.fuses or not group.on_node:
+        board = None
+    return Fusion(board, len(group.pes))
