@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from shmemvm.agreement import liveness, process
+from shmemvm.agreement import liveness, process, records
 from shmemvm.agreement.liveness import ABANDONED, COMMITTED, FileRegister, Liveness
 
 
@@ -25,12 +25,12 @@ def test_a_record_reads_back_and_a_half_written_one_does_not():
     payload = {"waiting": True, "wait": "wait_until(ivar, 'eq', 1) still sees 0", "epoch": 3}
     liveness.write_record(buffer, 1, liveness.encode(payload))
     assert liveness.read_record(buffer) == payload
-    buffer[liveness._HEAD] ^= 0xFF                          # torn: the CRC no longer holds
+    buffer[records.HEAD] ^= 0xFF                          # torn: the CRC no longer holds
     assert liveness.read_record(buffer) is None
     huge = {"wait": "x" * 10000, "verdict": {"kind": "deadlock", "text": "y" * 10000,
                                              "id": [0, 1], "at": {"0": [1, 2]}}}
     data = liveness.encode(huge)                            # shortened to fit
-    assert len(data) <= liveness.RECORD - liveness._HEAD
+    assert len(data) <= liveness.RECORD - records.HEAD
     liveness.write_record(buffer, 2, data)
     assert liveness.read_record(buffer)["verdict"]["kind"] == "deadlock"
 
@@ -63,7 +63,7 @@ def test_the_register_decides_once_per_step_and_agreement(tmp_path):
         assert second.settle(0, 11, COMMITTED, "step", 1) == COMMITTED   # the next step
         assert first.settle(0, 11, ABANDONED, "step", 0) == COMMITTED
         assert first.settle(0, 10, ABANDONED, "step", 0) == COMMITTED    # a later one decided
-        other = 12345 * liveness.REGISTER_SLOTS   # another agreement (same slot, other tag)
+        other = 12345 * records.REGISTER_SLOTS   # another agreement (same slot, other tag)
         assert second.settle(other, 10, COMMITTED, "team", 1) == COMMITTED
         assert first.settle(other, 10, ABANDONED, "team", 0) == COMMITTED
         # racing proposals from threads: one outcome for everybody
