@@ -82,7 +82,8 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(tryfirst=True)   # before -m deselects: every collected test is checked
 def pytest_collection_modifyitems(config, items):
     """A test lives in the folder of its kind: gpu/ with the `gpu` marker, else
-    mpi/ with the `mpi` marker, else unit/."""
+    mpi/ with the `mpi` marker, else unit/, or jobs/ where it starts MPI jobs of
+    its own (run_all.sh's `jobs` phase; test_run_all.py keeps them out of unit/)."""
     misplaced = []
     for item in items:
         try:
@@ -91,8 +92,9 @@ def pytest_collection_modifyitems(config, items):
             continue   # not one of ours
         marks = {mark.name for mark in item.iter_markers()}
         kind = "gpu" if "gpu" in marks else "mpi" if "mpi" in marks else "unit"
-        if folder != kind:
-            misplaced.append(f"  {item.nodeid}: marked {kind}, so it belongs under tests/{kind}/")
+        if folder != kind and not (kind == "unit" and folder == "jobs"):
+            where = "tests/unit/ (or tests/jobs/)" if kind == "unit" else f"tests/{kind}/"
+            misplaced.append(f"  {item.nodeid}: marked {kind}, so it belongs under {where}")
     if misplaced:
         raise pytest.UsageError("tests in the wrong folder (move them, or change their "
                                 "markers):\n" + "\n".join(misplaced))

@@ -1,4 +1,4 @@
-"""Run by tests/unit/reliability/test_reliability_abandoned.py as its own small MPI job:
+"""Run by tests/jobs/reliability/test_reliability_abandoned.py as its own small MPI job:
 
     mpiexec -n 3 python abandoned_call.py SCENARIO TIMEOUT STOP OUTDIR AGREEMENT [SPLIT]
 

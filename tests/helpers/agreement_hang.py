@@ -1,4 +1,4 @@
-"""Run by tests/unit/agreement/test_agreement_hangs.py as its own small MPI job:
+"""Run by tests/jobs/agreement/test_agreement_hangs.py as its own small MPI job:
 
     mpiexec -n 2 python -m mpi4py agreement_hang.py SCENARIO TIMEOUT OUTDIR
 

@@ -1,4 +1,4 @@
-"""Run by tests/unit/reliability/test_reliability_leaving.py as its own MPI job,
+"""Run by tests/jobs/reliability/test_reliability_leaving.py as its own MPI job,
 launched as users do (no -disable-auto-cleanup), in either form:
 
     mpiexec -n N python leaving_jobs.py SCENARIO OUTDIR

@@ -1,4 +1,4 @@
-"""Run by tests/unit/reliability/test_reliability_liveness.py as its own small MPI job:
+"""Run by tests/jobs/reliability/test_reliability_liveness.py as its own small MPI job:
 
     mpiexec -disable-auto-cleanup -n N python liveness_jobs.py SCENARIO TIMEOUT OUTDIR [SPLIT]
 

@@ -1,4 +1,4 @@
-"""Run by tests/unit/memory/test_ownership_jobs.py as its own small MPI job:
+"""Run by tests/jobs/memory/test_ownership_jobs.py as its own small MPI job:
 
     mpiexec -n 2 python tests/helpers/ownership_scenarios.py SCENARIO OUTDIR
 

@@ -1,4 +1,4 @@
-"""Run by tests/unit/reliability/test_reliability_peer_death.py as its own small MPI job:
+"""Run by tests/jobs/reliability/test_reliability_peer_death.py as its own small MPI job:
 
     mpiexec -disable-auto-cleanup -n 3 python peer_death.py SCENARIO TIMEOUT OUTDIR
 

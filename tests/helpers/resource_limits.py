@@ -1,4 +1,4 @@
-"""Run by tests/unit/memory/test_resource_limits.py as its own small MPI job:
+"""Run by tests/jobs/memory/test_resource_limits.py as its own small MPI job:
 
     mpiexec -n N python resource_limits.py OUTDIR SCENARIO
 

@@ -1,4 +1,4 @@
-"""Run by tests/unit/reliability/test_reliability_stopped_peer.py as its own small MPI job:
+"""Run by tests/jobs/reliability/test_reliability_stopped_peer.py as its own small MPI job:
 
     mpiexec -n 2 python stopped_peer.py TIMEOUT OUTDIR SCENARIO [SCENARIO ...]
 

@@ -22,7 +22,7 @@ Run under mpirun -n 1, 2 and 4:
     mpirun -n 2 python -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi/memory/test_ownership.py
 
 The cases that kill the process where the rules are broken (SIGSEGV) run in
-jobs of their own: tests/unit/memory/test_ownership_jobs.py.
+jobs of their own: tests/jobs/memory/test_ownership_jobs.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """OpenSHMEM 1.5 additions: wait_until_all/any/some and test_* (with _vector
 forms and status masks), nbi fetching atomics completed by quiet(),
 put_signal_nbi, iput/iget, float atomic_fetch/set/swap (info_get_version/name,
-pcontrol and global_exit: tests/unit/openshmem/test_info.py).
+pcontrol and global_exit: tests/jobs/openshmem/test_info.py).
 
 The MPI tests run with all PEs on one node and with every PE a simulated node
 of its own (node_split=1, as SHMEMVM_NODE_SPLIT=1), where every other PE is

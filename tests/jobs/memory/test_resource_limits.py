@@ -12,8 +12,8 @@ Not an `mpi` test: it starts its own jobs of 2 and 4 PEs,
 
     mpiexec -n N python tests/helpers/resource_limits.py OUTDIR fds|maps
 
-side by side, each with a hard time limit. It runs in the single-process
-pass of tests/run_all.sh.
+side by side, each with a hard time limit. It runs in the `jobs` phase
+of tests/run_all.sh.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Not an `mpi` test: it starts its own small jobs of 2 PEs,
     mpiexec -n 2 python tests/helpers/stopped_peer.py TIMEOUT OUTDIR SCENARIO ...
 
 (see the helper), two side by side to keep the test short, each with a hard
-limit. It runs in the single-process pass of tests/run_all.sh.
+limit. It runs in the `jobs` phase of tests/run_all.sh.
 """
 
 from __future__ import annotations

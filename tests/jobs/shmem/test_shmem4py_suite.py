@@ -11,7 +11,7 @@ once more at 2 PEs with this environment's NumPy, where only the two tests
 whose own code needs NumPy 1 (NUMPY1_ONLY, run.py) may be counted apart.
 Single process: each run is a job of its own, ended at a deadline.
 
-    python -m pytest -q -m "not mpi" tests/unit/shmem/test_shmem4py_suite.py
+    python -m pytest -q -m "not mpi" tests/jobs/shmem/test_shmem4py_suite.py
 """
 
 import json

@@ -8,7 +8,7 @@ this is not an `mpi` test: it starts its own small jobs,
 
 in which the last PE leaves abruptly (os._exit, see the helper for why not
 SIGKILL) at the point SCENARIO names, and every other PE writes down what its
-pending call raised and after how long. It runs in the single-process pass of
+pending call raised and after how long. It runs in the `jobs` phase of
 tests/run_all.sh. The scenarios run side by side to keep the test short.
 """
 

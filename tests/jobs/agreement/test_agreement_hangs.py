@@ -6,7 +6,7 @@ Not an `mpi` test: it starts its own small jobs side by side,
 
     mpiexec -n 2 python -m mpi4py tests/helpers/agreement_hang.py SCENARIO TIMEOUT OUTDIR
 
-(see the helper), and runs in the single-process pass of tests/run_all.sh.
+(see the helper), and runs in the `jobs` phase of tests/run_all.sh.
 `python -m mpi4py` aborts the job on an uncaught exception, so mpiexec must
 exit nonzero right after the first PE's PeerTimeoutError.
 """

@@ -4,7 +4,7 @@ the general paths, not call into a module that is missing. A 2-PE job whose
 PEs hide the compiled piece before init, so the vote leaves every path pure
 Python.
 
-    python -m pytest -q -m "not mpi" tests/unit/shmem/test_shmem_without_native.py
+    python -m pytest -q -m "not mpi" tests/jobs/shmem/test_shmem_without_native.py
 """
 
 import subprocess

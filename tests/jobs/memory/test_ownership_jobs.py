@@ -1,9 +1,9 @@
 """Ownership rules of the symmetric heap (tests/mpi/memory/test_ownership.py
 states them) in cases that kill the process where the rules are broken
 (SIGSEGV): each starts its own 2-PE job (tests/helpers/ownership_scenarios.py),
-side by side, from the single-process pass:
+side by side, from the `jobs` phase of tests/run_all.sh:
 
-    python -m pytest -q -p no:cacheprovider -m "not mpi" tests/unit/memory/test_ownership_jobs.py
+    python -m pytest -q -p no:cacheprovider -m "not mpi" tests/jobs/memory/test_ownership_jobs.py
 """
 
 from __future__ import annotations

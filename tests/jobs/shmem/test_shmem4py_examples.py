@@ -4,7 +4,7 @@ its own result and exits nonzero when it is wrong. Single process: each PE
 count is one mpiexec job that runs every program in turn
 (tests/helpers/shmem4py_examples.py), ended at a deadline.
 
-    python -m pytest -q -m "not mpi" tests/unit/shmem/test_shmem4py_examples.py
+    python -m pytest -q -m "not mpi" tests/jobs/shmem/test_shmem4py_examples.py
 """
 
 import os
