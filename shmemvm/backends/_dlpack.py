@@ -100,7 +100,7 @@ _dl_dtype.lanes = 1
 # 6 x 50k calls, this 2-core machine): 3.8 us with it, 5.6 us writing every
 # field each call.
 _last: list = [None, None, None]   # device key, dtype, ndim written in the struct
-_device_key = (None, None, None)   # tensor_at's last device, device_type and their DLPack pair
+_device_key: tuple = (None, None, None)   # tensor_at's last device, device_type and their DLPack pair
 # torch's own capsule consumer: torch.utils.dlpack.from_dlpack only adds checks
 # for objects with __dlpack__, which a capsule is not
 _from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
@@ -137,7 +137,7 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
     with _lock:
         # Only what changed since the last tensor is written: each ctypes field
         # write costs about as much as a Python call.
-        _shape[:ndim] = shape
+        _shape[:ndim] = shape   # type: ignore[call-overload]  # ctypes takes any sequence
         dl = _dl
         dl.data = address
         if _last[2] != ndim:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import time
 from contextlib import contextmanager
+from typing import Any
 
 from ..config import setting
 
@@ -114,9 +115,10 @@ def _timed(steps: Steps, name: str, fn):
             steps.ns[path] = steps.ns.get(path, 0) + clock() - t0
             steps.calls[path] = steps.calls.get(path, 0) + 1
             stack.pop()
-    step.__shmemvm_profiled__ = fn
-    step.__shmemvm_steps__ = steps
-    return step
+    marked: Any = step   # (functions take attributes; mypy's wrapper type does not say so)
+    marked.__shmemvm_profiled__ = fn
+    marked.__shmemvm_steps__ = steps
+    return marked
 
 
 def _targets(heap) -> list[tuple[object, str, str]]:

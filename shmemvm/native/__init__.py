@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..config import setting
 
 try:
-    from . import _native
+    from . import _native  # type: ignore[attr-defined]  # built by meson; no stub
 except ImportError:  # not built (a source tree used without meson): the Python paths
     _native = None
 
