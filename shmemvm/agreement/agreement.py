@@ -56,6 +56,8 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Set
+from typing import Literal
 
 from mpi4py import MPI
 
@@ -110,10 +112,10 @@ class Agreement:
         # False where MPI has no persistent collectives: a new Iallreduce every step.
         self._send = array.array("q", EMPTY_VECTOR)
         self._recv = array.array("q", EMPTY_VECTOR)
-        self._request: MPI.Prequest | bool | None = None
+        self._request: MPI.Prequest | Literal[False] | None = None
         #: a step whose wait was interrupted: its persistent request, or a new
         #: Iallreduce and its (send, receive) buffers (see collective())
-        self._interrupted: MPI.Prequest | tuple | None = None
+        self._interrupted: MPI.Request | tuple[MPI.Request, tuple] | None = None
         #: where every PE of `comm` shares memory, the heap gives the agreement a
         #: Board (board.py) once every PE has one: steps then go through it, not MPI
         self.board: Board | None = None
@@ -139,7 +141,7 @@ class Agreement:
         return text
 
     # -- steps --------------------------------------------------------------------------
-    def collective(self, call: Call, *, dead: set[int] = frozenset(),
+    def collective(self, call: Call, *, dead: Set[int] = frozenset(),
                    flag: bool = True) -> Outcome:
         """Agree that every PE makes this same step; release the offsets that are
         in `dead` on every PE; reduce `flag` (not compared) with MIN. Raises
@@ -153,7 +155,8 @@ class Agreement:
             self.calls += 1
         tick = time.time_ns() // self._tick
         # MAX of v and of -v gives the max and minus the min of each word at once
-        board, request = self.board, None
+        board = self.board
+        request: MPI.Request | Literal[False] | None = None
         if board is not None:
             send = call.vector()
         else:
@@ -180,10 +183,10 @@ class Agreement:
                 ready, lambda: self.describe(call), 0))
             self._completed(call, recv)
             return self._outcome(call, send, recv, dead)
-        if request is False:
-            request = self.comm.Iallreduce(send, recv, _MAX)
-        else:
+        if isinstance(request, MPI.Prequest):
             request.Start()
+        else:   # (False: no persistent collectives)
+            request = self.comm.Iallreduce(send, recv, _MAX)
         if not request.Test():  # (done at once: no need to make the wait's text maker)
             try:
                 self.wait_until(request.Test, lambda: self.describe(call), 0)
@@ -192,7 +195,7 @@ class Agreement:
                 # step, if any, waits for it first. A persistent request cannot be
                 # restarted until then; a new Iallreduce's buffers must live until
                 # MPI has written into them.
-                if request is self._request:
+                if isinstance(request, MPI.Prequest):   # (self._request)
                     self._request, self._interrupted = None, request
                 else:
                     self._interrupted = (request, (send, recv))
@@ -210,7 +213,7 @@ class Agreement:
             self._confirm(0, lambda: self.describe(call))
 
     def _outcome(self, call: Call, send: array.array, recv: array.array,
-                 dead: set[int]) -> Outcome:
+                 dead: Set[int]) -> Outcome:
         """The step's outcome from this PE's vector and the MAX of everybody's."""
         everywhere = recv[FLAG_SLOT] == -1
         # every PE has dead blocks; the same ones where the least and greatest digests agree
@@ -242,6 +245,8 @@ class Agreement:
         """Wait for the step whose wait was interrupted (the persistent request,
         or a new Iallreduce with its buffers), then let it go."""
         interrupted = self._interrupted
+        if interrupted is None:
+            return
         request = interrupted if isinstance(interrupted, MPI.Request) else interrupted[0]
         # (this PE's own business, not a wait every PE makes: nothing to decide)
         self.wait_until(request.Test, f"the step #{self.seq - 1} (interrupted) before this one")
@@ -257,14 +262,15 @@ class Agreement:
         board.freeable = True
         self.board = board
 
-    def _persistent_request(self) -> MPI.Prequest | bool:
+    def _persistent_request(self) -> MPI.Prequest | Literal[False]:
         """The persistent allreduce of every step, or False where MPI has none
         (before MPI 4.0): the same answer on every PE, whose MPI is the same.
         After an interrupted step, that step's request once it is complete."""
         interrupted = self._interrupted
         if interrupted is not None:
             self._finish_interrupted()
-            return interrupted
+            if isinstance(interrupted, MPI.Prequest):   # (a new Iallreduce is not kept)
+                return interrupted
         try:
             return self.comm.Allreduce_init(self._send, self._recv, _MAX)
         except NotImplementedError:
@@ -332,7 +338,7 @@ class Agreement:
     def _left(self, what) -> None:
         """PeerDeadError where another PE has left on an exception or a signal
         (liveness.py): it will never join this step."""
-        left = self.liveness.left_peer()
+        left = self.liveness.left_peer() if self.liveness is not None else None
         if left:
             self.mark_broken(f"{_text(what)}: {left}")
             raise PeerDeadError(f"PE {self.my_pe}: {_text(what)}: {left}, so it will never "
@@ -341,6 +347,7 @@ class Agreement:
     def _settle(self, sub: int, proposal: int, what) -> int:
         """The register's decision on wait `sub` of the current step."""
         counter = (self.seq * 256 + min(sub, 255)) % (1 << 46)
+        assert self.liveness is not None, "only an agreement with a register settles steps"
         try:
             return self.liveness.settle(self.key, counter, proposal,
                                         f"{_text(what)} (deciding a late step)")
@@ -401,7 +408,7 @@ class Agreement:
             raise error from call.error
         raise error  # (not `from None`: that would hide the exception being handled, if any)
 
-    def _release_dead(self, dead: set[int], what: str) -> frozenset:
+    def _release_dead(self, dead: Set[int], what: str) -> frozenset:
         lists = self.allgather_bytes(Phase.RELEASE_DEAD, array.array("q", sorted(dead)).tobytes(),
                                      f"{what} (freeing blocks dropped on every PE)")
         agreed = frozenset(set(array.array("q", lists[0])).intersection(

@@ -101,7 +101,7 @@ def persistent_collectives() -> bool:
     return MPI.Get_version() >= (4, 0)
 
 
-def duplicate(comm: MPI.Comm, timeout: float) -> MPI.Comm:
+def duplicate(comm: MPI.Intracomm, timeout: float) -> MPI.Intracomm:
     """A duplicate of `comm` (MPI_Comm_idup), or PeerTimeoutError when not every
     PE joins within `timeout`: a PE that starts late or never must not hold the
     others for ever."""

@@ -60,6 +60,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 from mpi4py import MPI
 
@@ -80,6 +81,17 @@ CHECK_EVERY = 0.2
 DRAIN_S = 0.05
 
 
+class _State(TypedDict):
+    """This heap's part of its record (Liveness._publish adds the process's)."""
+    pid: int
+    locks: dict[str, tuple[int | None, str]]   # offset -> (ticket, how)
+    verdict: dict | None
+    gone: str | None
+    left: str | None
+    beat: int
+    failed: list[list[int]]                    # ids of verdicts that failed here, the last 8
+    proposals: int
+
 # -- one heap's liveness --------------------------------------------------------------------
 class Peer:
     """What this PE knows of another: where its record is, and what it saw of it."""
@@ -89,15 +101,17 @@ class Peer:
 
     def __init__(self, pe: int):
         self.pe = pe
-        self.pid = self.started = None
-        self.view = None            # its record's file, mapped (a PE of this node)
-        self.request = self.buffer = None
+        self.pid: int | None = None         # a PE of this node: its process,
+        self.started: int | None = None     # started then (process_start)
+        self.view: mmap.mmap | None = None  # its record's file, mapped (a PE of this node)
+        self.request: MPI.Request | None = None   # the pending read (off the node), into
+        self.buffer: bytearray | None = None      # this buffer
         self.asked = 0.0            # when the pending read (off the node) was issued
         self.record: dict | None = None
-        self.key = None             # what of its record counts as change
+        self.key: tuple | None = None   # what of its record counts as change
         self.since = time.monotonic()   # when `key` was first seen
         self.dead: str | None = None
-        self.beat = None                # its heartbeat (off the node), and since when
+        self.beat: object = None        # its heartbeat (off the node), and since when
         self.beaten = self.since
 
 
@@ -113,15 +127,16 @@ class Liveness:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, SIZE)
-            self._map = mmap.mmap(fd, SIZE)
+            mapped = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
-        self._mine = memoryview(self._map)[:RECORD]
+        self._map: mmap.mmap | None = mapped   # None once closed
+        self._mine = memoryview(mapped)[:RECORD]
         self._lock = process.LOCK        # one for every heap of the process (process.py)
         self._sequence = 0
         # this heap's part of the record; the waits, serial and epoch are the process's
-        self._state = {"pid": os.getpid(), "locks": {}, "verdict": None, "gone": None,
-                       "left": None, "beat": 0, "failed": [], "proposals": 0}
+        self._state: _State = {"pid": os.getpid(), "locks": {}, "verdict": None, "gone": None,
+                               "left": None, "beat": 0, "failed": [], "proposals": 0}
         self._beating: threading.Event | None = None
         self.peers: dict[int, Peer] = {}
         self.window: LivenessWindow | None = None
@@ -138,7 +153,7 @@ class Liveness:
             self._publish()
 
     # -- set-up ------------------------------------------------------------------------
-    def connect(self, comm: MPI.Comm, node: dict[int, tuple[int, str]]) -> None:
+    def connect(self, comm: MPI.Intracomm, node: dict[int, tuple[int, str]]) -> None:
         """Map the records of the PEs of this node (`node`: pe -> (pid, private
         directory), this PE's included) and set up the register: PE 0's file
         where every PE is on this node, else (collective over `comm`, blocking
@@ -275,7 +290,7 @@ class Liveness:
             record = None
             if peer.view is not None:
                 record = read_record(peer.view)
-                if not process_alive(peer.pid, peer.started):
+                if peer.pid is not None and not process_alive(peer.pid, peer.started):
                     peer.dead = f"PE {peer.pe} (pid {peer.pid}) is dead"
             elif self.window is not None:
                 if peer.request is not None:
@@ -286,7 +301,7 @@ class Liveness:
                         peer.dead = (f"PE {peer.pe} (on another node) has not answered for "
                                      f"{self.timeout:g} s (SHMEMVM_TIMEOUT): it has died, is "
                                      f"stopped, or stays out of MPI")
-                if peer.request is None:
+                if peer.request is None and peer.buffer is not None:   # (off the node: it has one)
                     peer.request = self.window.read(peer.pe, peer.buffer)
                     peer.asked = now
             if record is not None:
@@ -356,8 +371,9 @@ class Liveness:
                 self.window.close(healthy and all(peer.request is None or peer.request.Test()
                                                   for peer in self.peers.values()))
             self._mine.release()
-            self._map.close()
-            self._map = None
+            if self._map is not None:
+                self._map.close()
+                self._map = None
 
 
 def _changed(what: str) -> None:
@@ -439,7 +455,8 @@ class Watch:
         self.describe = describe
         self.lock = lock
         self.deadline = deadline
-        self.tid = self.ident = None   # its thread's: set as it is published
+        self.tid: int | None = None     # its thread's (native id, ident): set as it is published
+        self.ident: int | None = None
         self.text = ""
         self.entered = False
         self.offer: tuple | None = None   # the verdict offered at the last check (_offers)
@@ -554,8 +571,12 @@ class Watch:
         where it is COMMITTED. True where one was offered or decided (this wait
         polls once more before it adopts, or after it waited on)."""
         with process.LOCK:
-            held = next(((heap, heap._state["verdict"]) for heap in heaps
-                         if heap._state["verdict"] is not None), None)
+            held: tuple[Liveness, dict] | None = None
+            for heap in heaps:
+                verdict = heap._state["verdict"]
+                if verdict is not None:
+                    held = heap, verdict
+                    break
             if held is None:
                 if not waiting or self.deadline is not None:
                     return False
@@ -568,9 +589,9 @@ class Watch:
                     # between its polls) returns instead, and the verdict fails
                     self.offer = order
                     return True
-                heap._state["verdict"] = dict(chosen)
+                adopted = heap._state["verdict"] = dict(chosen)
                 heap._publish()
-                held = heap, heap._state["verdict"]
+                held = heap, adopted
         self._decide(*held)
         return True
 
@@ -631,6 +652,8 @@ class Watch:
 
     def _check_lock(self, peers) -> None:
         """set_lock: the PE with the ticket now served is dead or gone."""
+        if self.lock is None:
+            return     # (not a lock's wait)
         offset, serving = self.lock()
         claimant = taker = None
         for peer in peers:

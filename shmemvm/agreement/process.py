@@ -50,6 +50,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 
 from ..errors import clip
 
@@ -123,7 +124,7 @@ def waiting() -> bool:
 
 # -- leaving ----------------------------------------------------------------------------------
 _installed = [False]
-_previous_hook = [None]
+_previous_hook: list[Callable[..., object] | None] = [None]
 #: how long a leaving PE gives the others to see that it left, at most
 GRACE_S = 3.0
 #: shmemvm's callbacks that the garbage collector runs: (module, qualified name)
@@ -173,7 +174,7 @@ def _deliver_again(signum: int) -> None:
     """In a thread of its own: the signal again, a moment later (the GC
     callback has returned by then, or it is put off once more)."""
     time.sleep(0.001)
-    _thread.interrupt_main(signum)
+    _thread.interrupt_main(signal.Signals(signum))
 
 
 def leave(why: str) -> None:

@@ -121,7 +121,7 @@ class Call:
     @property
     def text(self) -> str:
         text = self._text
-        if type(text) is tuple:
+        if isinstance(text, tuple):   # (format, *args): formatted at the first read
             self._text = text = text[0].format(*text[1:])
         return text
 
@@ -206,8 +206,9 @@ _REJECTED = _RejectedVectors()
 def _encode(arg) -> tuple[int, int]:
     if type(arg) is int and 0 <= arg <= _WORD:
         return 0, arg
+    kind: type = type(arg)   # (typed: mypy takes type[Any] for not Hashable)
     try:
-        return _encode_value(type(arg), arg)
+        return _encode_value(kind, arg)
     except TypeError:  # unhashable: digest its repr every time
         return _digest(type(arg).__name__, repr(arg))
 

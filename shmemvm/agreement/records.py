@@ -260,11 +260,12 @@ class LivenessWindow:
     """Every PE's record (and PE 0's register) in an MPI window, for the PEs of
     other nodes (collective over `comm`: MPI_Win_allocate)."""
 
-    def __init__(self, comm: MPI.Comm, timeout: float):
+    def __init__(self, comm: MPI.Intracomm, timeout: float):
         self.timeout = timeout
         self.win = MPI.Win.Allocate(SIZE, 1, comm=comm)
         self.win.Set_errhandler(MPI.ERRORS_RETURN)
-        self.memory = memoryview(self.win.tomemory()).cast("B")
+        # (mpi4py's buffer has the buffer protocol; its stub declares __buffer__ for 3.12+ only)
+        self.memory = memoryview(self.win.tomemory()).cast("B")  # type: ignore[arg-type]
         self.memory[:] = bytes(SIZE)
         self.win.Lock_all()
         self._word = bytearray(8)

@@ -85,7 +85,7 @@ class HeapCore:
     here and built by setup.open(); everything it holds is None until then."""
 
     # Set by setup.open(), in this order; teardown releases whatever was made.
-    comm: MPI.Comm
+    comm: MPI.Intracomm
     node: MPI.Comm
     my_pe: int
     n_pes: int
