@@ -1,0 +1,216 @@
+"""Small collectives fused with their agreed board step (transport/nodecoll.py,
+native/_collective.c; issue 30): the same bytes as the general path
+(collectives.py's node path, torch's combiners) on every PE, for every dtype
+class and sizes around the payload limit; a mismatch is a SymmetryError on
+every PE with dest left as it was.
+
+    mpirun -n 2 python -m pytest --with-mpi -m mpi tests/mpi/openshmem/test_nodecoll.py
+    (also -n 3; SHMEMVM_NATIVE=0 or SHMEMVM_AGREEMENT=mpi: no board in C, so
+    both runs take the general path and the fused-count checks are skipped)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from shmemvm import SymmetricHeap, SymmetryError
+from shmemvm.agreement.board import PAYLOAD
+from shmemvm.transport import nodecoll
+
+comm = MPI.COMM_WORLD
+
+DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16,
+          torch.uint32, torch.uint64, torch.float32, torch.float64,
+          # not combined in C: the general path all the same, fused or not
+          torch.float16, torch.bfloat16, torch.bool, torch.complex64]
+OPS = ["sum", "prod", "min", "max", "and", "or", "xor"]
+
+
+@pytest.fixture(scope="module")
+def heap():
+    h = SymmetricHeap(comm, heap_size="16M", backend="host", timeout=30)
+    yield h
+    gc.collect()
+    h.finalize()
+
+
+def _fuses(h) -> bool:
+    board = h.agreement.board
+    return board is not None and board.fuses
+
+
+class _Counted:
+    """How many calls delivered fused data, while it is active."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        deliver = nodecoll.Fusion.deliver
+
+        def counted(fusion):
+            done = deliver(fusion)
+            self.count += done
+            return done
+
+        monkeypatch.setattr(nodecoll.Fusion, "deliver", counted)
+
+
+@contextlib.contextmanager
+def _general(monkeypatch):
+    """The general path: no call stages its data."""
+    with monkeypatch.context() as m:
+        m.setattr(nodecoll, "fusion", lambda group: nodecoll.Fusion(None, len(group.pes)))
+        yield
+
+
+def _random(dtype: torch.dtype, count: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (count,), generator=g).bool()
+    if dtype.is_complex:
+        return torch.randn(count, generator=g, dtype=dtype)
+    if dtype.is_floating_point:
+        return (torch.randn(count, generator=g, dtype=torch.float64) * 3).to(dtype)
+    bits = torch.iinfo(dtype).bits
+    raw = torch.randint(-(1 << 62), 1 << 62, (count,), generator=g, dtype=torch.int64)
+    return raw.view(torch.uint8).view(-1, 8)[:, :bits // 8].contiguous().view(dtype).reshape(-1)
+
+
+def _same_everywhere(t: torch.Tensor) -> bytes:
+    data = t.view(torch.uint8).numpy().tobytes()
+    digests = comm.allgather(hashlib.sha256(data).hexdigest())
+    assert len(set(digests)) == 1, digests
+    return data
+
+
+def _counts(itemsize: int, n: int = 1) -> list[int]:
+    """Element counts of n blocks whose bytes straddle the payload limit, and small ones."""
+    edge = PAYLOAD // (itemsize * n)
+    return sorted({0, 1, 3, edge - 1, edge, edge + 1})
+
+
+def _run_both(monkeypatch, h, call, same: bool = True):
+    """call() fused and on the general path: (fused bytes, general bytes, calls
+    fused); the bytes checked to be the same on every PE where `same`."""
+    counted = _Counted(monkeypatch)
+    take = _same_everywhere if same else (lambda t: t.view(torch.uint8).numpy().tobytes())
+    fused = take(call())
+    fused_calls = counted.count
+    with _general(monkeypatch):
+        general = take(call())
+    return fused, general, fused_calls
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_reduce_matches_general_path(heap, monkeypatch, dtype):
+    h, n, me = heap, heap.n_pes, heap.my_pe
+    size = torch.empty(0, dtype=dtype).element_size()
+    fused_calls = expected_fused = 0
+    for count in _counts(size):
+        src, dst = h.zeros(count, dtype), h.zeros(count, dtype)
+        src.copy_(_random(dtype, count, 1000 * me + count))
+        for op in OPS:
+            def call():
+                try:
+                    h.reduce(dst, src, op)
+                except TypeError:   # op not for this dtype: on every PE, on both paths
+                    return torch.tensor([-1], dtype=torch.int8)
+                h.barrier_all()
+                return dst.clone()
+            fused, general, calls = _run_both(monkeypatch, h, call)
+            assert fused == general, (dtype, count, op)
+            fused_calls += calls
+            if nodecoll.element_kind(dtype) is not None and 0 < count * size <= PAYLOAD and (
+                    op in ("sum", "prod") or not dtype.is_floating_point) and fused != b"\xff":
+                expected_fused += 1
+        h.free(src), h.free(dst)
+    if _fuses(h):
+        assert fused_calls == expected_fused
+    else:
+        assert fused_calls == 0
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.float64, torch.complex64],
+                         ids=str)
+def test_fused_data_movers_match_general_path(heap, monkeypatch, dtype):
+    """broadcast (every root), fcollect and alltoall, around the payload limit."""
+    h, n, me = heap, heap.n_pes, heap.my_pe
+    size = torch.empty(0, dtype=dtype).element_size()
+    fused_calls = expected = 0
+    for count in _counts(size):
+        src, dst = h.zeros(count, dtype), h.zeros(count, dtype)
+        gathered = h.zeros(n * count, dtype)
+        src.copy_(_random(dtype, count, 7 * me + count))
+        for root in range(n):
+            def bcast():
+                dst.zero_()
+                h.broadcast(dst, src, root)
+                h.barrier_all()
+                return dst.clone()
+            fused, general, calls = _run_both(monkeypatch, h, bcast)
+            assert fused == general == _random(dtype, count, 7 * root + count).view(
+                torch.uint8).numpy().tobytes()
+            fused_calls, expected = fused_calls + calls, expected + (0 < count * size <= PAYLOAD)
+
+        def fcollect():
+            gathered.zero_()
+            h.fcollect(gathered, src)
+            h.barrier_all()
+            return gathered.clone()
+        fused, general, calls = _run_both(monkeypatch, h, fcollect)
+        assert fused == general
+        fused_calls, expected = fused_calls + calls, expected + (0 < count * size <= PAYLOAD)
+        for t in (src, dst, gathered):
+            h.free(t)
+    for per in _counts(size, n):
+        src, dst = h.zeros(n * per, dtype), h.zeros(n * per, dtype)
+        src.copy_(_random(dtype, n * per, 11 * me + per))
+
+        def alltoall():
+            dst.zero_()
+            h.alltoall(dst, src)
+            h.barrier_all()
+            return dst.clone()
+        fused, general, calls = _run_both(monkeypatch, h, alltoall, same=False)
+        assert fused == general
+        fused_calls, expected = fused_calls + calls, expected + (0 < n * per * size <= PAYLOAD)
+        h.free(src), h.free(dst)
+    assert fused_calls == (expected if _fuses(h) else 0)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case", ["reduce-count", "reduce-op", "broadcast-root",
+                                  "fcollect-count", "alltoall-dtype"])
+def test_fused_mismatch_is_a_symmetry_error_everywhere(heap, case):
+    """One PE passes something else: every PE raises at this call, dest untouched,
+    and the heap goes on (the next fused call is right)."""
+    h, n, me = heap, heap.n_pes, heap.my_pe
+    odd = me == n - 1
+    src = h.zeros(2 * n, torch.int64)
+    src.fill_(me + 1)
+    dst = h.zeros(2 * n * n, torch.int64)
+    dst.fill_(-5)
+    h.barrier_all()
+    with pytest.raises(SymmetryError):
+        if case == "reduce-count":
+            h.reduce(dst[:3 if odd else 2], src[:3 if odd else 2])
+        elif case == "reduce-op":
+            h.reduce(dst[:2], src[:2], "max" if odd else "sum")
+        elif case == "broadcast-root":
+            h.broadcast(dst[:2], src[:2], 1 if odd else 0)
+        elif case == "fcollect-count":
+            h.fcollect(dst[:n * (2 if odd else 1)], src[:2 if odd else 1])
+        else:
+            h.alltoall(dst[:n].view(torch.float64) if odd else dst[:n], src[:n].view(
+                torch.float64) if odd else src[:n])
+    assert torch.all(dst == -5)
+    h.reduce(dst[:2], src[:2])
+    assert dst[:2].tolist() == [n * (n + 1) // 2] * 2
+    h.free(src), h.free(dst)
