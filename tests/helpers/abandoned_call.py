@@ -13,7 +13,8 @@ SHMEMVM_AGREEMENT (mpi or board); SPLIT, where given, is node_split=.
 Scenarios: malloc (malloc(64), of a chunk already there), malloc-segment
 (malloc of a new segment, whose memory the PEs exchange), barrier
 (barrier_all()), team-sync (sync() of a team split from the world team, whose
-agreement is the team's own).
+agreement is the team's own); fcollect, reduce, broadcast, alltoall (8 bytes
+a PE: on the board in C, the data in the agreed step, transport/nodecoll.py).
 
 Every PE leaves with os._exit once every PE has reported (or after a while):
 MPI's finalization could wait for requests a timed-out step left behind.
@@ -49,6 +50,13 @@ def main() -> None:
     team = heap.team_split_strided(heap.team_world(), 0, 1, n) if scenario == "team-sync" \
         else None
     kept = heap.malloc(64)   # noqa: F841 - its chunk makes the malloc(64) below a cached one
+    small = {"fcollect": lambda: heap.fcollect(gathered, source),
+             "reduce": lambda: heap.reduce(gathered[:8], source),
+             "broadcast": lambda: heap.broadcast(gathered[:8], source, 0),
+             "alltoall": lambda: heap.alltoall(gathered, spread)}
+    if scenario in small:   # warmed up: the call below is the fused one
+        source, gathered, spread = heap.malloc(8), heap.malloc(8 * n), heap.malloc(8 * n)
+        small[scenario]()
     heap.barrier_all()
     late = me == n - 1
     if late:
@@ -64,6 +72,8 @@ def main() -> None:
             heap.barrier_all()
         elif scenario == "team-sync":
             team.sync()
+        elif scenario in small:
+            small[scenario]()
         else:
             raise ValueError(scenario)
         fields.update(error=None)

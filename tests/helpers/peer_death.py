@@ -24,6 +24,8 @@ Scenarios:
                   the agreement and before it hands its memory to the others:
                   the others wait for its file descriptors
   mid-barrier     the PE dies while the others are already in barrier_all()
+  mid-reduce, mid-fcollect   the same in an 8-byte reduce or fcollect, whose
+                  data rides in the agreed step (transport/nodecoll.py)
 """
 
 import faulthandler
@@ -64,7 +66,7 @@ def main() -> None:
             die(heap, outdir)
         elif scenario == "mid-malloc":
             heap.local.export = lambda segment: die(heap, outdir)  # after agreeing, before sending fds
-        elif scenario == "mid-barrier":
+        elif scenario in ("mid-barrier", "mid-reduce", "mid-fcollect"):
             time.sleep(0.5)                             # let the others enter the barrier
             die(heap, outdir)
 
@@ -72,6 +74,10 @@ def main() -> None:
     try:
         if scenario == "mid-barrier":
             heap.barrier_all()
+        elif scenario == "mid-reduce":
+            heap.reduce(warm[8:16], warm[:8])
+        elif scenario == "mid-fcollect":
+            heap.fcollect(warm[:4 * heap.n_pes], warm[96:])
         else:
             heap.malloc(1 << 20)                        # a new segment: fds are exchanged
         record.update(error=None)

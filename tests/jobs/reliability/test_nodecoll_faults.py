@@ -1,0 +1,119 @@
+"""Small collectives fused with their agreed board step (transport/nodecoll.py,
+native/_collective.c; issue 30) keep the agreement's guarantees: a PE that
+dies before the call, or one stopped (SIGSTOP) past the others' timeout that
+then arrives late, ends the call with PeerTimeoutError on every PE (the late
+PE for that very call: "the other PEs gave up"), and a PE late by less than
+the timeout changes nothing.
+
+Not an `mpi` test: it starts its own 3-PE jobs with the helpers of
+test_reliability_abandoned.py and test_reliability_peer_death.py
+(tests/helpers/abandoned_call.py, peer_death.py), agreement on the board, the
+compiled piece on (the default where it is built), timeout 3 s.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from util import REPO, clean_env, is_hydra, mpiexec, run_jobs
+
+ABANDONED = REPO / "tests" / "helpers" / "abandoned_call.py"
+DEATH = REPO / "tests" / "helpers" / "peer_death.py"
+N_PES = 3
+TIMEOUT = 3.0
+STOP = 6.0
+MARGIN = 2.5
+JOB_LIMIT = 150
+
+# name -> (helper, arguments after the helper's path)
+JOBS = {
+    "late-reduce": (ABANDONED, ["reduce", f"{TIMEOUT:g}", f"{STOP:g}"]),
+    "late-fcollect": (ABANDONED, ["fcollect", f"{TIMEOUT:g}", f"{STOP:g}"]),
+    "late-alltoall": (ABANDONED, ["alltoall", f"{TIMEOUT:g}", f"{STOP:g}"]),
+    "in-time-broadcast": (ABANDONED, ["broadcast", f"{TIMEOUT:g}", "1"]),
+    "dead-reduce": (DEATH, ["mid-reduce", f"{TIMEOUT:g}"]),
+    "dead-fcollect": (DEATH, ["mid-fcollect", f"{TIMEOUT:g}"]),
+}
+BATCH = 3
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    launcher = mpiexec()
+    if not is_hydra(launcher):
+        pytest.skip(f"{launcher} is not MPICH's hydra; the dead-PE jobs rely on "
+                    f"-disable-auto-cleanup")
+    root = Path(tempfile.mkdtemp(prefix="shmemvm-nodecoll-faults-"))
+    results = {}
+    try:
+        names = list(JOBS)
+        for first in range(0, len(names), BATCH):
+            jobs = {}
+            for name in names[first:first + BATCH]:
+                helper, args = JOBS[name]
+                if helper is ABANDONED:
+                    command = [launcher, "-n", str(N_PES), sys.executable, str(helper), *args,
+                               str(root / name), "board"]
+                else:
+                    command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES),
+                               sys.executable, str(helper), *args, str(root / name)]
+                jobs[name] = (command, clean_env())
+            results.update(run_jobs(root, jobs, JOB_LIMIT, N_PES))
+        yield results
+    finally:
+        for result in results.values():
+            for record in result["records"].values():
+                directory = record.get("directory", "")
+                if Path(directory).name.startswith("shmemvm-"):
+                    shutil.rmtree(directory, ignore_errors=True)  # left by the dead PE
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _records(outcomes, name):
+    result = outcomes[name]
+    context = f"{name}: {result}"
+    assert result["returncode"] is not None, f"the job hung past {JOB_LIMIT} s: {context}"
+    return result["records"], context
+
+
+@pytest.mark.parametrize("name", [n for n in JOBS if n.startswith("late-")])
+def test_a_stopped_pe_arriving_late_raises_for_the_call_the_others_gave_up(outcomes, name):
+    records, context = _records(outcomes, name)
+    assert sorted(records) == list(range(N_PES)), f"a PE did not report: {context}"
+    for record in records.values():
+        assert record["error"] == "PeerTimeoutError", context
+        if record["late"]:
+            assert "gave up" in record["message"], context
+            assert record["elapsed"] <= MARGIN, context
+        else:
+            assert TIMEOUT - 0.1 <= record["elapsed"] <= TIMEOUT + MARGIN, context
+        assert record["second_error"] == "PeerTimeoutError", context
+        assert "unusable" in record["second_message"], context
+
+
+def test_a_pe_late_by_less_than_the_timeout_changes_nothing(outcomes):
+    records, context = _records(outcomes, "in-time-broadcast")
+    assert sorted(records) == list(range(N_PES)), f"a PE did not report: {context}"
+    for record in records.values():
+        assert record["error"] is None, context
+        assert record["second_error"] is None, context
+
+
+@pytest.mark.parametrize("name", [n for n in JOBS if n.startswith("dead-")])
+def test_survivors_of_a_dead_pe_raise_within_the_timeout(outcomes, name):
+    records, context = _records(outcomes, name)
+    assert records.get(N_PES - 1, {}).get("died"), context
+    survivors = [records.get(pe) for pe in range(N_PES - 1)]
+    assert all(r is not None for r in survivors), f"a surviving PE did not report: {context}"
+    what = "reduce" if "reduce" in name else "fcollect"
+    for record in survivors:
+        assert record["error"] in ("PeerTimeoutError", "PeerDeadError"), context
+        assert what in record["message"], context
+        assert record["elapsed"] <= TIMEOUT + MARGIN, context
+        assert record["second_error"] in ("PeerTimeoutError", "PeerDeadError"), context
+        assert record["closed"], context
