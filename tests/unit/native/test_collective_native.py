@@ -1,0 +1,112 @@
+"""native/_collective.c on its own (issue 30): exchange() over a board in
+process memory with one PE, combine() folds in order like the Python
+combiners, and every entry point refuses what it is given wrongly with a
+ValueError, never a crash."""
+
+from __future__ import annotations
+
+import array
+
+import numpy as np
+import pytest
+
+_collective = pytest.importorskip("shmemvm.native._collective")
+
+WORDS, SEQ_WORD, SLOT = 4, 1, 4 + 2 + 8   # a vector of 4 words, 64 payload bytes
+
+
+def _board(size: int):
+    memory = np.zeros(2 * size * SLOT, dtype=np.int64)
+    return memory, memory.ctypes.data, memory.nbytes
+
+
+def _exchange(board, nbytes, size, rank, seq, vector, out, done, payload=0, payload_len=0,
+              scratch=None, part=0, src_offset=0, dst_stride=0, only=-1):
+    return _collective.exchange(board, nbytes, size, rank, SLOT, WORDS, SEQ_WORD, 16, seq,
+                                vector, out, done, payload, payload_len, scratch, part,
+                                src_offset, dst_stride, only)
+
+
+def test_one_pe_step_writes_its_slot_and_gathers_its_payload():
+    memory, board, nbytes = _board(1)
+    vector = array.array("q", [7, 3, -3, 9])
+    out, done = array.array("q", bytes(32)), bytearray(1)
+    payload = np.arange(8, dtype=np.uint8)
+    scratch = bytearray(8)
+    assert _exchange(board, nbytes, 1, 0, 3, vector, out, done, payload.ctypes.data, 8,
+                     scratch, 8, 0, 8) == 0
+    assert list(out) == list(vector) and done == b"\x01"
+    assert bytes(scratch) == payload.tobytes()
+    slot = memory[SLOT:2 * SLOT]          # step 3: bank 1
+    assert slot[0] == 3 and list(slot[1:5]) == list(vector)
+
+
+def test_a_missing_pe_is_left_and_the_max_is_taken_once_it_writes():
+    memory, board, nbytes = _board(2)
+    out0, done0 = array.array("q", bytes(32)), bytearray(2)
+    assert _exchange(board, nbytes, 2, 0, 2, array.array("q", [1, 2, 5, 0]), out0, done0) == 1
+    out1, done1 = array.array("q", bytes(32)), bytearray(2)
+    assert _exchange(board, nbytes, 2, 1, 2, array.array("q", [4, 2, -1, 8]), out1, done1) == 0
+    assert _exchange(board, nbytes, 2, 0, 2, None, out0, done0) == 0
+    assert list(out0) == list(out1) == [4, 2, 5, 8]
+
+
+@pytest.mark.parametrize("dtype,kind", [("i1", 0), ("u1", 1), ("i2", 2), ("u2", 3), ("i4", 4),
+                                        ("u4", 5), ("i8", 6), ("u8", 7), ("f4", 8), ("f8", 9)])
+def test_combine_folds_in_pe_order_like_numpy(dtype, kind):
+    rng = np.random.default_rng(30)
+    n, count = 3, 37
+    if dtype[0] == "f":
+        parts = (rng.standard_normal((n, count)) * 1e3).astype(dtype)
+        ops = {0: np.add, 1: np.multiply}
+    else:
+        parts = rng.integers(0, 256, (n, count * np.dtype(dtype).itemsize),
+                             dtype=np.uint8).view(dtype)
+        ops = {0: np.add, 1: np.multiply, 2: np.minimum, 3: np.maximum, 4: np.bitwise_and,
+               5: np.bitwise_or, 6: np.bitwise_xor}
+    scratch = np.ascontiguousarray(parts)
+    for code, ufunc in ops.items():
+        expected = parts[0].copy()
+        for i in range(1, n):
+            ufunc(expected, parts[i], out=expected)
+        got = np.zeros(count, dtype)
+        _collective.combine(got.ctypes.data, got.nbytes, scratch, n, kind, code)
+        assert got.tobytes() == expected.tobytes(), (dtype, code)
+
+
+def test_every_entry_point_refuses_bad_arguments():
+    memory, board, nbytes = _board(2)
+    vector, out, done = array.array("q", bytes(32)), array.array("q", bytes(32)), bytearray(2)
+    bad = [
+        lambda: _exchange(board, nbytes, 2, 2, 1, vector, out, done),            # rank >= size
+        lambda: _exchange(board, nbytes, 0, 0, 1, vector, out, done),            # no PEs
+        lambda: _exchange(board, nbytes, 4, 0, 1, vector, out, done),            # board too small
+        lambda: _exchange(0, nbytes, 2, 0, 1, vector, out, done),                # null board
+        lambda: _exchange(board + 1, nbytes, 2, 0, 1, vector, out, done),        # misaligned
+        lambda: _exchange(board, nbytes, 2, 0, 1, array.array("q", [1]), out, done),
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, array.array("q", [0]), done),
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, bytearray(1)),
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 65),     # > payload area
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, -1),
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 8),      # null payload
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 0, bytearray(8), 8, 0,
+                          8),                                                    # scratch short
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 0, None, 8),
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 0, bytearray(64), 8,
+                          60, 0),                                                # past the area
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, only=2),
+        lambda: _collective.combine(out.buffer_info()[0], 8, bytearray(8), 2, 6, 0),  # scratch
+        lambda: _collective.combine(out.buffer_info()[0], -8, bytearray(8), 1, 6, 0),
+        lambda: _collective.combine(out.buffer_info()[0], 8, bytearray(8), 1, 8, 2),  # float min
+        lambda: _collective.combine(out.buffer_info()[0], 8, bytearray(8), 1, 10, 0),
+        lambda: _collective.combine(out.buffer_info()[0], 6, bytearray(8), 1, 6, 0),  # not whole
+        lambda: _collective.combine(0, 8, bytearray(8), 1, 6, 0),
+        lambda: _collective.deliver(out.buffer_info()[0], bytearray(8), 4, 8),
+        lambda: _collective.deliver(out.buffer_info()[0], bytearray(8), 0, -1),
+        lambda: _collective.deliver(1 << 60, bytearray(8), 0, 8),
+    ]
+    for i, call in enumerate(bad):
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"case {i} was accepted")
+    assert memory.sum() == 0     # nothing was written by a refused call
