@@ -28,7 +28,7 @@ import os
 
 from ..memory.buddy import Segment
 from ..config import parse_size, setting
-from ..errors import Attempts
+from ..errors import Attempts, ShmemError
 
 #: SHMEMVM_ANCHOR=auto on the CUDA backend where the node has other PEs
 CUDA_ANCHOR = 512 << 20
@@ -53,10 +53,9 @@ def anchor_size(chosen: int | str, backend, node_pes: int) -> int:
     no other PE (nothing is shared there), else rounded up to the granularity."""
     if node_pes < 2:
         return 0
-    if chosen == "auto":
-        chosen = CUDA_ANCHOR if backend.name == "cuda" else 0
+    size = (CUDA_ANCHOR if backend.name == "cuda" else 0) if chosen == "auto" else int(chosen)
     granularity = backend.granularity
-    return -(-chosen // granularity) * granularity
+    return -(-size // granularity) * granularity
 
 
 class Anchor:
@@ -86,6 +85,9 @@ class Anchor:
 
     def export(self, segment: Segment) -> int:
         """A descriptor of our piece for the exchange to send (it closes it)."""
+        if self.fd is None:
+            raise ShmemError("the node's anchor is closed (its heap was finalized): it has "
+                             "nothing to export; make a new heap")
         return os.dup(self.fd)
 
     def map_peer(self, pe: int, segment: Segment, fd: int) -> None:

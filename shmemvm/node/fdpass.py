@@ -200,7 +200,7 @@ def sweep_stale_directories(root: str | None = None) -> list[str]:
     """Remove the channel directories of this user's PEs that ended without
     closing them (see the module doc); returns the directories removed."""
     root = root or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         candidates = [e for e in os.scandir(root) if e.name.startswith(_PREFIX)]
     except OSError:

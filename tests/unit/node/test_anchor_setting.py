@@ -5,6 +5,7 @@ left behind under MPI: tests/mpi/node/test_anchor.py.
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from conftest import TEST_BACKEND
 from shmemvm.node.anchor import CUDA_ANCHOR, Anchor, anchor_setting, anchor_size
 from shmemvm.backends import create_backend
+from shmemvm.errors import ShmemError
+from shmemvm.memory.buddy import Segment
 from util import open_fds, shmemvm_mappings
 
 SIZE = 4 << 20      # a multiple of every backend's granularity (host 64 KiB, CUDA 2 MiB)
@@ -49,5 +52,19 @@ def test_an_anchor_that_fails_halfway_releases_what_it_made():
             Anchor(backend, SIZE, [1, 2])
         assert open_fds() == fds
         assert shmemvm_mappings() == mappings
+    finally:
+        backend.close()
+
+
+def test_a_closed_anchor_says_so_when_asked_to_export():
+    """(It was os.dup(None): a TypeError that named nothing.)"""
+    backend = create_backend(TEST_BACKEND)
+    try:
+        anchor = Anchor(backend, SIZE, [1])
+        segment = Segment(0, SIZE, 1)
+        os.close(anchor.export(segment))
+        anchor.close()
+        with pytest.raises(ShmemError, match="anchor is closed"):
+            anchor.export(segment)
     finally:
         backend.close()
