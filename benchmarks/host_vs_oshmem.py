@@ -2,7 +2,10 @@
 
     python -m benchmarks host-vs-oshmem [--pes 2,4] [--node-split] [--rounds 3]
         [--json benchmarks/results/host-vs-oshmem-2pe.json] [--plot PNG] [--allow-dirty]
+    python -m benchmarks host-vs-oshmem --pes 2,4,8,16 --rows goal --out-dir DIR
+        [--deadline 420]      # issue 30: one result and chart per PE count, a scaling chart
     python -m benchmarks host-vs-oshmem --table RESULT.json     # its markdown table
+    python -m benchmarks host-vs-oshmem --scaling-table R2.json R4.json ...
 
 One script, benchmarks/shmem4py_ops.py, written against shmem4py's API, is
 launched once a round under each implementation:
@@ -23,6 +26,16 @@ Allreduce), which it also does where the peer is there.
 MPICH on its network module (MPIR_CVAR_NOLOCAL=1); OSHMEM with UCX over TCP
 (UCX_TLS=tcp,self) and Open MPI's TCP transport (--mca btl self,tcp).
 
+--out-dir writes one result per PE count (NAME-<N>pe.json, and -split for the
+off-node path) with its chart (NAME-<N>pe.png), rewritten after every round, and
+over the counts NAME-scaling.png and NAME-scaling.md (benchmarks/oshmem_scaling.py:
+issue 30's goal, each row's ratio against it, barrier_all at the largest count
+over the smallest). Rounds go over every PE count in turn, so that --deadline
+(seconds for the whole run) leaves every count its first rounds; a round that
+would not end in time is left out and the result says so. A launch's results
+are kept once every PE has written them, also where the launcher then aborts or
+hangs at exit (OSHMEM at 4-8 PEs): it is stopped after --exit-grace seconds.
+
 The result (benchmarks/schema.py) has, per operation and mode, shmemvm's figure,
 OSHMEM's as its baseline and their ratio (shmemvm / OSHMEM: for times above 1 is
 slower, for bandwidth below 1 is slower), and the chart draws the slowdowns.
@@ -38,14 +51,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from . import schema
+from . import oshmem_scaling, schema
 
 OPS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shmem4py_ops.py")
 PEER = "shmem4py 1.0 on Open MPI OSHMEM"
@@ -65,67 +80,109 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=5, help="timed loops per operation and launch")
     p.add_argument("--min-time", type=float, default=0.02, help="seconds per timed loop")
     p.add_argument("--quick", action="store_true", help="fewer sizes (a check that all runs)")
+    p.add_argument("--rows", choices=("all", "goal"), default="all",
+                   help="every operation, or issue 30's rows alone (goal: barrier_all, "
+                        "sync_all, broadcast/fcollect/alltoall 8 B, sum_reduce 8 B and "
+                        "512 KiB, malloc+free 1 KiB, atomic_fetch_add, put 8 B, put 1 MiB)")
     p.add_argument("--no-torch", action="store_true", help="leave out the torch API")
     p.add_argument("--oshmem-venv", default=os.environ.get("OSHMEM_VENV", "/opt/oshmem-venv"),
                    help="a virtual environment with shmem4py built on Open MPI's OSHMEM, and "
                         "oshrun in its bin/ or on PATH")
+    p.add_argument("--oshmem-python", default=None,
+                   help="the peer's Python (default: the venv's bin/python)")
+    p.add_argument("--oshmem-pythonpath", default=None,
+                   help="PYTHONPATH of the peer's Python (e.g. where shmem4py was built with "
+                        "--target)")
     p.add_argument("--mpirun", default=None,
-                   help="the mpirun of shmemvm's MPI (default: $MPIRUN, else the one beside "
-                        "this Python, else PATH's)")
+                   help="the mpirun command of shmemvm's MPI, options included, e.g. "
+                        "'/usr/bin/mpirun --allow-run-as-root --oversubscribe' (default: "
+                        "$MPIRUN, else the one beside this Python, else PATH's, not Open MPI's)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per launch")
+    p.add_argument("--exit-grace", type=float, default=20,
+                   help="seconds a launcher may take to exit once every PE wrote its results")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds for the whole run: no round is started that would not end "
+                        "in time (each count keeps the rounds it finished)")
     p.add_argument("--json", metavar="PATH", help="write the result here (benchmarks/schema.py)")
+    p.add_argument("--out-dir", metavar="DIR",
+                   help="write one result and chart per PE count here, and the scaling "
+                        "chart and table (see above)")
+    p.add_argument("--redraw", action="store_true",
+                   help="draw --out-dir's charts and scaling table again from its results")
+    p.add_argument("--name", default="host-vs-oshmem",
+                   help="file names' stem under --out-dir (default host-vs-oshmem)")
     p.add_argument("--allow-dirty", action="store_true",
                    help="store into benchmarks/results/ from a tree that differs from its "
                         "commit (recorded in the result)")
     p.add_argument("--plot", metavar="PNG", help="write the chart here (needs matplotlib)")
     p.add_argument("--table", metavar="RESULT", help="print the markdown table of a result")
+    p.add_argument("--scaling-table", metavar="RESULT", nargs="+",
+                   help="print issue 30's table over results of several PE counts")
     return p
 
 
 # -- the implementations -----------------------------------------------------------------------
 
-def find_peer(venv: str) -> tuple[list[str] | None, str | None]:
+def peer_env(python: str, pythonpath: str | None) -> dict:
+    """The environment of the peer's launches: its Python's folder first on PATH,
+    nothing of shmemvm's MPICH (PYTHONPATH only where given), run as root allowed."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    for key in ("PYTHONPATH", "MPI4PY_LIBMPI"):
+        env.pop(key, None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def find_peer(venv: str, python: str | None = None,
+              pythonpath: str | None = None) -> tuple[list[str] | None, str | None]:
     """(oshrun and python of the peer, None) or (None, why it cannot run here)."""
-    python = os.path.join(venv, "bin", "python")
-    if not os.path.exists(python):
+    python = python or os.path.join(venv, "bin", "python")
+    if not os.path.exists(python) and shutil.which(python) is None:
         return None, f"no Python at {python}"
+    python = python if os.path.exists(python) else shutil.which(python)
     oshrun = (os.path.join(venv, "bin", "oshrun") if os.path.exists(os.path.join(venv, "bin",
                                                                                 "oshrun"))
               else shutil.which("oshrun"))
     if oshrun is None:
         return None, "no oshrun (Open MPI's OSHMEM launcher) on PATH"
     probe = subprocess.run([python, "-c", "import shmem4py, numpy"], capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=60, env=peer_env(python, pythonpath))
     if probe.returncode != 0:
         return None, f"{python} cannot import shmem4py: {probe.stderr.strip()[-200:]}"
     return [oshrun, python], None
 
 
-def find_mpirun(given: str | None) -> str:
-    candidates = [given, os.environ.get("MPIRUN"),
+def find_mpirun(given: str | None) -> list[str]:
+    """shmemvm's mpirun command, options included (--mpirun is taken as given)."""
+    if given:
+        return shlex.split(given)
+    candidates = [os.environ.get("MPIRUN"),
                   os.path.join(os.path.dirname(sys.executable), "mpirun"), shutil.which("mpirun")]
     for c in candidates:
         if c and (os.path.exists(c) or shutil.which(c)):
             version = subprocess.run([c, "--version"], capture_output=True, text=True,
                                      timeout=60)
-            if "Open MPI" in version.stdout + version.stderr and not given:
+            if "Open MPI" in version.stdout + version.stderr:
                 continue   # Open MPI's mpirun (e.g. /usr/bin/mpirun beside OSHMEM): not ours
-            return c
-    raise SystemExit("no mpirun for shmemvm found: pass --mpirun (MPICH's, as mpi4py uses)")
+            return [c]
+    raise SystemExit("no mpirun for shmemvm found: pass --mpirun (the mpirun of the MPI "
+                     "mpi4py was built with, e.g. MPICH's; Open MPI's is taken only when given)")
 
 
 def command(impl: str, n: int, split: bool, prefix: str, args, peer, mpirun) -> tuple[list, dict]:
     ops = ["--impl", impl, "--out", prefix, "--repeat", str(args.repeat),
-           "--min-time", str(args.min_time)] + (["--quick"] if args.quick else [])
+           "--min-time", str(args.min_time), "--rows", args.rows] + \
+        (["--quick"] if args.quick else [])
     env = dict(os.environ)
     if impl == "oshmem":
         oshrun, python = peer
-        env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        for key in ("PYTHONPATH", "MPI4PY_LIBMPI"):
-            env.pop(key, None)
+        env = peer_env(python, args.oshmem_pythonpath)
         tls = "tcp,self" if split else "posix,self"
-        cmd = [oshrun, "-n", str(n), "--oversubscribe", "--mca", "memory", "^patcher"]
+        root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+        cmd = [oshrun, *root, "-n", str(n), "--oversubscribe", "--mca", "memory", "^patcher"]
         if split:
             cmd += ["--mca", "btl", "self,tcp"]
         cmd += ["-x", "UCX_MEM_EVENTS=no", "-x", "UCX_MEM_MALLOC_HOOKS=no", "-x",
@@ -137,31 +194,69 @@ def command(impl: str, n: int, split: bool, prefix: str, args, peer, mpirun) -> 
         env.update(SHMEMVM_NODE_SPLIT="1", MPIR_CVAR_NOLOCAL="1")
     else:
         env.pop("SHMEMVM_NODE_SPLIT", None)
-    return [mpirun, "-n", str(n), sys.executable, OPS_SCRIPT] + ops, env
+    return [*mpirun, "-n", str(n), sys.executable, OPS_SCRIPT] + ops, env
 
 
-def launch(impl, n, split, workdir, round_no, args, peer, mpirun, log) -> dict | str:
-    """One launch of the ops script: its PEs' outputs merged, or why it failed."""
+def _wait(cmd, env, workdir, files, timeout, grace) -> tuple[int | None, str, str]:
+    """Run `cmd` in a process group of its own until it exits, or until every file
+    of `files` exists and `grace` more seconds passed, or `timeout`; then stop the
+    group. (exit status or None, how it ended, its output's tail)."""
+    log_path = os.path.join(workdir, f"{os.path.basename(files[0])}.log")
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        started, written = time.monotonic(), None
+        how = "exited"
+        while proc.poll() is None:
+            now = time.monotonic()
+            if written is None and all(os.path.exists(f) for f in files):
+                written = now
+            if written is not None and now - written > grace:
+                how = f"stopped {grace:g} s after every PE wrote its results"
+                break
+            if now - started > timeout:
+                how = f"stopped after {timeout:g} s"
+                break
+            time.sleep(0.1)
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)   # the group this launch started
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            rc = None
+        else:
+            rc = proc.returncode
+    with open(log_path, errors="replace") as f:
+        tail = f.read()[-1500:].strip()
+    return rc, how, tail
+
+
+def launch(impl, n, split, workdir, round_no, args, peer, mpirun, log,
+           timeout: float | None = None) -> dict | str:
+    """One launch of the ops script: its PEs' outputs merged (with "exit": how the
+    launcher ended, where not cleanly), or why it failed."""
     prefix = os.path.join(workdir, f"{impl}-{n}pe{'-split' if split else ''}-r{round_no}")
     cmd, env = command(impl, n, split, prefix, args, peer, mpirun)
+    files = [f"{prefix}.pe{pe}.json" for pe in range(n)]
     started = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              timeout=args.timeout, cwd=workdir)
-    except subprocess.TimeoutExpired:
-        return f"{impl} at {n} PEs{' (split)' if split else ''}: no result in {args.timeout:g} s"
+    where = f"{impl} at {n} PEs{' (split)' if split else ''}, round {round_no}"
+    rc, how, tail = _wait(cmd, env, workdir, files, timeout or args.timeout, args.exit_grace)
+    missing = [pe for pe, path in enumerate(files) if not os.path.exists(path)]
+    if missing:
+        return (f"{where}: PE {missing[0]} wrote nothing ({how}, exit {rc}): {tail}")
     outs = []
-    for pe in range(n):
-        path = f"{prefix}.pe{pe}.json"
-        if not os.path.exists(path):
-            tail = (done.stdout + done.stderr).strip()[-1500:]
-            return f"{impl} at {n} PEs: PE {pe} wrote nothing (exit {done.returncode}): {tail}"
+    for path in files:
         with open(path) as f:
             outs.append(json.load(f))
     log(f"{impl:8} {n} PEs{' split' if split else ''}, round {round_no}: "
         f"{time.perf_counter() - started:.0f} s, load {outs[0]['load_start'][0]:.1f} -> "
-        f"{outs[0]['load_end'][0]:.1f}")
-    return merge(outs)
+        f"{outs[0]['load_end'][0]:.1f}" + ("" if rc == 0 else f"; launcher {how}, exit {rc}"))
+    merged = merge(outs)
+    if rc != 0:
+        merged["exit"] = (f"{where}: the launcher {how} (exit {rc}) after every PE had "
+                          f"written its results: kept. Its output's end: {tail[-300:]}")
+    return merged
 
 
 def merge(outs: list[dict]) -> dict:
@@ -277,6 +372,8 @@ def build(run: schema.Run, launches: dict, rounds: int, peer_why: str | None) ->
                     row.setdefault(impl, m["value"]["median"])
             row["unit"] = _unit(next(iter(pooled.values()))["ops"][key]["op"])
             row["load"] = {impl: [min(v["loads"]), max(v["loads"])] for impl, v in pooled.items()}
+            if peer:
+                oshmem_scaling.mark_goal(row, FACES)
             table.append(row)
         run.summary.setdefault("checks", {})[f"{n} PEs{' split' if split else ''}"] = {
             impl: v["checks"] for impl, v in pooled.items()}
@@ -287,6 +384,15 @@ def build(run: schema.Run, launches: dict, rounds: int, peer_why: str | None) ->
     for impl, ran in paths.items():
         if warning := schema.paths_warning(ran):
             run.notes.append(f"{FACES[impl]}: {warning}")
+        if ran.get("mpi_window") is False:
+            run.notes.append(
+                f"{FACES[impl]}: no MPI dynamic window on {ran.get('mpi') or 'this MPI'} "
+                f"({ran.get('window_error')}); on one node with the compiled piece the atomics "
+                f"are the CPU's and the agreement the board, which need no window (atomics: "
+                f"{ran.get('atomics')}, agreement: {ran.get('agreement')}); off-node access "
+                f"would")
+    run.notes += [r["exit"] for by_impl in launches.values() for results in by_impl.values()
+                  for r in results if isinstance(r, dict) and r.get("exit")]
     if peer_why:
         run.notes.append(f"the peer was not measured: {peer_why}")
 
@@ -348,9 +454,14 @@ def markdown(doc: dict) -> str:
                 out.append(f"| {display(r['operation'])} | " + " | ".join(cells) + " |")
             out.append("")
             continue
-        out += [head, "",
-                "| operation | OSHMEM | shmemvm.shmem | ratio | torch API | ratio |",
-                "|---|---:|---:|---:|---:|---:|"]
+        faces = [impl for impl in FACES if any(impl in r for r in mine)]
+        goal = any("goal" in r for r in mine)
+        out += [head + (f" Goal (issue 30): times at most {oshmem_scaling.GOAL_TIME:g}× "
+                        f"OSHMEM's, bandwidths at least {oshmem_scaling.GOAL_BANDWIDTH:g}×; "
+                        f"✓ met, ✗ not." if goal else ""), "",
+                "| operation | OSHMEM | " + " | ".join(f"{FACES[impl]} | ratio"
+                                                     for impl in faces) + " |",
+                "|---|---:|" + "---:|---:|" * len(faces)]
         for r in mine:
             unit = "GB/s" if r["unit"] == "GB/s" else "µs"
 
@@ -358,12 +469,13 @@ def markdown(doc: dict) -> str:
                 v = r.get(f"{key}_ratio")
                 if v is None:
                     return "n/a"
+                met = {True: " ✓", False: " ✗"}.get(r.get(f"{key}_meets_goal"), "")
                 if unit == "GB/s":
-                    return f"{v:.2f} of its bandwidth"
-                return f"{v:.2g}× slower" if v >= 1 else f"{1 / v:.2g}× faster"
+                    return f"{v:.2f} of its bandwidth{met}"
+                return (f"{v:.2g}× slower" if v >= 1 else f"{1 / v:.2g}× faster") + met
             out.append(f"| {display(r['operation'])} | {_figure(r.get('oshmem'), unit)} | "
-                       f"{_figure(r.get('shmemvm'), unit)} | {ratio('shmemvm')} | "
-                       f"{_figure(r.get('torch'), unit)} | {ratio('torch')} |")
+                       + " | ".join(f"{_figure(r.get(impl), unit)} | {ratio(impl)}"
+                                    for impl in faces) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -446,9 +558,98 @@ def _check_measured(run: schema.Run, module: str, args, ap) -> None:
         run.code["changed"].append(problem)
         run.code["clean"] = False
         try:
-            schema.check_destination(args.json, run.code, args.allow_dirty)
+            schema.check_destination(run.path, run.code, args.allow_dirty)
         except schema.DirtyTreeError as exc:
             ap.error(str(exc))
+
+
+METHOD = ("one script (benchmarks/shmem4py_ops.py) against shmem4py's API, launched once a "
+          "round per implementation, implementations alternating; one-sided operations on PE 0 "
+          "towards PE 1 while the other PEs wait in barrier_all, collectives on every PE (the "
+          "slowest PE per repeat); one sample per timed loop of at least --min-time s; figures "
+          "are medians of all rounds' samples, ratios shmemvm median / OSHMEM median (or / its "
+          "own same-run baseline)")
+
+
+def mode_path(args, mode: tuple[int, bool]) -> str:
+    """Where --out-dir puts the result of one mode (PE count, off-node or not)."""
+    n, split = mode
+    return os.path.join(args.out_dir, f"{args.name}-{n}pe{'-split' if split else ''}.json")
+
+
+def barrier_samples(launches: dict) -> dict:
+    """{impl: {n_pes: barrier_all's samples in µs}} over every launch on the node."""
+    out: dict = {}
+    for (n, split), by_impl in launches.items():
+        for impl, results in by_impl.items():
+            xs = [x * 1e6 for r in results if isinstance(r, dict) and not split
+                  and "barrier_all" in r["ops"] for x in r["ops"]["barrier_all"]["samples_s"]]
+            if xs:
+                out.setdefault(impl, {})[n] = xs
+    return out
+
+
+def result(run: schema.Run, launches: dict, settings: dict, why, errors, skipped,
+           scaling_over: dict | None = None) -> dict | None:
+    """The document of `run` over `launches` (made anew: a partial result is rewritten
+    after every round), or None where nothing was measured. With `scaling_over`
+    (every mode's launches), barrier_all at the largest PE count measured over the
+    smallest, where `launches` holds that largest count."""
+    run.measurements, run.notes, run.summary = [], [], {}
+    run.settings = dict(settings, pes=sorted({n for n, _ in launches}),
+                        modes=[{"n_pes": n, "node_split": split} for n, split in launches])
+    build(run, launches, settings["rounds"], why)
+    samples = barrier_samples(scaling_over or {})
+    counts = sorted({n for by_n in samples.values() for n in by_n})
+    if len(counts) > 1 and (counts[-1], False) in launches:
+        run.summary["barrier_scaling"] = oshmem_scaling.barrier_scaling(
+            run, samples, counts[0], counts[-1])
+    if not run.measurements:
+        return None
+    run.notes += [f"error: {e}" for e in errors] + [f"left out: {s}" for s in skipped]
+    run.notes.append("the machine is shared: every figure carries the 1-minute load average "
+                     "at the start and end of its launches (params.load_average_1min, "
+                     "baseline_load_average_1min)")
+    return run.document()
+
+
+def write_outputs(args, docs: dict, log, final: bool) -> None:
+    """--out-dir: each mode's result; when `final`, the scaling table, and each
+    mode's chart and the scaling chart where matplotlib is there (the results are
+    what counts: --redraw draws the charts from them later)."""
+    for mode, doc in docs.items():
+        schema.write(doc, mode_path(args, mode))
+    on_node = [doc for (n, split), doc in sorted(docs.items()) if not split]
+    if not final or not on_node:
+        return
+    stem = os.path.join(args.out_dir, f"{args.name}-scaling")
+    with open(stem + ".md", "w") as f:
+        f.write(oshmem_scaling.scaling_markdown(on_node, label=display))
+        if not args.no_torch:
+            f.write("\n" + oshmem_scaling.scaling_markdown(on_node, "torch", label=display))
+    log(f"wrote {stem}.md")
+    from .plot import matplotlib_missing
+    if missing := matplotlib_missing():
+        log(f"no charts: {missing}")
+        return
+    for mode, doc in docs.items():
+        if write_chart(doc, mode_path(args, mode)[:-5] + ".png"):
+            log(f"wrote {mode_path(args, mode)[:-5]}.png")
+    if oshmem_scaling.write_scaling_chart(on_node, stem + ".png"):
+        log(f"wrote {stem}.png")
+
+
+def redraw(args, log) -> int:
+    """--redraw: the charts and the scaling table again from --out-dir's results."""
+    docs = {}
+    for mode in [(n, split) for split in (False, True) for n in range(1, 1025)]:
+        if os.path.exists(mode_path(args, mode)):
+            docs[mode] = schema.load(mode_path(args, mode))
+    if not docs:
+        log(f"no result {args.name}-<N>pe.json under {args.out_dir}")
+        return 1
+    write_outputs(args, docs, log, final=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,77 +658,116 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         sys.stdout.write(markdown(schema.load(args.table)))
         return 0
-    if args.plot:
-        from .plot import matplotlib_missing
-        if missing := matplotlib_missing():
-            ap.error(missing)
+    if args.scaling_table:
+        docs = sorted((schema.load(p) for p in args.scaling_table),
+                      key=lambda d: min(d["settings"]["pes"]))
+        sys.stdout.write(oshmem_scaling.scaling_markdown(docs, label=display))
+        return 0
+    from .plot import matplotlib_missing
+    if args.plot and (missing := matplotlib_missing()):
+        ap.error(missing)
 
     def log(message):
         print(f"host-vs-oshmem [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr,
               flush=True)
 
-    try:
-        run = schema.Run("host-vs-oshmem", schema.command(
-            None, "-m benchmarks host-vs-oshmem", list(sys.argv[1:] if argv is None else argv)),
-            method="one script (benchmarks/shmem4py_ops.py) against shmem4py's API, launched "
-                   "once a round per implementation, implementations alternating; one-sided "
-                   "operations on PE 0 towards PE 1 while the other PEs wait in barrier_all, "
-                   "collectives on every PE (the slowest PE per repeat); one sample per timed "
-                   "loop of at least --min-time s; figures are medians of all rounds' samples, "
-                   "ratios shmemvm median / OSHMEM median (or / its own same-run baseline)",
-            path=args.json, allow_dirty=args.allow_dirty)
+    if args.redraw:
+        if not args.out_dir:
+            ap.error("--redraw needs --out-dir (where the results are)")
+        return redraw(args, log)
+    began = time.monotonic()
+    modes = [(int(n), False) for n in args.pes.split(",") if not args.only_node_split]
+    if args.node_split or args.only_node_split:
+        modes += [(int(n), True) for n in args.pes.split(",")]
+    line = schema.command(None, "-m benchmarks host-vs-oshmem",
+                          list(sys.argv[1:] if argv is None else argv))
+    try:   # every destination is checked before anything is measured
+        run = schema.Run("host-vs-oshmem", line, method=METHOD, path=args.json,
+                         allow_dirty=args.allow_dirty)
+        per_mode = {mode: schema.Run("host-vs-oshmem", line, method=METHOD,
+                                     path=mode_path(args, mode), allow_dirty=args.allow_dirty)
+                    for mode in modes} if args.out_dir else {}
     except schema.DirtyTreeError as exc:
         ap.error(str(exc))
-    peer, why = find_peer(args.oshmem_venv)
+    peer, why = find_peer(args.oshmem_venv, args.oshmem_python, args.oshmem_pythonpath)
     if peer is None:
         log(f"the peer (shmem4py on Open MPI's OSHMEM) is not installed here: {why}. Measuring "
             f"shmemvm against its own same-run baselines only; docs/performance.md has the "
             f"recipe to install the peer.")
     mpirun = find_mpirun(args.mpirun)
     impls = (["oshmem"] if peer else []) + ["shmemvm"] + ([] if args.no_torch else ["torch"])
-    modes = [(int(n), False) for n in args.pes.split(",") if not args.only_node_split]
-    if args.node_split or args.only_node_split:
-        modes += [(int(n), True) for n in args.pes.split(",")]
-    launches: dict = {}
-    errors = []
+    launches: dict = {mode: {i: [] for i in impls} for mode in modes}
+    errors: list[str] = []
+    skipped: list[str] = []
+    took: dict = {}   # seconds the last round of each mode took
+    settings = {
+        "rounds": args.rounds, "repeat": args.repeat, "min_time_s": args.min_time,
+        "quick": args.quick, "rows": args.rows, "deadline_s": args.deadline,
+        "implementations": impls, "peer": PEER if peer else None, "peer_missing": why,
+        "oshmem_launch": "oshrun -n N --oversubscribe --mca memory ^patcher -x "
+        "UCX_MEM_EVENTS=no -x UCX_MEM_MALLOC_HOOKS=no -x UCX_TLS=posix,self (split: "
+        "UCX_TLS=tcp,self, --mca btl self,tcp); --allow-run-as-root as root",
+        "shmemvm_launch": f"{shlex.join(mpirun)} -n N (split: SHMEMVM_NODE_SPLIT=1 "
+        "MPIR_CVAR_NOLOCAL=1)", "environment": schema.environment()}
+
+    def results_of(mode_launches: dict, into: schema.Run) -> dict | None:
+        return result(into, mode_launches, settings, why, errors, skipped, launches)
+
+    def mode_docs() -> dict:
+        return {m: d for m in modes if (d := results_of({m: launches[m]}, per_mode[m]))}
+
     with tempfile.TemporaryDirectory(prefix="host-vs-oshmem-") as work:
-        for n, split in modes:
-            by_impl = launches.setdefault((n, split), {i: [] for i in impls})
-            for r in range(args.rounds):
+        for r in range(args.rounds):   # every PE count in turn, round by round
+            for mode in modes:
+                n, split = mode
+                left = None if args.deadline is None else \
+                    args.deadline - (time.monotonic() - began)
+                # a count's first round runs while time is left; a later one where the
+                # last one's time (and a margin) is
+                if left is not None and (left <= 0 or mode in took
+                                         and left < took[mode] * 1.2 + 5):
+                    skipped.append(f"round {r} at {n} PEs{' (split)' if split else ''}: "
+                                   f"{max(left, 0):.0f} s left of --deadline {args.deadline:g}, "
+                                   f"the last round took {took.get(mode, 0):.0f} s")
+                    log(f"left out: {skipped[-1]}")
+                    continue
+                started = time.monotonic()
                 order = impls if r % 2 == 0 else impls[::-1]   # alternate who goes first
                 for impl in order:
-                    result = launch(impl, n, split, work, r, args, peer, mpirun, log)
-                    if isinstance(result, str):
-                        log(f"FAILED: {result}")
-                        errors.append(result)
-                    by_impl[impl].append(result)
-                    if isinstance(result, dict) and impl != "oshmem":
-                        _check_measured(run, result["module"], args, ap)
-                    if isinstance(result, dict):
-                        run.extra_versions.update({
-                            f"{impl}:{k}" if impl == "oshmem" and k in ("python", "numpy") else k:
-                            v for k, v in result["versions"].items()})
-    run.settings = {"pes": [n for n, _ in modes], "modes": [
-        {"n_pes": n, "node_split": split} for n, split in modes],
-        "rounds": args.rounds, "repeat": args.repeat, "min_time_s": args.min_time,
-        "quick": args.quick, "implementations": impls, "peer": PEER if peer else None,
-        "peer_missing": why, "oshmem_launch": "oshrun -n N --oversubscribe --mca memory ^patcher "
-        "-x UCX_MEM_EVENTS=no -x UCX_MEM_MALLOC_HOOKS=no -x UCX_TLS=posix,self (split: "
-        "UCX_TLS=tcp,self, --mca btl self,tcp)", "shmemvm_launch": f"{mpirun} -n N (split: "
-        "SHMEMVM_NODE_SPLIT=1 MPIR_CVAR_NOLOCAL=1)", "environment": schema.environment()}
-    build(run, launches, args.rounds, why)
-    for impl, ran in run.settings["paths"].items():
+                    limit = args.timeout if left is None else \
+                        max(10.0, min(args.timeout, args.deadline - (time.monotonic() - began)))
+                    found = launch(impl, n, split, work, r, args, peer, mpirun, log, limit)
+                    if isinstance(found, str):
+                        log(f"FAILED: {found}")
+                        errors.append(found)
+                    launches[mode][impl].append(found)
+                    if isinstance(found, dict):
+                        for into in [run, per_mode.get(mode)]:
+                            if into is None:
+                                continue
+                            if impl != "oshmem":
+                                _check_measured(into, found["module"], args, ap)
+                            into.extra_versions.update({
+                                f"{impl}:{k}" if impl == "oshmem" and k in ("python", "numpy")
+                                else k: v for k, v in found["versions"].items()})
+                took[mode] = time.monotonic() - started
+            if per_mode:   # what is measured so far survives a run cut short
+                write_outputs(args, mode_docs(), log, final=False)
+    doc = results_of(launches, run)
+    if doc is None:
+        log("nothing was measured: " + "; ".join(errors))
+        return 1
+    for impl, ran in doc["settings"]["paths"].items():
         if warning := schema.paths_warning(ran):
             log(f"WARNING: {FACES[impl]}: {warning}")
-    run.notes += [f"error: {e}" for e in errors]
-    run.notes.append("the machine is shared: every figure carries the 1-minute load average "
-                     "at the start and end of its launches (params.load_average_1min, "
-                     "baseline_load_average_1min)")
-    doc = run.document()
     sys.stdout.write(markdown(doc))
     if args.json:
         schema.write(doc, args.json)
         log(f"wrote {args.json}")
+    if per_mode:   # the barrier's scaling goes into the largest PE count's result
+        docs = mode_docs()
+        write_outputs(args, docs, log, final=True)
+        log(f"wrote {len(docs)} results under {args.out_dir}")
     if args.plot:
         if write_chart(doc, args.plot):
             log(f"wrote {args.plot}")

@@ -167,7 +167,12 @@ def heap_paths(heap) -> dict:
     imported (None: the pure Python paths only, e.g. a checkout's unbuilt shmemvm/
     hiding an installed copy); native, whether every PE uses it (SHMEMVM_NATIVE);
     agreement, the collectives' transport ("board" or "mpi"); atomics, their path
-    ("cpu", "window" or "kernel"); shmemvm, where the package was imported from."""
+    ("cpu", "window" or "kernel"); shmemvm, where the package was imported from;
+    mpi, the MPI library (vendor and version, where mpi4py.MPI is imported);
+    mpi_window, whether the heap's MPI dynamic window could be made (Open MPI 4.1
+    cannot: off-node access and the window's atomics are then unavailable, which
+    one node with the CPU's atomics and the board does not need), window_error why
+    not."""
     import shmemvm
     from shmemvm import native
 
@@ -177,7 +182,19 @@ def heap_paths(heap) -> dict:
             "native": bool(getattr(heap, "native", False)),
             "agreement": "board" if getattr(agreement, "board", None) is not None else "mpi",
             "atomics": getattr(getattr(routes, "atomics", None), "value", None),
-            "shmemvm": os.path.dirname(os.path.abspath(shmemvm.__file__))}
+            "shmemvm": os.path.dirname(os.path.abspath(shmemvm.__file__)),
+            "mpi": mpi_library(),
+            "mpi_window": getattr(heap, "window", None) is not None,
+            "window_error": getattr(heap, "window_error", None)}
+
+
+def mpi_library() -> str | None:
+    """mpi4py's MPI library, vendor and version on one line (MPICH's padding
+    squeezed), or None where mpi4py.MPI is not imported."""
+    if "mpi4py.MPI" not in sys.modules:
+        return None
+    text = sys.modules["mpi4py.MPI"].Get_library_version()
+    return " ".join(text.strip("\x00 \n").splitlines()[0].split())
 
 
 def paths_warning(paths: dict) -> str | None:
@@ -242,12 +259,8 @@ def _version(name: str) -> str | None:
 def versions(**more) -> dict:
     """python, torch, numpy, mpi4py and its MPI library, triton (None where absent).
     The MPI library is named only where mpi4py.MPI is already imported."""
-    mpi = None
-    if "mpi4py.MPI" in sys.modules:
-        text = sys.modules["mpi4py.MPI"].Get_library_version()
-        mpi = " ".join(text.strip("\x00 \n").splitlines()[0].split())
     found = {"python": platform.python_version(), "torch": _version("torch"),
-             "numpy": _version("numpy"), "mpi4py": _version("mpi4py"), "mpi": mpi,
+             "numpy": _version("numpy"), "mpi4py": _version("mpi4py"), "mpi": mpi_library(),
              "triton": _version("triton"), "shmemvm": _version_of_shmemvm()}
     found.update(more)
     return found

@@ -11,15 +11,18 @@ and the same functions below run on either: only the import differs.
 Each PE writes PREFIX.pe<N>.json with its raw samples (seconds per call, one
 sample per timed loop) for every operation, and beside them its same-run
 baselines: a local np.copyto of the same bytes (put/get), and, where mpi4py
-is there (not under OSHMEM), MPI.Barrier and MPI Allreduce. This file needs
+is there (not under OSHMEM), MPI.Barrier, Bcast, Allgather, Alltoall and
+Allreduce. --rows goal measures issue 30's rows alone (the collectives,
+malloc + free, atomic_fetch_add, put 8 B, put 1 MiB). This file needs
 only NumPy and the implementation under test: benchmarks/host_vs_oshmem.py
 launches it, alternates the implementations and writes the one result.
 
 How each operation is timed:
   - one-sided operations (put, get, atomics): PE 0 calls them on PE 1 while
     every other PE is idle in barrier_all (the peer does nothing to help);
-  - collectives (barrier_all, malloc + free, sum reduce): every PE runs the
-    same number of calls; the driver takes the slowest PE's time per repeat;
+  - collectives (barrier_all, sync_all, broadcast, fcollect and alltoall of
+    8 bytes, malloc + free, sum reduce): every PE runs the same number of calls;
+    the driver takes the slowest PE's time per repeat;
   - each repeat is one loop of at least --min-time seconds (the count is
     PE 0's, broadcast), operation and baseline taking turns every repeat.
 Every operation is checked once for its result (a broken path must not pass
@@ -79,7 +82,19 @@ class ShmemOps:
         self.red_src[:] = self.me + 1
         self.iters = shmem.zeros(1, dtype=np.int64)
         self.iters_root = shmem.zeros(1, dtype=np.int64)
+        self._small_collectives(shmem.zeros)
         shmem.barrier_all()
+
+    def _small_collectives(self, zeros) -> None:
+        """The operands of the 8-byte collectives (one int64 a PE, or a PE pair)."""
+        n, me = self.n, self.me
+        self.bcast_src, self.bcast_dst = zeros(1, dtype=np.int64), zeros(1, dtype=np.int64)
+        self.bcast_src[0] = 42 + me
+        self.fc_src, self.fc_dst = zeros(1, dtype=np.int64), zeros(n, dtype=np.int64)
+        self.fc_src[0] = 100 + me
+        self.a2a_src, self.a2a_dst = zeros(n, dtype=np.int64), zeros(n, dtype=np.int64)
+        for pe in range(n):   # element by element: a NumPy array or a torch tensor
+            self.a2a_src[pe] = me * n + pe
 
     def barrier(self):
         return self.shmem.barrier_all
@@ -120,6 +135,21 @@ class ShmemOps:
         shmem, dst, src = self.shmem, self.red_dst[:count], self.red_src[:count]
         return lambda: shmem.sum_reduce(dst, src)
 
+    def sync_all(self):
+        return self.shmem.sync_all
+
+    def broadcast(self):
+        shmem, dst, src = self.shmem, self.bcast_dst, self.bcast_src
+        return lambda: shmem.broadcast(dst, src, 0)
+
+    def fcollect(self):
+        shmem, dst, src = self.shmem, self.fc_dst, self.fc_src
+        return lambda: shmem.fcollect(dst, src)
+
+    def alltoall(self):
+        shmem, dst, src = self.shmem, self.a2a_dst, self.a2a_src
+        return lambda: shmem.alltoall(dst, src)
+
     # -- the results, checked once -------------------------------------------------------
     def counter_value(self) -> int:
         return int(self.counter[0])
@@ -137,6 +167,16 @@ class ShmemOps:
     def reduced(self, count: int) -> bool:
         expected = self.n * (self.n + 1) / 2
         return bool(np.all(self.red_dst[:count] == expected))
+
+    def small_collected(self, what: str) -> bool | None:
+        """Whether the 8-byte collective `what` left the right values here (the root's
+        own destination of a broadcast is not checked: OpenSHMEM 1.4 leaves it)."""
+        n, me = self.n, self.me
+        if what == "broadcast":
+            return None if me == 0 else int(self.bcast_dst[0]) == 42
+        if what == "fcollect":
+            return [int(x) for x in self.fc_dst] == [100 + pe for pe in range(n)]
+        return [int(x) for x in self.a2a_dst] == [pe * n + me for pe in range(n)]
 
     def finalize(self) -> None:
         self.shmem.barrier_all()
@@ -160,6 +200,7 @@ class TorchOps(ShmemOps):
         self.red_dst = shmemvm.zeros(64 * KiB, torch.float64)
         self.red_src.fill_(self.me + 1)
         self.iters = shmemvm.zeros(1, torch.int64)
+        self._small_collectives(lambda count, dtype: shmemvm.zeros(count, torch.int64))
         shmemvm.barrier_all()
 
     def barrier(self):
@@ -202,6 +243,21 @@ class TorchOps(ShmemOps):
     def sum_reduce(self, count: int):
         sv, dst, src = self.sv, self.red_dst[:count], self.red_src[:count]
         return lambda: sv.reduce(dst, src, "sum")
+
+    def sync_all(self):
+        return self.sv.sync_all
+
+    def broadcast(self):
+        sv, dst, src = self.sv, self.bcast_dst, self.bcast_src
+        return lambda: sv.broadcast(dst, src, 0)
+
+    def fcollect(self):
+        sv, dst, src = self.sv, self.fc_dst, self.fc_src
+        return lambda: sv.fcollect(dst, src)
+
+    def alltoall(self):
+        sv, dst, src = self.sv, self.a2a_dst, self.a2a_src
+        return lambda: sv.alltoall(dst, src)
 
     def counter_value(self) -> int:
         return int(self.counter[0])
@@ -291,34 +347,57 @@ class Measure:
         return ("np.copyto (local, same bytes)", lambda: np.copyto(dst, src))
 
     def mpi(self, what: str, count: int = 0):
+        """The same-run MPI baseline of `what` (None under OSHMEM: no mpi4py there)."""
         if self.comm is None:
             return None
         comm = self.comm
         if what == "barrier":
             return ("MPI.Barrier (mpi4py, COMM_WORLD)", comm.Barrier)
         from mpi4py import MPI
-        src = np.full(count, comm.Get_rank() + 1, dtype=np.float64)
+        n, me = comm.Get_size(), comm.Get_rank()
+        if what == "bcast":
+            one = np.zeros(1, dtype=np.int64)
+            return ("MPI Bcast (mpi4py, 1 int64)", lambda: comm.Bcast(one, root=0))
+        if what == "allgather":
+            one, all_ = np.full(1, me, dtype=np.int64), np.zeros(n, dtype=np.int64)
+            return ("MPI Allgather (mpi4py, 1 int64 a PE)", lambda: comm.Allgather(one, all_))
+        if what == "alltoall":
+            src, dst = np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+            return ("MPI Alltoall (mpi4py, 1 int64 a pair)", lambda: comm.Alltoall(src, dst))
+        src = np.full(count, me + 1, dtype=np.float64)
         dst = np.zeros(count, dtype=np.float64)
         return (f"MPI Allreduce SUM (mpi4py, {count} float64)",
                 lambda: comm.Allreduce(src, dst, op=MPI.SUM))
 
-    def run(self, quick: bool) -> dict:
+    def run(self, quick: bool, rows: str = "all") -> dict:
+        """Every operation (rows "all"), or issue 30's rows alone ("goal": the
+        collectives, malloc + free, atomic_fetch_add, put 8 B and put 1 MiB)."""
         ops = self.ops
+        goal = rows == "goal"
         checks = {}
         self.collective("barrier_all", ops.barrier(), 0, self.mpi("barrier"))
+        self.collective("sync_all", ops.sync_all(), 0, self.mpi("barrier"))
+        for what, base in (("broadcast", "bcast"), ("fcollect", "allgather"),
+                           ("alltoall", "alltoall")):
+            self.collective(f"{what} 8 B", getattr(ops, what)(), 8, self.mpi(base))
+            ops.barrier()()
+            checks[what] = ops.small_collected(what)
         self.one_sided("put 8 B", ops.put(8, quiet=False), 8, self.copy(8))
-        self.one_sided("put 8 B + quiet", ops.put(8, quiet=True), 8, self.copy(8))
-        self.one_sided("get 8 B", ops.get(8), 8, self.copy(8))
-        sizes = SIZES[::2] if quick else SIZES
+        if not goal:
+            self.one_sided("put 8 B + quiet", ops.put(8, quiet=True), 8, self.copy(8))
+            self.one_sided("get 8 B", ops.get(8), 8, self.copy(8))
+        sizes = (1 * MiB,) if goal else SIZES[::2] if quick else SIZES
         for nbytes in sizes:
             self.one_sided(f"put {nbytes} B + quiet", ops.put(nbytes, quiet=True), nbytes,
                            self.copy(nbytes), cap=4096)
-            self.one_sided(f"get {nbytes} B", ops.get(nbytes), nbytes, self.copy(nbytes),
-                           cap=4096)
+            if not goal:
+                self.one_sided(f"get {nbytes} B", ops.get(nbytes), nbytes, self.copy(nbytes),
+                               cap=4096)
         ops.barrier()()
         checks["put"] = ops.landed(max(sizes)) if ops.me == ops.peer else None
-        checks["get"] = ops.got(max(sizes)) if ops.me == 0 else None
-        for name in ("atomic_fetch_add", "atomic_add"):
+        if not goal:
+            checks["get"] = ops.got(max(sizes)) if ops.me == 0 else None
+        for name in ("atomic_fetch_add",) if goal else ("atomic_fetch_add", "atomic_add"):
             ops.reset_counter()
             self.one_sided(name, getattr(ops, name)(), 8)
             ops.barrier()()
@@ -362,6 +441,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="timed loops per operation")
     ap.add_argument("--min-time", type=float, default=0.02, help="seconds per timed loop")
     ap.add_argument("--quick", action="store_true", help="fewer sizes")
+    ap.add_argument("--rows", choices=("all", "goal"), default="all",
+                    help="every operation, or issue 30's rows alone (goal)")
     args = ap.parse_args(argv)
     load_start = os.getloadavg()
     started = clock()
@@ -384,7 +465,7 @@ def main(argv=None) -> int:
         print("shmem4py_ops.py needs at least 2 PEs", file=sys.stderr)
         return 2
     measure = Measure(ops, args.repeat, args.min_time, comm)
-    checks = measure.run(args.quick)
+    checks = measure.run(args.quick, args.rows)
     module = sys.modules["shmem4py" if args.impl == "oshmem" else "shmemvm"]
     paths = None
     if args.impl != "oshmem":   # which of shmemvm's paths ran (benchmarks/schema.py)
@@ -399,8 +480,12 @@ def main(argv=None) -> int:
            "environment": {k: v for k, v in sorted(os.environ.items())
                            if k.startswith(("SHMEMVM_", "UCX_", "MPIR_CVAR_", "OMPI_MCA_"))},
            "paths": paths, "checks": checks, "ops": measure.results}
-    with open(f"{args.out}.pe{ops.me}.json", "w") as f:
+    # whole or not at all: the driver takes a launch's results once every PE's file is
+    # there, also where the launcher then aborts or hangs at exit (OSHMEM at 4-8 PEs)
+    path = f"{args.out}.pe{ops.me}.json"
+    with open(f"{path}.tmp", "w") as f:
         json.dump(out, f, indent=1)
+    os.replace(f"{path}.tmp", path)
     ops.finalize()
     return 0
 
