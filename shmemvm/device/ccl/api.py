@@ -75,7 +75,7 @@ class Ccl:
     def __init__(self, heap: SymmetricHeap, *, programs: int | None = None,
                  timeout: float | None = None, graphs: bool | None = None):
         self.heap = heap
-        self.options = {"programs": programs, "timeout": timeout, "graphs": graphs}
+        self._engine_options = (programs, timeout, graphs)   # for the engine, made at first use
         self.engine: Engine | None = None
         self.last_algorithm: dict[str, str] = {}
         self.push_below = 64 << 10
@@ -85,7 +85,8 @@ class Ccl:
     def get_engine(self) -> Engine:
         """The pads and status (made at the first call: collective)."""
         if self.engine is None:
-            self.engine = Engine(self.heap, **self.options)
+            programs, timeout, graphs = self._engine_options
+            self.engine = Engine(self.heap, programs=programs, timeout=timeout, graphs=graphs)
         return self.engine
 
     def synchronize(self) -> None:

@@ -118,7 +118,7 @@ class Engine:
     def run(self, key, launch, tensors) -> None:
         """Launch a prepared call (replaying its graph where one was recorded)."""
         graph = self.graph_cache.get(key) if key is not None else None
-        if graph is not None and not capturing():
+        if graph is not None and _replay is not None and not capturing():   # (recorded: CUDA)
             for t in tensors:   # still live symmetric tensors (their memory mapped)
                 self.heap.symmetric(t, "operand of a replayed collective")
             _replay(graph)
