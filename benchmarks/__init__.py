@@ -7,6 +7,7 @@ package; the library keeps only its opt-in step timing, shmemvm/core/profile.py)
            [--quick] [--json PATH] [--plot DIR] [--allow-dirty]
     python -m benchmarks report RUN.json ... --markdown PATH
     python -m benchmarks host-vs-oshmem [--pes 2,4] [--node-split] [--rounds 3] --json PATH
+    python -m benchmarks host-vs-oshmem --pes 2,4,8,16 --rows goal --out-dir DIR
     python -m benchmarks check [RESULT.json ...]
     python benchmarks/bench_alloc.py | bench_gpu.py | bench_triton.py | bench_vs_nvshmem.py
 
@@ -22,6 +23,9 @@ What is here:
     targets.py, report.py, plot.py   the suite's targets, markdown summary, charts
     host_vs_oshmem.py   issue 24's comparison with shmem4py on Open MPI's OSHMEM,
       shmem4py_ops.py    the one script it runs under each implementation
+      oshmem_scaling.py  issue 30's goal over PE counts: marks, the barrier's
+                         scaling, the table and chart over the counts
+      device/oshmem_scaling.sh   all of it on the 16-core device machine
     bench_alloc.py   the allocator alone, in one process
     bench_gpu.py, bench_triton.py, bench_vs_nvshmem.py   two GPUs: put/get and
                      malloc vs raw copies, the device API, NVSHMEM4Py

@@ -23,19 +23,23 @@
 # A launch whose PEs all wrote their results is kept where OSHMEM then aborts or
 # hangs at exit.
 #
-# Iterations, the trade-off: 3 rounds of 5 timed loops of >= 10 ms per operation
-# and implementation (15 samples each side), the NumPy face only (TORCH=1 adds the
-# torch API: half as many launches again, so fewer rounds fit). A launch costs
-# about 5-15 s, most of it Python's and torch's import on every PE; the loops
-# themselves about 2 s. Rounds are what --deadline drops first, at the largest
-# counts last started: the result notes every round left out.
+# Iterations, the trade-off: up to ROUNDS (5) rounds of 5 timed loops of >= 10 ms
+# per operation and implementation (up to 25 samples each side), the NumPy face
+# only (TORCH=1 adds the torch API: half as many launches again, so fewer rounds
+# fit). A launch should cost about 5-15 s there, most of it Python's and torch's
+# import and the heap's set-up on every PE, the timed loops about 2 s: a round of
+# all four counts about a minute, so 3-5 rounds fit after shmem4py's build. Longer
+# loops would steady each sample but leave fewer rounds, and the rounds are what
+# spreads the figures over the machine's moods. --deadline leaves out the rounds
+# that would not end in time (every count keeps its first), and each result notes
+# the rounds it lacks.
 #
 # $OUT gets: log.txt (everything printed), summary.md (issue 30's table over the
 # counts and each count's table), results.tar.gz (host-vs-oshmem-16core-<N>pe.json
 # and .png per count, -scaling.png and -scaling.md). To store them: untar into
 # benchmarks/results/ of the commit that ran (the results record it).
 #
-# Settings (environment): BUDGET (seconds in all, 480), PES (2,4,8,16), TORCH (0),
+# Settings (environment): BUDGET (seconds in all, 480), PES (2,4,8,16), ROUNDS (5), TORCH (0),
 # NAME (host-vs-oshmem-16core); for a dry run elsewhere, PY (the Python, python3's)
 # and SVMPIRUN (shmemvm's mpirun command, Open MPI's as above).
 set -u -o pipefail
@@ -45,6 +49,7 @@ START=$SECONDS
 BUDGET=${BUDGET:-480}
 NAME=${NAME:-host-vs-oshmem-16core}
 PES=${PES:-2,4,8,16}
+ROUNDS=${ROUNDS:-5}
 PY=${PY:-$(command -v python3)}
 SVMPIRUN=${SVMPIRUN:-/usr/bin/mpirun --allow-run-as-root --oversubscribe}
 export PYTHONUNBUFFERED=1 SHMEMVM_TIMEOUT=${SHMEMVM_TIMEOUT:-120}
@@ -96,7 +101,7 @@ LEFT=$((BUDGET - (SECONDS - START) - 30))
 echo "== the benchmark, $LEFT s for it ($((SECONDS - START)) s so far)"
 TORCHARG=--no-torch; [ "${TORCH:-0}" = 1 ] && TORCHARG=
 rm -rf /tmp/vs; mkdir -p /tmp/vs
-$PY -m benchmarks host-vs-oshmem --pes "$PES" --rows goal $TORCHARG --rounds 3 --repeat 5 \
+$PY -m benchmarks host-vs-oshmem --pes "$PES" --rows goal $TORCHARG --rounds "$ROUNDS" --repeat 5 \
     --min-time 0.01 --deadline "$LEFT" --timeout 150 --exit-grace 15 \
     --oshmem-python "$PY" --oshmem-pythonpath /tmp/osh:/tmp/osh-deps \
     --mpirun "$SVMPIRUN" \
