@@ -81,6 +81,10 @@ def test_host_vs_oshmem_without_the_peer_says_so_and_measures_shmemvm(tmp_path):
     assert ("barrier_all", "shmemvm.shmem", "MPI.Barrier (mpi4py, COMM_WORLD)") in by
     assert ("put", "shmemvm torch API", "np.copyto (local, same bytes)") in by
     assert ("atomic_fetch_add", "shmemvm.shmem", None) in by     # no baseline without the peer
+    # issue 30's collectives, each beside its MPI call of the same run
+    assert ("sync_all", "shmemvm torch API", "MPI.Barrier (mpi4py, COMM_WORLD)") in by
+    assert ("broadcast", "shmemvm.shmem", "MPI Bcast (mpi4py, 1 int64)") in by
+    assert ("alltoall", "shmemvm torch API", "MPI Alltoall (mpi4py, 1 int64 a pair)") in by
     assert all(m["baseline"] is None or "OSHMEM" not in m["baseline"]["name"]
                for m in doc["measurements"])
     checks = doc["summary"]["checks"]["2 PEs"]
@@ -90,6 +94,7 @@ def test_host_vs_oshmem_without_the_peer_says_so_and_measures_shmemvm(tmp_path):
     for ran in paths.values():
         assert ran["backend"] == "host" and ran["agreement"] in ("board", "mpi"), ran
         assert isinstance(ran["native"], bool) and "compiled_piece" in ran, ran
+        assert ran["mpi"] and isinstance(ran["mpi_window"], bool), ran   # Open MPI 4.1: False
     # without the peer the table shows the same-run baselines, and the chart is not
     # announced where none was written
     assert "same-run baseline" in done.stdout and "MPI.Barrier" in done.stdout, done.stdout
