@@ -17,7 +17,7 @@ _DEPENDENCIES = ("torch", "mpi4py", "numpy", "triton", "cuda-bindings", "hip-pyt
 
 
 def _versions() -> dict:
-    versions = {"python": platform.python_version()}
+    versions: dict[str, str | None] = {"python": platform.python_version()}
     for name in _DEPENDENCIES:
         try:
             versions[name] = importlib.metadata.version(name)

@@ -112,8 +112,8 @@ def flags(value, allowed: dict[str, int], name: str) -> int:
     for bit in allowed.values():
         every |= bit
     if number < 0 or number & ~every:
-        named = [f"{key} ({bit})" for key, bit in allowed.items()]
-        named = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
+        bits = [f"{key} ({bit})" for key, bit in allowed.items()]
+        named = ", ".join(bits[:-1]) + " and " + bits[-1] if len(bits) > 1 else bits[0]
         raise ValueError(f"{name} must be 0 or an OR of {named}, got {number}")
     return number
 

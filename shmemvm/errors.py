@@ -65,7 +65,7 @@ class Attempts:
 
     __slots__ = ("failure",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.failure: Exception | None = None
 
     def attempt(self, step, *args) -> Exception | None:

@@ -61,4 +61,6 @@ class Rc:
 
 Rc.__module__ = "shmemvm"   # as shmem4py's Rc says "shmem4py": repr(rc) is "<shmemvm.rc>"
 rc = Rc()
-sys.modules[__name__] = rc  # `from shmemvm import rc` / `import shmemvm.rc` give the object
+# `from shmemvm import rc` / `import shmemvm.rc` give the object (sys.modules holds
+# modules as typeshed has it; any object works, as the import system documents)
+sys.modules[__name__] = rc  # type: ignore[assignment]
