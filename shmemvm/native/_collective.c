@@ -24,6 +24,9 @@
  *       integers wrap; floats are IEEE in their own precision (sum, prod
  *       only: min and max of floats stay with the Python combiners, whose NaN
  *       and signed-zero rules differ between torch and NumPy).
+ *   combine_from(dst, nbytes, sources, kind, op)
+ *       the same from a tuple of addresses (each PE's source through the
+ *       node's mappings, in team PE order): a larger reduce on the node.
  *   deliver(dst, scratch, offset, nbytes)   memmove scratch[offset:+nbytes] to dst.
  *
  * Checks: every argument is checked here (C cannot tell a mapped address,
@@ -243,42 +246,92 @@ enum { O_SUM, O_PROD, O_MIN, O_MAX, O_AND, O_OR, O_XOR, O_COUNT };
 
 static const int kind_sizes[K_COUNT] = {1, 1, 2, 2, 4, 4, 8, 8, 4, 8};
 
-/* Integers: sum and prod in the unsigned type of the width (wraps as torch and
- * NumPy do, without C's signed overflow), min and max in the signed or
- * unsigned type itself. */
-#define FOLD_INT(T, U)                                                                   \
+/* dst <- src[0] op src[1] op ... op src[n-1], elementwise, folded left in that
+ * order: dst takes src[0], then each next source is folded in over the whole
+ * range (the same operations on each element as a fold element by element, so
+ * the same bits, and loops a compiler vectorizes). dst may be src[0] itself but
+ * overlap no other source (fold_overlaps() refuses that).
+ * Integers: sum and prod in the unsigned type of the width (they wrap, as torch
+ * and NumPy do, without C's signed overflow); floats: sum and prod only. */
+#define FOLD(T, U, FLOAT)                                                                \
     do {                                                                                  \
         T *d_ = (T *)dst;                                                                 \
-        for (Py_ssize_t j = 0; j < count; j++) {                                          \
-            T a_ = ((const T *)src)[j];                                                   \
-            for (Py_ssize_t p = 1; p < n; p++) {                                          \
-                T b_ = ((const T *)(src + p * stride))[j];                                \
-                switch (op) {                                                             \
-                case O_SUM: a_ = (T)((U)a_ + (U)b_); break;                               \
-                case O_PROD: a_ = (T)((U)a_ * (U)b_); break;                              \
-                case O_MIN: a_ = b_ < a_ ? b_ : a_; break;                                \
-                case O_MAX: a_ = b_ > a_ ? b_ : a_; break;                                \
-                case O_AND: a_ = (T)(a_ & b_); break;                                     \
-                case O_OR: a_ = (T)(a_ | b_); break;                                      \
-                default: a_ = (T)(a_ ^ b_); break;                                        \
-                }                                                                         \
+        const T *s0_ = (const T *)src[0];                                                 \
+        if ((const void *)d_ != (const void *)s0_) memmove(d_, s0_, (size_t)count * sizeof(T)); \
+        for (Py_ssize_t p = 1; p < n; p++) {                                              \
+            const T *s_ = (const T *)src[p];                                              \
+            switch (op) {                                                                 \
+            case O_SUM:                                                                   \
+                for (Py_ssize_t j = 0; j < count; j++)                                    \
+                    d_[j] = FLOAT ? (T)(d_[j] + s_[j]) : (T)((U)d_[j] + (U)s_[j]);        \
+                break;                                                                    \
+            case O_PROD:                                                                  \
+                for (Py_ssize_t j = 0; j < count; j++)                                    \
+                    d_[j] = FLOAT ? (T)(d_[j] * s_[j]) : (T)((U)d_[j] * (U)s_[j]);        \
+                break;                                                                    \
+            case O_MIN:                                                                   \
+                for (Py_ssize_t j = 0; j < count; j++) d_[j] = s_[j] < d_[j] ? s_[j] : d_[j]; \
+                break;                                                                    \
+            case O_MAX:                                                                   \
+                for (Py_ssize_t j = 0; j < count; j++) d_[j] = s_[j] > d_[j] ? s_[j] : d_[j]; \
+                break;                                                                    \
+            default: fold_bits((unsigned char *)d_, (const unsigned char *)s_,           \
+                               (size_t)count * sizeof(T), op);                            \
             }                                                                             \
-            d_[j] = a_;                                                                   \
         }                                                                                 \
     } while (0)
 
-#define FOLD_FLOAT(T)                                                                    \
-    do {                                                                                  \
-        T *d_ = (T *)dst;                                                                 \
-        for (Py_ssize_t j = 0; j < count; j++) {                                          \
-            T a_ = ((const T *)src)[j];                                                   \
-            for (Py_ssize_t p = 1; p < n; p++) {                                          \
-                T b_ = ((const T *)(src + p * stride))[j];                                \
-                a_ = op == O_SUM ? (T)(a_ + b_) : (T)(a_ * b_);                           \
-            }                                                                             \
-            d_[j] = a_;                                                                   \
-        }                                                                                 \
-    } while (0)
+/* and, or, xor: on the bytes (the same as on the integers) */
+static void fold_bits(unsigned char *d, const unsigned char *s, size_t nbytes, Py_ssize_t op) {
+    for (size_t j = 0; j < nbytes; j++)
+        d[j] = op == O_AND ? (d[j] & s[j]) : op == O_OR ? (d[j] | s[j]) : (d[j] ^ s[j]);
+}
+
+/* 0, or -1 with a ValueError where dst overlaps a source other than being src[0] */
+static int fold_overlaps(uintptr_t dst, const unsigned char *const *src, Py_ssize_t n,
+                         Py_ssize_t nbytes, const char *what) {
+    for (Py_ssize_t p = 0; p < n && nbytes; p++) {
+        uintptr_t a = (uintptr_t)src[p];
+        if (a < dst + (uintptr_t)nbytes && dst < a + (uintptr_t)nbytes && !(p == 0 && a == dst)) {
+            PyErr_Format(PyExc_ValueError, "%s: the destination overlaps source %zd; it may "
+                         "be the first source itself, or none", what, p);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The fold of n sources into dst (checked by the callers); without the GIL
+ * from 64 KiB on. */
+static void fold(void *dst, const unsigned char *const *src, Py_ssize_t n, Py_ssize_t nbytes,
+                 Py_ssize_t kind, Py_ssize_t op) {
+    Py_ssize_t count = nbytes / kind_sizes[kind];
+    PyThreadState *state = nbytes >= (64 << 10) ? PyEval_SaveThread() : NULL;
+    switch (kind) {
+    case K_I8:  FOLD(int8_t, uint8_t, 0); break;
+    case K_U8:  FOLD(uint8_t, uint8_t, 0); break;
+    case K_I16: FOLD(int16_t, uint16_t, 0); break;
+    case K_U16: FOLD(uint16_t, uint16_t, 0); break;
+    case K_I32: FOLD(int32_t, uint32_t, 0); break;
+    case K_U32: FOLD(uint32_t, uint32_t, 0); break;
+    case K_I64: FOLD(int64_t, uint64_t, 0); break;
+    case K_U64: FOLD(uint64_t, uint64_t, 0); break;
+    case K_F32: FOLD(float, float, 1); break;
+    default:    FOLD(double, double, 1); break;
+    }
+    if (state) PyEval_RestoreThread(state);
+}
+
+/* kind and op checked: 0, or -1 with a ValueError */
+static int check_fold(Py_ssize_t kind, Py_ssize_t op, Py_ssize_t nbytes, const char *what) {
+    if (kind >= K_COUNT || op >= O_COUNT || (kind >= K_F32 && op > O_PROD)
+        || nbytes % kind_sizes[kind]) {
+        PyErr_Format(PyExc_ValueError, "%s: kind %zd, op %zd over %zd bytes: not one this "
+                     "combines", what, kind, op, nbytes);
+        return -1;
+    }
+    return 0;
+}
 
 /* combine(dst, nbytes, scratch, n, kind, op): see the top of the file */
 static PyObject *coll_combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -290,12 +343,11 @@ static PyObject *coll_combine(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (get_ssize(args[1], &nbytes, 0, "combine: nbytes") < 0
         || get_ssize(args[3], &n, 1, "combine: n") < 0
         || get_ssize(args[4], &kind, 0, "combine: kind") < 0
-        || get_ssize(args[5], &op, 0, "combine: op") < 0)
+        || get_ssize(args[5], &op, 0, "combine: op") < 0
+        || check_fold(kind, op, nbytes, "combine") < 0)
         return NULL;
-    if (kind >= K_COUNT || op >= O_COUNT || (kind >= K_F32 && op > O_PROD)
-        || nbytes % kind_sizes[kind]) {
-        PyErr_Format(PyExc_ValueError, "combine: kind %zd, op %zd over %zd bytes: not one "
-                     "this combines", kind, op, nbytes);
+    if (n > 4096) {
+        PyErr_Format(PyExc_ValueError, "combine: %zd PEs, at most 4096", n);
         return NULL;
     }
     uintptr_t dst_address;
@@ -315,22 +367,48 @@ static PyObject *coll_combine(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_ValueError, "combine: scratch is not aligned to its elements");
         return NULL;
     }
-    const unsigned char *src = (const unsigned char *)scratch.buf;
-    void *dst = (void *)dst_address;
-    Py_ssize_t stride = nbytes, count = nbytes / kind_sizes[kind];
-    switch (kind) {
-    case K_I8:  FOLD_INT(int8_t, uint8_t); break;
-    case K_U8:  FOLD_INT(uint8_t, uint8_t); break;
-    case K_I16: FOLD_INT(int16_t, uint16_t); break;
-    case K_U16: FOLD_INT(uint16_t, uint16_t); break;
-    case K_I32: FOLD_INT(int32_t, uint32_t); break;
-    case K_U32: FOLD_INT(uint32_t, uint32_t); break;
-    case K_I64: FOLD_INT(int64_t, uint64_t); break;
-    case K_U64: FOLD_INT(uint64_t, uint64_t); break;
-    case K_F32: FOLD_FLOAT(float); break;
-    default:    FOLD_FLOAT(double); break;
+    const unsigned char *src[4096];
+    for (Py_ssize_t p = 0; p < n; p++) src[p] = (const unsigned char *)scratch.buf + p * nbytes;
+    if (fold_overlaps(dst_address, src, n, nbytes, "combine") < 0) {
+        PyBuffer_Release(&scratch);
+        return NULL;
     }
+    fold((void *)dst_address, src, n, nbytes, kind, op);
     PyBuffer_Release(&scratch);
+    Py_RETURN_NONE;
+}
+
+/* combine_from(dst, nbytes, sources, kind, op): as combine(), from the
+ * addresses in the tuple `sources` (the PEs' copies through the node's
+ * mappings, in team PE order; each a live block the caller checked) */
+static PyObject *coll_combine_from(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "combine_from(dst, nbytes, sources: tuple, kind, op)");
+        return NULL;
+    }
+    Py_ssize_t nbytes, kind, op, n = PyTuple_GET_SIZE(args[2]);
+    if (get_ssize(args[1], &nbytes, 0, "combine_from: nbytes") < 0
+        || get_ssize(args[3], &kind, 0, "combine_from: kind") < 0
+        || get_ssize(args[4], &op, 0, "combine_from: op") < 0
+        || check_fold(kind, op, nbytes, "combine_from") < 0)
+        return NULL;
+    if (n < 1 || n > 4096) {
+        PyErr_Format(PyExc_ValueError, "combine_from: %zd sources, 1 to 4096", n);
+        return NULL;
+    }
+    uintptr_t dst_address, address;
+    const unsigned char *src[4096];
+    if (parse_address(args[0], &dst_address, (unsigned long long)nbytes, kind_sizes[kind],
+                      "combine_from: dst") < 0)
+        return NULL;
+    for (Py_ssize_t p = 0; p < n; p++) {
+        if (parse_address(PyTuple_GET_ITEM(args[2], p), &address, (unsigned long long)nbytes,
+                          kind_sizes[kind], "combine_from: a source") < 0)
+            return NULL;
+        src[p] = (const unsigned char *)address;
+    }
+    if (fold_overlaps(dst_address, src, n, nbytes, "combine_from") < 0) return NULL;
+    fold((void *)dst_address, src, n, nbytes, kind, op);
     Py_RETURN_NONE;
 }
 
@@ -366,6 +444,8 @@ static PyMethodDef methods[] = {
      "out, done, payload, payload_len, scratch, part, src_offset, dst_stride, only) -> PEs left"},
     {"combine", (PyCFunction)(void (*)(void))coll_combine, METH_FASTCALL,
      "combine(dst, nbytes, scratch, n, kind, op)"},
+    {"combine_from", (PyCFunction)(void (*)(void))coll_combine_from, METH_FASTCALL,
+     "combine_from(dst, nbytes, sources, kind, op)"},
     {"deliver", (PyCFunction)(void (*)(void))coll_deliver, METH_FASTCALL,
      "deliver(dst, scratch, offset, nbytes)"},
     {NULL, NULL, 0, NULL},

@@ -661,18 +661,24 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
             # order, so bitwise as below), then one step says every PE has read every
             # source, after which dest (maybe source itself) may change: two steps
             # with the agreement, against three (issue 24: 8 bytes cost 3 round trips)
-            acc = heap.ptr(source.data, t.pes[0]).clone()
-            for pe in t.pes[1:]:
-                combine(acc, heap.ptr(source.data, pe))
+            views = [heap.ptr(source.data, pe) for pe in t.pes]
+            acc = nodecoll.combined(views, source.dtype, op, heap.native)   # C, if it can
+            if acc is None:
+                acc = views[0].clone()
+                for view in views[1:]:
+                    combine(acc, view)
             t.step(Phase.REDUCE_COMBINED, f"{text} (combined)")
             flat.copy_(acc)
             return
         if t.on_node:
             # 1) this PE combines its chunk from every member's source, in team order
             if hi > lo:
-                acc = heap.ptr(source.data, t.pes[0])[lo:hi].clone()
-                for pe in t.pes[1:]:
-                    combine(acc, heap.ptr(source.data, pe)[lo:hi])
+                views = [heap.ptr(source.data, pe)[lo:hi] for pe in t.pes]
+                acc = nodecoll.combined(views, source.dtype, op, heap.native)   # C, if it can
+                if acc is None:
+                    acc = views[0].clone()
+                    for view in views[1:]:
+                        combine(acc, view)
                 flat[lo:hi].copy_(acc)
             t.step(Phase.REDUCE_COMBINED, f"{text} (chunks combined)")
             # 2) every PE gathers the other chunks from their owners' dest

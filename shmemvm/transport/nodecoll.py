@@ -24,6 +24,8 @@ reduce combines in C for integer and float32/float64 dtypes, folded in team
 PE order 0, 1, ..., n-1 as the Python combiners fold (bit-identical results
 on every PE and to the general path); float min and max, and every other
 dtype (float16, bool, complex, long double ...), take the general path.
+Larger reduces on the node keep collectives.py's steps but combine in C from
+the peers' mappings (combined()), where it applies.
 """
 
 from __future__ import annotations
@@ -134,6 +136,27 @@ class Fusion:
             address, nbytes, kind, code = after
             _collective.combine(address, nbytes, self.board.scratch, self.n, kind, code)
         return True
+
+
+def combined(views: list, dtype, op: str, native: bool) -> torch.Tensor | None:
+    """views[0] op views[1] op ... (uint8 CPU tensors of one length over the
+    PEs' copies through the node's mappings, in team PE order: live blocks the
+    heap located) folded in C into a new tensor, as the Python combiners fold
+    them; None where C does not combine `dtype` with `op`, or where the heap
+    does not use the compiled piece (`native`: its vote, SHMEMVM_NATIVE), or
+    the memory is not the CPU's."""
+    kind, code = element_kind(dtype), _OPS.get(op)
+    if not native or _collective is None or kind is None or code is None or \
+            (kind in _FLOAT_KINDS and code > 1) or views[0].device.type != "cpu":
+        return None
+    nbytes = views[0].numel()
+    if any(view.numel() != nbytes or view.device.type != "cpu" for view in views):
+        return None
+    acc = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes:
+        _collective.combine_from(acc.data_ptr(), nbytes, tuple(v.data_ptr() for v in views),
+                                 kind, code)
+    return acc
 
 
 def fusion(group) -> Fusion:

@@ -65,6 +65,7 @@ def _general(monkeypatch):
     """The general path: no call stages its data."""
     with monkeypatch.context() as m:
         m.setattr(nodecoll, "fusion", lambda group: nodecoll.Fusion(None, len(group.pes)))
+        m.setattr(nodecoll, "combined", lambda views, dtype, op, native: None)
         yield
 
 
@@ -214,3 +215,35 @@ def test_fused_mismatch_is_a_symmetry_error_everywhere(heap, case):
     h.reduce(dst[:2], src[:2])
     assert dst[:2].tolist() == [n * (n + 1) // 2] * 2
     h.free(src), h.free(dst)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64,
+                                   torch.float32, torch.float64, torch.float16], ids=str)
+def test_larger_reduce_combined_in_c_matches_python_combiners(heap, monkeypatch, dtype):
+    """Past the payload: every PE reading every source (up to 16 KiB), and the
+    reduce-scatter and gather (above), combined in C from the peers' mappings."""
+    h, me = heap, heap.my_pe
+    size = torch.empty(0, dtype=dtype).element_size()
+    in_c = []
+    combined = nodecoll.combined
+    monkeypatch.setattr(nodecoll, "combined", lambda *args: in_c.append(combined(*args)) or
+                        in_c[-1])
+    for nbytes in (PAYLOAD + 8, 16 << 10, (40 << 10) + 8):
+        count = nbytes // size
+        src, dst = h.zeros(count, dtype), h.zeros(count, dtype)
+        src.copy_(_random(dtype, count, 5 * me + count))
+        for op in OPS:
+            def call():
+                try:
+                    h.reduce(dst, src, op)
+                except TypeError:   # op not for this dtype: on every PE, on both paths
+                    return torch.tensor([-1], dtype=torch.int8)
+                h.barrier_all()
+                return dst.clone()
+            fused, general, calls = _run_both(monkeypatch, h, call)
+            assert fused == general, (dtype, nbytes, op)
+            assert calls == 0     # past the payload: not fused
+        h.free(src), h.free(dst)
+    # C combined what it could (not float16, not float min/max, not bitwise on floats)
+    assert any(acc is not None for acc in in_c) == (h.native and dtype != torch.float16)
