@@ -74,6 +74,31 @@ def test_combine_folds_in_pe_order_like_numpy(dtype, kind):
         assert got.tobytes() == expected.tobytes(), (dtype, code)
 
 
+def test_combine_from_addresses_is_combine_and_refuses_overlaps():
+    rng = np.random.default_rng(7)
+    parts = [rng.standard_normal(100).astype("f4") for _ in range(4)]
+    expected = parts[0].copy()
+    for part in parts[1:]:
+        expected += part
+    got = np.zeros(100, "f4")
+    _collective.combine_from(got.ctypes.data, got.nbytes, tuple(p.ctypes.data for p in parts),
+                             8, 0)
+    assert got.tobytes() == expected.tobytes()
+    first = parts[0].copy()
+    _collective.combine_from(first.ctypes.data, first.nbytes,       # into the first source
+                             (first.ctypes.data, *(p.ctypes.data for p in parts[1:])), 8, 0)
+    assert first.tobytes() == expected.tobytes()
+    with pytest.raises(ValueError, match="overlaps source 1"):
+        _collective.combine_from(parts[1].ctypes.data, 400, tuple(p.ctypes.data for p in parts),
+                                 8, 0)
+    with pytest.raises(ValueError):
+        _collective.combine_from(got.ctypes.data, 400, (), 8, 0)
+    with pytest.raises(ValueError):
+        _collective.combine_from(got.ctypes.data, 400, (got.ctypes.data + 1,), 8, 0)
+    with pytest.raises(TypeError):
+        _collective.combine_from(got.ctypes.data, 400, [parts[0].ctypes.data], 8, 0)
+
+
 def test_every_entry_point_refuses_bad_arguments():
     memory, board, nbytes = _board(2)
     vector, out, done = array.array("q", bytes(32)), array.array("q", bytes(32)), bytearray(2)
