@@ -374,6 +374,7 @@ def build(run: schema.Run, launches: dict, rounds: int, peer_why: str | None) ->
                     row.setdefault(impl, m["value"]["median"])
             row["unit"] = _unit(next(iter(pooled.values()))["ops"][key]["op"])
             row["load"] = {impl: [min(v["loads"]), max(v["loads"])] for impl, v in pooled.items()}
+            row["rounds"] = {impl: v["launches"] for impl, v in pooled.items()}
             if peer:
                 oshmem_scaling.mark_goal(row, FACES)
             table.append(row)
@@ -434,7 +435,10 @@ def markdown(doc: dict) -> str:
         load = mine[0]["load"]
         loads = ", ".join(f"{impl} {lo:.1f}-{hi:.1f}" for impl, (lo, hi) in load.items())
         where = ", off-node path (SHMEMVM_NODE_SPLIT=1; OSHMEM on TCP)" if split else ""
-        head = (f"**{n} PEs{where}**, medians of {doc['settings']['rounds']} alternating "
+        done = mine[0].get("rounds") or {"all": doc["settings"]["rounds"]}   # older results
+        rounds = (str(min(done.values())) if len(set(done.values())) == 1 else
+                  ", ".join(f"{impl} {k}" for impl, k in done.items()))
+        head = (f"**{n} PEs{where}**, medians of {rounds} alternating "
                 f"rounds; load average (1 min) during the launches: {loads}.")
         if not _peer_measured(mine):
             out += [head + " The peer was not measured: each face against its same-run "
@@ -637,7 +641,7 @@ def write_outputs(args, docs: dict, log, final: bool) -> None:
     for mode, doc in docs.items():
         if write_chart(doc, mode_path(args, mode)[:-5] + ".png"):
             log(f"wrote {mode_path(args, mode)[:-5]}.png")
-    if oshmem_scaling.write_scaling_chart(on_node, stem + ".png"):
+    if oshmem_scaling.write_scaling_chart(on_node, stem + ".png", label=display):
         log(f"wrote {stem}.png")
 
 

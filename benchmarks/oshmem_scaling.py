@@ -110,10 +110,11 @@ def scaling_markdown(docs: list[dict], impl: str = "shmemvm", label=str) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_scaling_chart(docs: list[dict], path: str) -> bool:
+def write_scaling_chart(docs: list[dict], path: str, label=str) -> bool:
     """Slowdown against OSHMEM over the PE count, one line per operation, a panel
     per face, the goal drawn; and barrier_all's time per implementation over the
-    PE count. False (nothing written) without any ratio to OSHMEM."""
+    PE count. False (nothing written) without any ratio to OSHMEM. `label` names an
+    operation from its key."""
     rows = [r for d in docs for r in d["summary"]["table"] if not r["node_split"]]
     faces = [impl for impl in ("shmemvm", "torch")
              if any(r.get(f"{impl}_ratio") for r in rows)]
@@ -127,15 +128,17 @@ def write_scaling_chart(docs: list[dict], path: str) -> bool:
     ops = list(dict.fromkeys(r["operation"] for r in rows))
     fig, axes = plt.subplots(1, len(faces) + 1, figsize=(6.5 * (len(faces) + 1), 6.5),
                              squeeze=False)
+    colors = plt.get_cmap("tab20").colors
     for ax, impl in zip(axes[0], faces):
-        for op in ops:
+        for i, op in enumerate(ops):
             points = [(r["n_pes"], r[f"{impl}_ratio"]) for r in rows
                       if r["operation"] == op and r.get(f"{impl}_ratio")]
             if points:
                 xs, ys = zip(*points)
                 bandwidth = next(r["unit"] for r in rows if r["operation"] == op) == "GB/s"
                 ax.plot(xs, [1 / y if bandwidth else y for y in ys], marker="o",
-                        ls="--" if bandwidth else "-", label=op)
+                        ls="--" if bandwidth else "-", label=label(op),
+                        color=colors[i % len(colors)])
         ax.axhline(GOAL_TIME, color="red", ls=":", lw=1, label=f"goal (time): {GOAL_TIME:g}x")
         ax.axhline(1 / GOAL_BANDWIDTH, color="black", lw=1)
         ax.set_xscale("log", base=2)

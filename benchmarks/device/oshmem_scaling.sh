@@ -76,10 +76,11 @@ fi
 
 echo "== shmemvm's compiled piece ($((SECONDS - START)) s)"
 rm -rf /tmp/svbuild
-if meson setup /tmp/svbuild --buildtype=release >/tmp/svbuild.log 2>&1 \
-        && ninja -C /tmp/svbuild >>/tmp/svbuild.log 2>&1; then
+MESON=meson; command -v meson >/dev/null || MESON="$PY -m mesonbuild.mesonmain"
+if $MESON setup /tmp/svbuild --buildtype=release >/tmp/svbuild.log 2>&1 \
+        && $MESON compile -C /tmp/svbuild >>/tmp/svbuild.log 2>&1; then
     # each extension where the package imports it (meson's install path, under shmemvm/)
-    meson introspect /tmp/svbuild --installed | $PY -c '
+    $MESON introspect /tmp/svbuild --installed | $PY -c '
 import json, shutil, sys
 for built, installed in json.load(sys.stdin).items():
     if built.endswith(".so") and "/shmemvm/" in installed:

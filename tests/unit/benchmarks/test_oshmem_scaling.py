@@ -121,7 +121,7 @@ def test_one_result_per_count_with_goal_marks_paths_and_the_barrier_scaling(
     assert "torch API" not in out and "| 2× slower ✗ |" in out, out
 
 
-def test_rounds_that_would_not_end_by_the_deadline_are_left_out(monkeypatch, tmp_path):
+def test_rounds_that_would_not_end_by_the_deadline_are_left_out(monkeypatch, tmp_path, capsys):
     from benchmarks import schema
 
     code, calls = _fake_run(monkeypatch, tmp_path, ["--pes", "2,4", "--rounds", "3",
@@ -133,6 +133,8 @@ def test_rounds_that_would_not_end_by_the_deadline_are_left_out(monkeypatch, tmp
     left = [note for note in doc["notes"] if note.startswith("left out: ")]
     assert len(left) == 4 and "round 1 at 2 PEs" in left[0], doc["notes"]
     assert doc["summary"]["barrier_scaling"]["shmemvm"]["n_pes"] == [2, 4]
+    assert doc["summary"]["table"][0]["rounds"] == {"oshmem": 1, "shmemvm": 1}
+    assert "**4 PEs**, medians of 1 alternating rounds" in capsys.readouterr().out
 
 
 def _fake_launcher(monkeypatch, then: str):
