@@ -223,8 +223,8 @@ def broadcast_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
         made[:] = dest, source
         fused.broadcast(dest, source, r, t.me)
         return (d, s, source.dtype, source.count, r), (
-            f"{t.label}broadcast(dest at heap offset {d:#x}, source at {s:#x}, "
-            f"{source.count} x {source.dtype}, root={r})")
+            "{}broadcast(dest at heap offset {:#x}, source at {:#x}, {} x {}, root={})",
+            t.label, d, s, source.count, source.dtype, r)   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
@@ -293,8 +293,8 @@ def fcollect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
         made[:] = dest, source
         fused.fcollect(dest, source)
         return (d, s, source.dtype, source.count), (
-            f"{t.label}fcollect(dest at heap offset {d:#x}, source at {s:#x}, "
-            f"{source.count} x {source.dtype} per PE)")
+            "{}fcollect(dest at heap offset {:#x}, source at {:#x}, {} x {} per PE)",
+            t.label, d, s, source.count, source.dtype)   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()
@@ -444,8 +444,8 @@ def alltoall_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
         made[:] = dest, source
         fused.alltoall(dest, source, t.me)
         return (d, s, source.dtype, source.count), (
-            f"{t.label}alltoall(dest at heap offset {d:#x}, source at {s:#x}, "
-            f"{source.count} x {source.dtype})")
+            "{}alltoall(dest at heap offset {:#x}, source at {:#x}, {} x {})",
+            t.label, d, s, source.count, source.dtype)   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.backend.synchronize()

@@ -83,8 +83,9 @@ class Fusion:
         if self.staged is not None and self.board.carried is not self.staged:
             self.board.unstage()
 
-    def _usable(self, *operands) -> bool:
-        return self.board is not None and all(o.data.device.type == "cpu" for o in operands)
+    def _usable(self, dest, source) -> bool:
+        return self.board is not None and dest.data.device.type == "cpu" and \
+            source.data.device.type == "cpu"
 
     def _stage(self, source, payload_len: int, part: int, src_offset: int, dst_stride: int,
                only: int, after: tuple) -> None:
