@@ -38,7 +38,7 @@ class HeapMemory(VMemPow2Allocator):
     def __init__(self, heap_size: int | str | None = None, backend: str | VMMBackend | None = "host",
                  *, release_dead: bool = False, **options):
         super().__init__(heap_size, backend, **options)
-        self.release_dead = release_dead
+        self._releases_dead = release_dead
         #: called with each segment just before its physical memory is released
         self.release_listeners: list[Callable[[Segment], object]] = []
         #: called once everything is released (after close and the last view's death)

@@ -109,7 +109,7 @@ class VMemPow2Allocator:
 
     #: whether blocks nothing views any more are released at the next call
     #: (HeapMemory: only when every PE agrees, through its release())
-    release_dead: bool = True
+    _releases_dead: bool = True
 
     def __init__(self, heap_size: int | str | None = None, backend: str | VMMBackend | None = "host",
                  *, va_factor: int | None = None, min_block: int = 64,
@@ -518,7 +518,7 @@ class VMemPow2Allocator:
                 self._dead.add(offset)
 
     def _release_dead(self) -> None:
-        if self.release_dead:
+        if self._releases_dead:
             for offset in self._take_dead():
                 self._release(offset)
 

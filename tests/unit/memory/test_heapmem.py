@@ -19,7 +19,7 @@ G = 64 * 1024           # default host granularity (SHMEMVM_HOST_GRANULARITY)
 README = Path(__file__).resolve().parents[3] / "README.md"
 
 #: what the stand-alone allocator shows besides the methods README lists
-DOCUMENTED_PROPERTIES = {"heap_size", "chunk", "device", "release_dead"}
+DOCUMENTED_PROPERTIES = {"heap_size", "chunk", "device"}
 
 #: the steps and lookups of HeapMemory that core/ and openshmem/ use
 HEAP_STEPS = {"allocate_unmapped", "export", "map_created", "undo_allocation", "tensor_for",
