@@ -12,6 +12,11 @@ from ..agreement.protocol import Call, Phase
 from ..core.state import HeapCore
 from . import rma
 
+#: the calls of the two barriers, made once: they have no arguments, and the
+#: agreement never changes a Call it is given (its vector: protocol's cache; issue 30)
+_BARRIER_ALL = Call(Phase.BARRIER_ALL, text="barrier_all()", exact=True)
+_SYNC_ALL = Call(Phase.SYNC_ALL, text="sync_all()", exact=True)
+
 
 def barrier_all(heap: HeapCore) -> None:
     """Complete this PE's puts, then wait for every PE (collective).
@@ -31,7 +36,7 @@ def barrier_all(heap: HeapCore) -> None:
     """
     with heap.lock:
         rma.quiet(heap)
-        heap.agree(Call(Phase.BARRIER_ALL, text="barrier_all()"))
+        heap.agree(_BARRIER_ALL)
 
 
 def sync_all(heap: HeapCore) -> None:
@@ -51,4 +56,4 @@ def sync_all(heap: HeapCore) -> None:
     """
     with heap.lock:
         heap.backend.synchronize()
-        heap.agree(Call(Phase.SYNC_ALL, text="sync_all()"))
+        heap.agree(_SYNC_ALL)
