@@ -42,5 +42,7 @@ def test_each_area_names_one_file():
 def test_the_index_names_every_test_file_and_only_files_that_exist():
     named = set(re.findall(PATH, AREAS.read_text()))
     files = {str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("test_*.py")}
-    assert sorted(named - files) == [], "named in tests/AREAS.md, but not there"
-    assert sorted(files - named) == [], "test files that tests/AREAS.md does not list"
+    assert sorted(named - files) == [], "tests/AREAS.md names these, which are not there " \
+        "(moved or removed: change their names in it)"
+    assert sorted(files - named) == [], "tests/AREAS.md does not list these test files: add " \
+        "each to its folder's row (and to an area's row where it owns one)"
