@@ -1,7 +1,7 @@
 """Compiling Triton kernels for the GPUs we target, without a GPU: sm_90 (H100,
 H200) and gfx942 (MI300). Imports Triton alone (no shmemvm, no MPI), so that
 a process without an MPI launcher can use it; used by triton_compile.py and
-tests/mpi/device/test_ccl_compile.py, each in a process of its own without
+tests/unit/device/test_ccl_compile.py, each in a process of its own without
 TRITON_INTERPRET."""
 
 import triton
