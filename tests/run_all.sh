@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly what CI runs (.ci/run) and the README gives:
 #   single     python -m pytest -m "not mpi"                  tests/unit, tests/gpu
+#   jobs       python -m pytest -m "not mpi"                  tests/jobs: one process that
+#              starts MPI jobs of its own, beside the phases below (it mostly waits on
+#              its jobs' start-up and deadlines; CI has 2 cores)
 #   n1 n2 n4   mpirun -n N python -m pytest --with-mpi -m mpi tests/mpi, tests/gpu
 #   n4-network tests/mpi/transport/test_multinode.py at -n 4 on two simulated nodes,
 #              with MPICH on its network transport (below)
@@ -18,8 +21,7 @@ MPIRUN="${MPIRUN:-mpirun}"
 PHASE_LIMIT="${PHASE_LIMIT:-1800}"
 BUDGET=tests/skip_budget
 LOGS=$(mktemp -d "${TMPDIR:-/tmp}/shmemvm-tests.XXXXXX")
-status=0
-summary=()
+PHASES=()   # in the order they started; each writes $LOGS/<phase>.summary
 
 budget_of() {  # the skip budget of phase $1
     awk -v phase="$1" '$1 == phase { print $2; found = 1 } END { exit !found }' "$BUDGET" || {
@@ -34,7 +36,8 @@ cpu_seconds() {  # user + system seconds of this shell's finished children, from
 }
 
 # Run phase $1 (ranks: $2, 0 for one process) with the command after them; check its
-# status and its skips against the budget, and say what ran when it was stopped.
+# status and its skips against the budget, and say what ran when it was stopped. Its
+# line of the summary goes to $LOGS/$1.summary, with "failed" in $LOGS/$1.failed.
 phase() {
     local name=$1 ranks=$2 dir="$LOGS/$1" start=$SECONDS cpu rc=0 budget skips=0 progress log n
     times > "$LOGS/times"   # here, not in $(...): a subshell's children are not ours
@@ -83,17 +86,38 @@ phase() {
         grep -h '^skip ' "$dir"/rank*.progress | sort -u | sed 's/^skip /!!   /'
         rc=1
     fi
-    [ "$rc" = 0 ] || status=1
-    summary+=("$(printf '%-11s %-30s %4s s (CPU %4s s)  %3s skipped (budget %s)' \
-        "$name" "$verdict" "$took" "$used" "$skips" "$budget")")
+    [ "$rc" = 0 ] || echo failed > "$LOGS/$name.failed"
+    printf '%-11s %-30s %4s s (CPU %4s s)  %3s skipped (budget %s)\n' \
+        "$name" "$verdict" "$took" "$used" "$skips" "$budget" > "$LOGS/$name.summary"
+}
+
+# Phase $1 (as phase()) in the background, its output in $LOGS/$1.out until
+# finish_background prints it
+background() {
+    PHASES+=("$1")
+    phase "$@" > "$LOGS/$1.out" 2>&1 &
+    BACKGROUND+=("$1:$!")
+}
+BACKGROUND=()
+
+finish_background() {
+    local entry
+    for entry in "${BACKGROUND[@]}"; do
+        wait "${entry#*:}"
+        echo "== ${entry%%:*} (ran beside the phases above): its output"
+        cat "$LOGS/${entry%%:*}.out"
+    done
 }
 
 # -rfEs: the short summary names each failure and error, and why each test skipped
 PYTEST=(python -m pytest -rfEs)
 MPI_PYTEST=(python -m pytest -rfEs -p no:cacheprovider --with-mpi -m mpi)
 
-echo "== single process"
-phase single 0 "${PYTEST[@]}" -m "not mpi" "$@"
+# the jobs phase first, in the background: it runs beside all the others
+background jobs 0 "${PYTEST[@]}" -p no:cacheprovider -m "not mpi" tests/jobs "$@"
+echo "== single process (the jobs phase runs beside this and the MPI phases)"
+PHASES+=(single)
+phase single 0 "${PYTEST[@]}" -m "not mpi" tests/unit tests/gpu "$@"
 # The agreement's two transports (SHMEMVM_AGREEMENT): the default (auto) at 1
 # and 2 PEs, which is the board where every PE has the compiled piece, else the
 # MPI allreduce here (MPICH has persistent collectives); the board for every
@@ -102,7 +126,8 @@ for n in 1 2 4; do
     agreement=auto
     [ "$n" = 4 ] && agreement=board
     echo "== mpirun -n $n (SHMEMVM_AGREEMENT=$agreement)"
-    SHMEMVM_AGREEMENT=$agreement phase "n$n" "$n" "${MPI_PYTEST[@]}" "$@"
+    PHASES+=("n$n")
+    SHMEMVM_AGREEMENT=$agreement phase "n$n" "$n" "${MPI_PYTEST[@]}" tests/mpi tests/gpu "$@"
 done
 
 # The off-node path between two simulated nodes (SHMEMVM_NODE_SPLIT=2), with MPI
@@ -118,15 +143,23 @@ done
 echo "== mpirun -n 4, two simulated nodes, MPI over TCP (MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self)"
 if python -c "from mpi4py import MPI; import sys; sys.exit('MPICH' not in MPI.Get_library_version())"
 then
+    PHASES+=(n4-network)
     SHMEMVM_NODE_SPLIT=2 MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self FI_PROVIDER=tcp \
         phase n4-network 4 "${MPI_PYTEST[@]}" tests/mpi/transport/test_multinode.py "$@"
 else
     echo "not run: the MPI here is not MPICH, whose settings these are"
-    summary+=("$(printf '%-11s %s' n4-network 'not run (not MPICH)')")
+    PHASES+=(n4-network)
+    printf '%-11s %s\n' n4-network 'not run (not MPICH)' > "$LOGS/n4-network.summary"
 fi
 
+finish_background
 echo "== summary"
-printf '%s\n' "${summary[@]}"
+status=0
+for name in "${PHASES[@]}"; do
+    cat "$LOGS/$name.summary" 2>/dev/null || printf '%-11s %s\n' "$name" "ended without a summary"
+    if [ -e "$LOGS/$name.failed" ] || [ ! -e "$LOGS/$name.summary" ]; then status=1; fi
+done
+echo "all phases: $SECONDS s"
 if [ "$status" = 0 ]; then
     rm -rf "$LOGS"
 else

@@ -28,10 +28,11 @@ def test_the_readme_quotes_the_skip_budget():
 
 
 def test_every_phase_of_run_all_has_a_budget():
-    """Each `phase NAME RANKS "${...}"` call of run_all.sh (n$n: the loop over 1, 2, 4)."""
+    """Each `phase NAME RANKS "${...}"` call of run_all.sh, or `background NAME ...`
+    (n$n: the loop over 1, 2, 4)."""
     script = (REPO / "tests" / "run_all.sh").read_text()
     phases = set()
-    for name in re.findall(r'\bphase "?([\w$-]+)"? "?[\w$]+"? "\$\{', script):
+    for name in re.findall(r'\b(?:phase|background) "?([\w$-]+)"? "?[\w$]+"? "\$\{', script):
         phases |= {name.replace("$n", n) for n in "124"}
     assert phases == set(_budget())
 
@@ -126,3 +127,15 @@ def test_every_test_file_has_a_name_of_its_own():
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
+
+
+def test_tests_that_start_mpi_jobs_live_in_jobs():
+    """A test that starts MPI jobs of its own (through util's mpiexec or run_jobs)
+    lives under tests/jobs/, which the `jobs` phase runs: under tests/unit/ it
+    would make the one-process phase wait on jobs again (20 such files once
+    made 888 s of its 907 s)."""
+    found = []
+    for path in sorted((REPO / "tests" / "unit").rglob("*.py")):
+        found += [f"{path.relative_to(REPO)}: {call}" for call in
+                  re.findall(r"\b(?:mpiexec|run_jobs)\(", path.read_text())]
+    assert found == []
