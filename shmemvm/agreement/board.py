@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import array
 import zlib
+from typing import cast
 
 from mpi4py import MPI
 
 from .. import native
 
 try:   # built with _native by the same meson build (native/_collective.c)
-    from ..native import _collective
+    from ..native import _collective  # type: ignore[attr-defined]  # built by meson; no stub
 except ImportError:
     _collective = None
 
@@ -81,18 +82,19 @@ class Board:
         self._comm = comm
         self._slot = words + 2 + PAYLOAD // _WORD     # step, vector, check, payload
         nbytes = 2 * self.size * self._slot * _WORD
-        self._window = MPI.Win.Allocate_shared(nbytes if self.rank == 0 else 0, _WORD,
-                                               comm=comm)
+        self._window: MPI.Win | None = MPI.Win.Allocate_shared(   # (an agreement's comm:
+            nbytes if self.rank == 0 else 0, _WORD, comm=cast(MPI.Intracomm, comm))  # intra)
         self.freeable = False   # set once every PE has a board (the heap's vote)
         try:
             buffer, _ = self._window.Shared_query(0)
-            self._bytes = memoryview(buffer).cast("B")[:nbytes]
+            # (mpi4py's buffer: a Buffer, though its stub says otherwise)
+            self._bytes = memoryview(buffer).cast("B")[:nbytes]  # type: ignore[arg-type]
             self._words = self._bytes.cast("q")
             if self.rank == 0:
                 self._bytes[:] = bytes(nbytes)        # no step 0 or -1 is ever waited for
             comm.Barrier()
         except BaseException:
-            self._bytes = self._words = None
+            self._bytes = self._words = memoryview(b"")   # (none of the window's)
             raise
         self._unfinished: int | None = None           # a step whose collection was interrupted
         self._address = buffer.address                # for the compiled piece (use_native)
@@ -100,11 +102,12 @@ class Board:
         self.native = False
         #: exchange()'s arguments that never change, its MAX vector and its PEs
         #: read so far (native mode with _collective; see use_native())
-        self._head = None
+        self._head: tuple | None = None
         self._out = array.array("q", bytes(words * _WORD))
         self._done = bytearray(self.size)
         #: the payload of the next step (stage()), and the one the last step carried
-        self._staged = self.carried = None
+        self._staged: tuple | None = None
+        self.carried: tuple | None = None
         #: where the staged step puts the others' payload bytes (8-byte aligned)
         self.scratch = array.array("q", bytes(self.size * PAYLOAD))
         # per bank: (step word, vector start byte, end byte, check word) of this
@@ -159,11 +162,12 @@ class Board:
         reduced word by word with MAX, as MPI_Allreduce would. `wait(ready)`
         polls `ready()` until it is True or raises at the deadline."""
         if self._head is not None:
-            return self._exchange(send, seq, wait)
+            return self._exchange(self._head, send, seq, wait)
         if self._unfinished is not None:
             self._collect(self._unfinished, b"", wait)   # before its bank is written again
             self._unfinished = None
         step, start, end, check = self._mine[seq & 1]
+        data: array.array | bytes
         if self.native:
             native.board_write(self._address + step * _WORD, send, seq)
             data = send
@@ -187,12 +191,12 @@ class Board:
                     out[i] = word
         return out
 
-    def _exchange(self, send: array.array, seq: int, wait) -> array.array:
+    def _exchange(self, head: tuple, send: array.array, seq: int, wait) -> array.array:
         """allreduce_max in native/_collective.c: one call writes this PE's slot
         (and the staged payload) and reads the others' as far as they are
         there; then one call per spin budget, under `wait`, until every slot
         is read. The result is this board's own array, valid until the next step."""
-        head, out, done = self._head, self._out, self._done
+        out, done = self._out, self._done
         exchange = _collective.exchange
         if self._unfinished is not None:   # finish reading it before its bank is written again
             unfinished, self._unfinished = self._unfinished, None
@@ -221,6 +225,7 @@ class Board:
         """Wait for every other PE's slot of step `seq`; the vectors that
         differ from `data` (bytes, or an array in native mode)."""
         others = []
+        vector: array.array | bytes | None
         for slot in self._theirs[seq & 1]:
             if self.native:
                 vector = array.array("q", bytes(self.words * _WORD))
@@ -259,9 +264,8 @@ class Board:
         every PE has a board and no step is left hanging)."""
         window, self._window = self._window, None
         for view in (self._words, self._bytes):
-            if view is not None:
-                view.release()
-        self._bytes = self._words = None
+            view.release()
+        self._bytes = self._words = memoryview(b"")   # (none of the window's)
         if window is not None and self.freeable:
             window.Free()
 
@@ -295,7 +299,8 @@ class _Poll:
 
     def __init__(self, board: Board, slot: tuple, seq: int, native_read=None):
         """`native_read`: (slot address, array to fill) where the compiled piece reads."""
-        self.board, self.slot, self.seq, self.value, self.polls = board, slot, seq, None, 0
+        self.board, self.slot, self.seq, self.polls = board, slot, seq, 0
+        self.value: bytes | None = None
         self.native = native_read
 
     def ready(self) -> bool:

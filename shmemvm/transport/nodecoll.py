@@ -37,7 +37,7 @@ import torch
 from ..agreement.board import PAYLOAD, Board
 
 try:   # where it is missing, no board fuses (Board.fuses) and nothing here runs
-    from ..native import _collective
+    from ..native import _collective  # type: ignore[attr-defined]  # built by meson; no stub
 except ImportError:
     _collective = None
 
@@ -59,10 +59,10 @@ def element_kind(dtype) -> int | None:
     does not combine it."""
     if isinstance(dtype, torch.dtype):
         return _TORCH_KINDS.get(dtype)
-    kind, itemsize = getattr(dtype, "kind", None), getattr(dtype, "itemsize", None)
+    kind, itemsize = getattr(dtype, "kind", ""), getattr(dtype, "itemsize", 0)
     if not getattr(dtype, "isnative", False) or getattr(dtype, "names", None) is not None:
         return None
-    return _NUMPY_KINDS.get((kind, itemsize))
+    return _NUMPY_KINDS.get((str(kind), int(itemsize)))
 
 
 class Fusion:
@@ -74,14 +74,16 @@ class Fusion:
 
     def __init__(self, board: Board | None, n: int):
         self.board, self.n = board, n
-        self.staged = self.after = None
+        self.staged: tuple | None = None
+        self.after: tuple | None = None
 
     def __enter__(self) -> Fusion:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.staged is not None and self.board.carried is not self.staged:
-            self.board.unstage()
+        board = self.board
+        if self.staged is not None and board is not None and board.carried is not self.staged:
+            board.unstage()
 
     def _usable(self, dest, source) -> bool:
         return self.board is not None and dest.data.device.type == "cpu" and \
@@ -90,7 +92,9 @@ class Fusion:
     def _stage(self, source, payload_len: int, part: int, src_offset: int, dst_stride: int,
                only: int, after: tuple) -> None:
         address = source.data.data_ptr() if payload_len else 0
-        self.staged = self.board.stage(address, payload_len, part, src_offset, dst_stride, only)
+        board = self.board
+        assert board is not None   # (_usable() said so)
+        self.staged = board.stage(address, payload_len, part, src_offset, dst_stride, only)
         self.after = after
 
     # -- staging, from inside a call's check (operands checked) ----------------------------
@@ -126,16 +130,15 @@ class Fusion:
     def deliver(self) -> bool:
         """Write dest from the payloads the agreed step carried; False where it
         carried none (the general path then runs)."""
-        staged = self.staged
-        if staged is None or self.board.carried is not staged:
+        staged, board, after = self.staged, self.board, self.after
+        if staged is None or board is None or after is None or board.carried is not staged:
             return False
-        self.board.carried = None
-        after = self.after
+        board.carried = None
         if len(after) == 2:
-            _collective.deliver(after[0], self.board.scratch, 0, after[1])
+            _collective.deliver(after[0], board.scratch, 0, after[1])
         else:
             address, nbytes, kind, code = after
-            _collective.combine(address, nbytes, self.board.scratch, self.n, kind, code)
+            _collective.combine(address, nbytes, board.scratch, self.n, kind, code)
         return True
 
 
