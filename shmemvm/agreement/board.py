@@ -26,11 +26,13 @@ few hundred nanoseconds a step instead of microseconds of Python. A whole
 step is then one call into native/_collective.c per spin budget (exchange():
 this PE's slot written, every other PE's read and folded with MAX, no Python
 loop over the PEs); between calls the caller's wait checks the deadline and
-the PEs' liveness as before. Its reader trusts the step word's acquire (every
-writer is C then, storing it last with release) and skips the CRC, which is
-still written. Measured in one process with every slot already written (a
-loaded 2-core machine), a step's reads took 0.9 us at 16 PEs against 15.6 us
-through one call per slot, 0.7 against 1.3 us at 2 PEs.
+the PEs' liveness as before. It neither writes nor checks the CRC: its
+readers trust the step word's acquire, every writer being the same C code
+storing it last with release (all PEs or none run the board in C: voted at
+init; the PEs of one node run one installation). Measured in one process with
+every slot already written (a loaded 2-core machine), a step's reads took
+0.9 us at 16 PEs against 15.6 us through one call per slot, 0.7 against
+1.3 us at 2 PEs.
 
 Each slot also has a payload area (PAYLOAD bytes) where a small collective
 (transport/nodecoll.py) puts its data in the same step as its call vector

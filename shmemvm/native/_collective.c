@@ -6,7 +6,7 @@
  *            seq, vector, out, done, payload, payload_len, scratch, part,
  *            src_offset, dst_stride, only) -> the number of PEs not read yet
  *       With `vector` (not None): write this PE's slot of step `seq` (the
- *       vector, its CRC-32, `payload_len` bytes at address `payload` (0 where
+ *       vector, `payload_len` bytes at address `payload` (0 where
  *       payload_len is 0) into the slot's payload area, the step
  *       word last with release order), copy `vector` into `out` and mark this
  *       PE in `done`. Then, at most `spins` times without the GIL, read every
@@ -79,23 +79,6 @@ static int get_ssize(PyObject *obj, Py_ssize_t *out, Py_ssize_t least, const cha
     }
     *out = v;
     return 0;
-}
-
-/* zlib's CRC-32, as _native.c's board functions and board.py compute it */
-static uint32_t crc_table[256];
-
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[i] = c;
-    }
-}
-
-static uint32_t crc32_of(const unsigned char *data, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) c = crc_table[(c ^ data[i]) & 0xFF] ^ (c >> 8);
-    return c ^ 0xFFFFFFFFu;
 }
 
 /* exchange(...): see the top of the file */
@@ -192,9 +175,9 @@ static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t
             goto end;
         }
         int64_t *mine = bank + rank * slot_words;
+        /* (no CRC in the check word: every reader of this board is this code, see
+         * the reader below; a CRC of 240 bytes was a third of a step's own cost) */
         memcpy(mine + 1, vector.buf, (size_t)words * 8);
-        __atomic_store_n(mine + 1 + words, (int64_t)crc32_of(vector.buf, (size_t)words * 8),
-                         __ATOMIC_RELAXED);
         if (payload_len) memcpy(mine + 2 + words, (const void *)payload, (size_t)payload_len);
         /* last, with release order: a reader that sees the step sees all of the above */
         __atomic_store_n(mine, (int64_t)seq, __ATOMIC_RELEASE);
@@ -214,11 +197,12 @@ static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t
             if (flags[pe]) continue;
             int64_t *slot = bank + pe * slot_words;
             if (__atomic_load_n(slot, __ATOMIC_ACQUIRE) != seq) continue;
-            /* The step word read with acquire, written last with release by a
-             * writer in C (every PE is, where the board runs in C: the heap votes
-             * on it), so the slot is whole: no CRC to check (the CRC, written for
-             * the Python board's readers, cost 0.1-0.2 us a slot). The bank
-             * argument (board.py) keeps it from being rewritten meanwhile. */
+            /* The step word read with acquire, written last with release by this
+             * same code on every PE (the board runs in C on all of them or none:
+             * the heap votes on it, and the PEs of one node run one installation),
+             * so the slot is whole: no CRC (the Python board's readers need one;
+             * it cost 0.1-0.5 us a slot). The bank argument (board.py) keeps it
+             * from being rewritten meanwhile. */
             memcpy(theirs, slot + 1, (size_t)words * 8);
             if (theirs[seq_word] != seq)
                 continue;   /* not this step's (never seen: a sanity check) */
@@ -453,14 +437,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static int exec_module(PyObject *module) {
-    (void)module;
-    crc_init();
-    return 0;
-}
-
 static PyModuleDef_Slot slots[] = {
-    {Py_mod_exec, exec_module},
     {0, NULL},
 };
 
