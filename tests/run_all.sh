@@ -30,30 +30,39 @@ budget_of() {  # the skip budget of phase $1
     }
 }
 
-cpu_seconds() {  # user + system seconds of this shell's finished children, from `times`
+cpu_seconds() {  # user + system seconds of the children, from `times` written to file $1
     awk 'END { t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] }
-               printf "%d", t }' "$LOGS/times"
+               printf "%d", t }' "$1"
+}
+
+# The command, in a subshell that writes its children's CPU time (`times`) to $1:
+# a phase's own, not a background phase's that this shell reaped meanwhile
+timed() {
+    local out=$1
+    shift
+    ( "$@"; rc=$?; times > "$out"; exit $rc )
 }
 
 # Run phase $1 (ranks: $2, 0 for one process) with the command after them; check its
 # status and its skips against the budget, and say what ran when it was stopped. Its
 # line of the summary goes to $LOGS/$1.summary, with "failed" in $LOGS/$1.failed.
 phase() {
-    local name=$1 ranks=$2 dir="$LOGS/$1" start=$SECONDS cpu rc=0 budget skips=0 progress log n
-    times > "$LOGS/times"   # here, not in $(...): a subshell's children are not ours
-    cpu=$(cpu_seconds)
+    local name=$1 ranks=$2 dir="$LOGS/$1" start=$SECONDS rc=0 budget skips=0 progress log n
     shift 2
     budget=$(budget_of "$name") || exit 2
     mkdir -p "$dir"
+    echo "0m0s 0m0s" > "$dir/times"
     if [ "$ranks" = 0 ]; then
-        SHMEMVM_TEST_PROGRESS="$dir/rank0.progress" timeout -k 60 "$PHASE_LIMIT" "$@"
+        SHMEMVM_TEST_PROGRESS="$dir/rank0.progress" \
+            timed "$dir/times" timeout -k 60 "$PHASE_LIMIT" "$@"
         rc=$?
     else
-        timeout -k 60 "$PHASE_LIMIT" "$MPIRUN" -n "$ranks" bash tests/rank_output.sh "$dir" "$@"
+        timed "$dir/times" \
+            timeout -k 60 "$PHASE_LIMIT" "$MPIRUN" -n "$ranks" bash tests/rank_output.sh "$dir" "$@"
         rc=$?
     fi
-    times > "$LOGS/times"
-    local took=$((SECONDS - start)) used=$(($(cpu_seconds) - cpu)) verdict=passed
+    local took=$((SECONDS - start)) used verdict=passed
+    used=$(cpu_seconds "$dir/times")
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
         verdict="stopped after $PHASE_LIMIT s"
         echo "!! phase $name ran past its limit of $PHASE_LIMIT s (PHASE_LIMIT) and was" \
