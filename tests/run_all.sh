@@ -2,8 +2,7 @@
 # The whole test suite, exactly what CI runs (.ci/run) and the README gives:
 #   single     python -m pytest -m "not mpi"                  tests/unit, tests/gpu
 #   jobs       python -m pytest -m "not mpi"                  tests/jobs: one process that
-#              starts MPI jobs of its own, beside the phases below (it mostly waits on
-#              its jobs' start-up and deadlines; CI has 2 cores)
+#              starts MPI jobs of its own; it and then n1 run beside the others (below)
 #   n1 n2 n4   mpirun -n N python -m pytest --with-mpi -m mpi tests/mpi, tests/gpu
 #   n4-network tests/mpi/transport/test_multinode.py at -n 4 on two simulated nodes,
 #              with MPICH on its network transport (below)
@@ -100,38 +99,31 @@ phase() {
         "$name" "$verdict" "$took" "$used" "$skips" "$budget" > "$LOGS/$name.summary"
 }
 
-# Phase $1 (as phase()) in the background, its output in $LOGS/$1.out until
-# finish_background prints it
-background() {
-    PHASES+=("$1")
-    phase "$@" > "$LOGS/$1.out" 2>&1 &
-    BACKGROUND+=("$1:$!")
-}
-BACKGROUND=()
-
-finish_background() {
-    local entry
-    for entry in "${BACKGROUND[@]}"; do
-        wait "${entry#*:}"
-        echo "== ${entry%%:*} (ran beside the phases above): its output"
-        cat "$LOGS/${entry%%:*}.out"
-    done
-}
-
 # -rfEs: the short summary names each failure and error, and why each test skipped
 PYTEST=(python -m pytest -rfEs)
 MPI_PYTEST=(python -m pytest -rfEs -p no:cacheprovider --with-mpi -m mpi)
 
-# the jobs phase first, in the background: it runs beside all the others
-background jobs 0 "${PYTEST[@]}" -p no:cacheprovider -m "not mpi" tests/jobs "$@"
-echo "== single process (the jobs phase runs beside this and the MPI phases)"
-PHASES+=(single)
-phase single 0 "${PYTEST[@]}" -m "not mpi" tests/unit tests/gpu "$@"
 # The agreement's two transports (SHMEMVM_AGREEMENT): the default (auto) at 1
 # and 2 PEs, which is the board where every PE has the compiled piece, else the
 # MPI allreduce here (MPICH has persistent collectives); the board for every
 # heap at 4, the Python board too (heaps with native=0).
-for n in 1 2 4; do
+
+# Two lanes (CI has 2 cores). In the background, one process at a time: the jobs
+# phase (it mostly waits on its jobs' start-up and deadlines), then n1; their
+# output is printed when they are done. In the foreground: single, n2, n4 and
+# n4-network, whose PEs use the other core and the jobs' waits.
+PHASES+=(jobs n1)
+(
+    phase jobs 0 "${PYTEST[@]}" -p no:cacheprovider -m "not mpi" tests/jobs "$@" \
+        > "$LOGS/jobs.out" 2>&1
+    SHMEMVM_AGREEMENT=auto phase n1 1 "${MPI_PYTEST[@]}" tests/mpi tests/gpu "$@" \
+        > "$LOGS/n1.out" 2>&1
+) &
+background=$!
+echo "== single process (the jobs phase, then mpirun -n 1, run beside this and the MPI phases)"
+PHASES+=(single)
+phase single 0 "${PYTEST[@]}" -m "not mpi" tests/unit tests/gpu "$@"
+for n in 2 4; do
     agreement=auto
     [ "$n" = 4 ] && agreement=board
     echo "== mpirun -n $n (SHMEMVM_AGREEMENT=$agreement)"
@@ -161,7 +153,11 @@ else
     printf '%-11s %s\n' n4-network 'not run (not MPICH)' > "$LOGS/n4-network.summary"
 fi
 
-finish_background
+wait "$background"
+for name in jobs n1; do
+    echo "== $name (ran beside the phases above): its output"
+    cat "$LOGS/$name.out"
+done
 echo "== summary"
 status=0
 for name in "${PHASES[@]}"; do
