@@ -561,11 +561,11 @@ def malloc_latency(run, heap, max_size, quick, sync):
         cached = []
         for _ in range(cached_iters):
             comm.Barrier()
-            before = heap.local.stats()["segments"]
+            before = heap._core.local.stats()["segments"]
             t0 = time.perf_counter()
             t = heap.malloc(n)
             cached.append(time.perf_counter() - t0)
-            assert heap.local.stats()["segments"] == before, "cached malloc created a segment"
+            assert heap._core.local.stats()["segments"] == before, "cached malloc created a segment"
             heap.free(t)
         # fresh: trim() releases the cached segment on every PE, so malloc creates,
         # exports, passes and maps a new one
@@ -573,11 +573,11 @@ def malloc_latency(run, heap, max_size, quick, sync):
         for _ in range(fresh_iters):
             heap.trim()
             comm.Barrier()
-            before = heap.local.stats()["segments"]
+            before = heap._core.local.stats()["segments"]
             t0 = time.perf_counter()
             t = heap.malloc(n)
             fresh.append(time.perf_counter() - t0)
-            assert heap.local.stats()["segments"] == before + 1, "fresh malloc made no segment"
+            assert heap._core.local.stats()["segments"] == before + 1, "fresh malloc made no segment"
             heap.free(t)
         heap.trim()
         # raw driver cycle of the same segment size, through the backend object

@@ -471,11 +471,11 @@ def new_memory(bench: Bench) -> None:
             heap.trim()
             bench.sync()
             comm.Barrier()
-            before = heap.local.stats()["segments"]
+            before = heap._core.local.stats()["segments"]
             t0 = time.perf_counter()
             x = heap.malloc(n)
             t1 = time.perf_counter()
-            segments_made.append(heap.local.stats()["segments"] - before)
+            segments_made.append(heap._core.local.stats()["segments"] - before)
             heap.free(x)
             t2 = time.perf_counter()
             ours.append(slowest(t1 - t0))
@@ -552,7 +552,7 @@ def new_memory(bench: Bench) -> None:
 def profile_steps(bench: Bench) -> None:
     heap, run = bench.heap, bench.run
     fresh_sizes = [n for n in (64 * KiB, 1 * MiB, 64 * MiB, 1 * GiB) if n <= bench.args.max_size]
-    with profile.instrumented(heap) as timed:
+    with profile.instrumented(heap._core) as timed:
         for kind, sizes in (("fresh", fresh_sizes), ("cached", [1 * KiB, 1 * MiB])):
             for n in sizes:
                 calls = bench.iters(8, 3) if kind == "fresh" else bench.iters(200, 30)

@@ -77,7 +77,7 @@ def agreement_transports(bench: Bench, size: int, iterations: int) -> None:
     heap = bench.heap
     if heap.n_pes < 2 or len(heap.node_pes) != heap.n_pes:
         return   # no board possible
-    heaps = [SymmetricHeap(bench.comm, heap.local.heap_size, heap.backend.name,
+    heaps = [SymmetricHeap(bench.comm, heap._core.local.heap_size, heap.backend.name,
                            timeout=heap.timeout, agreement=kind) for kind in ("board", "mpi")]
     try:
         bench.progress("malloc, cached %s: shared-memory agreement against MPI (%d calls x %d)",

@@ -1,13 +1,16 @@
 """SymmetricHeap: one symmetric heap over the PEs of a communicator, with every
 OpenSHMEM routine as a method.
 
-The class holds no routine of its own. Its state and the services every
-routine needs are the heap core (core/state.py: the agreement, the route to
-each PE, the memory); it is built by core/setup.py; and each routine is a
+The class is the API and nothing else: `dir(heap)` lists the routines and
+the heap's lifetime (finalize, the context manager) and what it is (my_pe,
+n_pes, device, heap_size, ...). It *holds* its core (core/state.py: the
+agreement, the route to each PE, the memory; built by core/setup.py), as
+iris's Iris holds its SymmetricHeap; it never is it. Each routine is a
 function of a module of openshmem/ (one module a family: alloc, rma,
 atomics, signals, waits, strided, barrier, collectives, teams, contexts,
-locks), written once with its signature and docstring and bound here by
-name. A routine's per-heap state lives in its own module (HeapCore.feature).
+locks) over the core, written once with its signature and docstring and
+bound here by name to this heap's core (routine()). A routine's per-heap
+state lives in its own module (HeapCore.feature).
 
     heap = SymmetricHeap(MPI.COMM_WORLD, "1G")      # collective
     x = heap.zeros(1024, torch.float32)
@@ -18,15 +21,16 @@ name. A routine's per-heap state lives in its own module (HeapCore.feature).
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
+import torch
 from mpi4py import MPI
 
-from .agreement import process
-from .agreement.protocol import Call, Phase
 from .core import setup, trace
+from .backends.base import VMMBackend
 from .core.state import HeapCore
-from .errors import SymmetryError, UnsupportedError, clip
+from .errors import UnsupportedError
 from .openshmem import (alloc, barrier, collectives, contexts, external, locks, rma, signals,
                         teams, waits)
 
@@ -36,8 +40,40 @@ from .openshmem import (alloc, barrier, collectives, contexts, external, locks, 
 FACTORIES: dict[str, Callable[[Any], Any]] = {}
 
 
-@trace.traced   # each routine a range in torch.profiler traces (core/trace.py)
-class SymmetricHeap(HeapCore, contexts.ContextOperations):
+class routine:
+    """A routine of openshmem/ (or the core's) as a method of SymmetricHeap: on
+    a heap, the function bound to the heap's core (`heap.put(d, s, pe)` is
+    `rma.put(core, d, s, pe)`); on the class, the function itself (its
+    signature, docstring and identity: `SymmetricHeap.put is Ctx.put`)."""
+
+    __slots__ = ("function",)
+
+    def __init__(self, function: Callable) -> None:
+        self.function = function
+
+    def __get__(self, heap: SymmetricHeap | None, owner: type | None = None) -> Any:
+        if heap is None:
+            return self.function
+        return types.MethodType(self.function, heap._core)
+
+
+def _bound_to_core(cls: type) -> type:
+    """Class decorator: every routine of `cls` (the openshmem functions bound
+    there by name, and those of contexts.ContextOperations, and the core's own:
+    heap_bases, query_thread) becomes a routine() of the heap's core."""
+    names = dict(vars(contexts.ContextOperations))
+    names.update(vars(cls))
+    for name, value in names.items():
+        module = getattr(value, "__module__", "") or ""
+        if not name.startswith("_") and callable(value) and not isinstance(value, type) and (
+                module.startswith("shmemvm.openshmem.") or module == HeapCore.__module__):
+            setattr(cls, name, routine(value))
+    return cls
+
+
+@_bound_to_core   # each routine over the heap's core
+@trace.traced     # each routine a range in torch.profiler traces (core/trace.py)
+class SymmetricHeap:
     """One symmetric heap over the PEs of `comm` (collective constructor).
 
     Args:
@@ -68,10 +104,69 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
                  va_factor: int | None = None, thread_level: int | None = None,
                  agreement: str | None = None, anchor: int | str | None = None,
                  native: int | str | None = None):
-        super().__init__()
-        setup.open_heap(self, comm, heap_size, backend, timeout=timeout, node_split=node_split,
-                        va_factor=va_factor, thread_level=thread_level, agreement=agreement,
-                        anchor=anchor, native=native)
+        #: this heap's state and services, which the routines are bound to (private:
+        #: what users see of it is this class)
+        self._core = HeapCore(self)
+        setup.open_heap(self._core, comm, heap_size, backend, timeout=timeout,
+                        node_split=node_split, va_factor=va_factor, thread_level=thread_level,
+                        agreement=agreement, anchor=anchor, native=native)
+
+    # -- what the heap is -----------------------------------------------------------------
+    @property
+    def my_pe(self) -> int:
+        """This PE's number in the heap's communicator (0..n_pes-1)."""
+        return self._core.my_pe
+
+    @property
+    def n_pes(self) -> int:
+        """The number of PEs of the heap."""
+        return self._core.n_pes
+
+    @property
+    def node_pes(self) -> list[int]:
+        """The PEs of this PE's node (their memory is mapped here), in PE order."""
+        return self._core.node_pes
+
+    @property
+    def comm(self) -> MPI.Comm:
+        """The heap's communicator (a duplicate of the one it was made over)."""
+        return self._core.comm
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the heap's memory (cpu for the host backend)."""
+        return self._core.device
+
+    @property
+    def backend(self) -> VMMBackend:
+        """The backend whose memory the heap holds (host, cuda or hip)."""
+        return self._core.backend
+
+    @property
+    def heap_size(self) -> int:
+        """The physical budget of this PE's heap, in bytes."""
+        return self._core.heap_size
+
+    @property
+    def timeout(self) -> float:
+        """Seconds any wait for the other PEs lasts (SHMEMVM_TIMEOUT)."""
+        return self._core.timeout
+
+    @property
+    def native(self) -> bool:
+        """Whether every PE uses the compiled fast paths (the native= setting,
+        voted on at init: a PE without them means none uses them)."""
+        return self._core.native
+
+    @property
+    def closed(self) -> bool:
+        """Whether the heap was finalized (or its init failed)."""
+        return self._core.closed
+
+    def __repr__(self) -> str:
+        core = self._core
+        state = "finalized" if core.closed else f"{core.heap_size} bytes"
+        return f"<SymmetricHeap PE {getattr(core, 'my_pe', '?')}/{getattr(core, 'n_pes', '?')}: {state}>"
 
     # -- collective allocation (openshmem/alloc.py, external.py) ------------------------------
     malloc = alloc.malloc
@@ -90,6 +185,8 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
     ptr = rma.ptr
     quiet = rma.quiet
     fence = rma.fence
+    heap_bases = HeapCore.heap_bases
+    query_thread = HeapCore.query_thread
     # -- barriers (barrier.py) ----------------------------------------------------------------
     barrier_all = barrier.barrier_all
     sync_all = barrier.sync_all
@@ -151,7 +248,7 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
         if make is None:
             raise UnsupportedError("heap.ccl is made by shmemvm's device layer, which "
                                    "`import shmemvm` registers; it was not registered")
-        return self.feature("ccl", lambda: make(self))
+        return self._core.feature("ccl", lambda: make(self))
 
     # -- lifetime -------------------------------------------------------------------------
     def finalize(self) -> None:
@@ -170,37 +267,8 @@ class SymmetricHeap(HeapCore, contexts.ContextOperations):
         self._finalize(None)
 
     def _finalize(self, leaving: BaseException | None) -> None:
-        """finalize(); `leaving`: the exception that left a with block, named in
-        the call's text so that every PE's mismatch report says why this PE is
-        in finalize() (the exception itself stays the context of what is raised)."""
-        if self.closed:
-            return
-        text = "finalize()"
-        if leaving is not None:
-            what = f"{type(leaving).__name__}: {leaving}" if str(leaving) else \
-                type(leaving).__name__
-            # This PE leaves on an exception: it says so first (every PE waiting on it,
-            # in a wait or a collective step, raises PeerDeadError naming it at once),
-            # and no PE waits for it in a collective finalize (issue 32)
-            why = f"it left a with block on {clip(what, 200)}"
-            if self.liveness is not None:
-                self.liveness.leave(why)
-                process.LEFT_HEAP[0] = True   # (the excepthook gives the others a moment)
-            if self.agreement is not None:
-                self.agreement.mark_broken(f"PE {self.my_pe}: {why}")
-            setup.teardown(self)
-            return
-        try:
-            if not self.broken:
-                with self.lock:
-                    self.quiet_all()
-                    self.agree(Call(Phase.FINALIZE, text=text))
-        except SymmetryError:
-            raise  # other PEs are in another call: as the error says, nothing was done
-        except BaseException:
-            setup.teardown(self)
-            raise
-        setup.teardown(self)
+        """finalize(); `leaving`: the exception that left a with block (setup.finalize)."""
+        setup.finalize(self._core, leaving)
 
     close = finalize
 

@@ -23,12 +23,13 @@ import os
 from mpi4py import MPI
 
 from .. import native, thread_levels
+from ..agreement import process
 from ..agreement.agreement import Agreement
 from ..agreement.deadline import DEFAULT_TIMEOUT, duplicate, parse_timeout, persistent_collectives
 from ..agreement.liveness import Liveness
 from ..agreement.protocol import Call, Phase
 from ..config import check_all, raw, setting
-from ..errors import ShmemError
+from ..errors import ShmemError, SymmetryError, clip
 from ..memory.buddy import Segment
 from ..memory.heapmem import HeapMemory
 from ..memory.vmm import VMemPow2Allocator
@@ -263,6 +264,41 @@ def _split_node(core: HeapCore, size: int | None) -> MPI.Comm:
     if size:
         return core.comm.Split(core.my_pe // size, core.my_pe)
     return core.comm.Split_type(MPI.COMM_TYPE_SHARED, core.my_pe)
+
+
+def finalize(core: HeapCore, leaving: BaseException | None) -> None:
+    """SymmetricHeap.finalize(): collective where the heap is healthy, else a
+    release here. `leaving`: the exception that left a with block, named in
+    the call's text so that every PE's mismatch report says why this PE is
+    in finalize() (the exception itself stays the context of what is raised)."""
+    if core.closed:
+        return
+    text = "finalize()"
+    if leaving is not None:
+        what = f"{type(leaving).__name__}: {leaving}" if str(leaving) else \
+            type(leaving).__name__
+        # This PE leaves on an exception: it says so first (every PE waiting on it,
+        # in a wait or a collective step, raises PeerDeadError naming it at once),
+        # and no PE waits for it in a collective finalize (issue 32)
+        why = f"it left a with block on {clip(what, 200)}"
+        if core.liveness is not None:
+            core.liveness.leave(why)
+            process.LEFT_HEAP[0] = True   # (the excepthook gives the others a moment)
+        if core.agreement is not None:
+            core.agreement.mark_broken(f"PE {core.my_pe}: {why}")
+        teardown(core)
+        return
+    try:
+        if not core.broken:
+            with core.lock:
+                core.quiet_all()
+                core.agree(Call(Phase.FINALIZE, text=text))
+    except SymmetryError:
+        raise  # other PEs are in another call: as the error says, nothing was done
+    except BaseException:
+        teardown(core)
+        raise
+    teardown(core)
 
 
 def teardown(core: HeapCore) -> None:

@@ -80,6 +80,23 @@ class Context(Protocol):
     def world_pe(self, pe) -> int: ...
 
 
+#: the core of each SymmetricHeap (core_of()), for the faces above the routines
+#: (shmem/, api.py, device/) and a Ctx made from a heap
+_CORES: weakref.WeakKeyDictionary[Any, HeapCore] = weakref.WeakKeyDictionary()
+
+
+def core_of(heap: Any) -> HeapCore:
+    """The core of `heap`: a SymmetricHeap's (the one it holds), or `heap`
+    itself where it is a core. TypeError for anything else."""
+    if isinstance(heap, HeapCore):
+        return heap
+    try:
+        return _CORES[heap]
+    except (KeyError, TypeError):
+        raise TypeError(f"expected a shmemvm SymmetricHeap, got {type(heap).__name__}") \
+            from None
+
+
 class HeapCore:
     """One symmetric heap's state and services (see the module doc). Made empty
     here and built by setup.open(); everything it holds is None until then."""
@@ -105,9 +122,14 @@ class HeapCore:
     routes: Routes
     liveness: Liveness | None
 
-    def __init__(self) -> None:
+    def __init__(self, face: Any = None) -> None:
+        """`face`: the SymmetricHeap that holds this core (what Ctx.heap and
+        Team.heap name); None for a core of its own (a test's)."""
         #: the heap of this context: itself (the heap is its own default context)
         self.core = self
+        self._face = weakref.ref(face) if face is not None else None
+        if face is not None:
+            _CORES[face] = self
         #: serialises this heap's collective calls and their state (a thread that
         #: makes a collective call holds it for the whole call)
         self.lock = threading.RLock()
@@ -130,6 +152,13 @@ class HeapCore:
         self.native = False
 
     # -- what the heap is ---------------------------------------------------------------
+    @property
+    def face(self) -> Any:
+        """The SymmetricHeap that holds this core (itself where none does):
+        what users see as a Ctx's or a Team's `heap`."""
+        face = self._face() if self._face is not None else None
+        return face if face is not None else self
+
     @property
     def device(self) -> torch.device:
         """The device of the heap's memory (cpu for the host backend)."""

@@ -56,6 +56,7 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
 
 from ..agreement.deadline import parse_timeout
 from ..errors import PeerTimeoutError, SymmetryError, UnsupportedError
+from ..core.state import core_of
 from ..heap import SymmetricHeap
 from . import triton as sv
 
@@ -219,6 +220,7 @@ class DeviceAllReduce:
             programs = (3 if device.type == "cpu"
                         else torch.cuda.get_device_properties(device).multi_processor_count)
         self.heap, self.programs, self.block, self.num_warps = heap, int(programs), block, num_warps
+        self._core = core_of(heap)
         if two_shot_from is None:
             two_shot_from = float("inf") if heap.n_pes <= 2 else 4 << 20
         self.two_shot_from = two_shot_from
@@ -259,8 +261,8 @@ class DeviceAllReduce:
         if (graph is not None and src.is_contiguous() and dst.is_contiguous()
                 and not _capturing()):
             # the tensors must still be live symmetric tensors (their memory mapped)
-            self.heap.local.block_of(src)
-            self.heap.local.block_of(dst)
+            self._core.symmetric(src, "source")
+            self._core.symmetric(dst, "destination")
             _replay(graph)
             return
         launch = self._prepare(dst, src, op, algorithm)
@@ -301,8 +303,8 @@ class DeviceAllReduce:
         """The call's launch as a function of no arguments (None: nothing to do),
         after checking its arguments."""
         what = "DeviceAllReduce"
-        src_offset = self.heap.symmetric_contiguous(src, "source", what)
-        dst_offset = self.heap.symmetric_contiguous(dst, "destination", what)
+        src_offset = self._core.symmetric_contiguous(src, "source", what)
+        dst_offset = self._core.symmetric_contiguous(dst, "destination", what)
         if src.dtype != dst.dtype or src.numel() != dst.numel():
             raise ValueError(f"{what}: dst ({dst.dtype}, {dst.numel()} elements) and src "
                              f"({src.dtype}, {src.numel()} elements) must have the same dtype "

@@ -52,7 +52,7 @@ from ..agreement.protocol import Phase
 from ..core.state import HeapCore
 from ..errors import plural
 from ..transport import nodecoll
-from . import group
+from . import group, rma
 
 class Operand(NamedTuple):
     """One operand of a collective, as every face gives it: `data`, the bytes of
@@ -237,7 +237,7 @@ def broadcast_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
         same = d == s
         if t.on_node:
             if me != r:
-                dest.data.copy_(heap.ptr(source.data, t.pes[r]))
+                dest.data.copy_(rma.ptr(heap, source.data, t.pes[r]))
             elif not same:
                 dest.data.copy_(source.data)
             t.step(Phase.BROADCAST_COPIED, f"{text} (copied)")
@@ -306,7 +306,7 @@ def fcollect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
         flat = dest.data
         if t.on_node:
             for i, pe in enumerate(t.pes):
-                flat[i * m:(i + 1) * m].copy_(heap.ptr(source.data, pe))
+                flat[i * m:(i + 1) * m].copy_(rma.ptr(heap, source.data, pe))
             t.step(Phase.FCOLLECT_COPIED, f"{t.label}fcollect (copied)")
             return
         send, receive = _host(source.data), _receive_buffer(flat)
@@ -390,7 +390,7 @@ def collect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]
                     # team PE i's source: counts[i] bytes from the same offset, in
                     # a block of the same size on every PE
                     theirs = torch.as_strided(data, (counts[i],), (1,), data.storage_offset())
-                    flat[displs[i]:displs[i] + counts[i]].copy_(heap.ptr(theirs, pe))
+                    flat[displs[i]:displs[i] + counts[i]].copy_(rma.ptr(heap, theirs, pe))
             t.step(Phase.COLLECT_COPIED, f"{text} (copied)")
             return
         target = flat[:sum(counts)]
@@ -457,7 +457,7 @@ def alltoall_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
         flat = dest.data
         if t.on_node:
             for i, pe in enumerate(t.pes):
-                flat[i * b:(i + 1) * b].copy_(heap.ptr(source.data, pe)[me * b:(me + 1) * b])
+                flat[i * b:(i + 1) * b].copy_(rma.ptr(heap, source.data, pe)[me * b:(me + 1) * b])
             t.step(Phase.ALLTOALL_COPIED, f"{t.label}alltoall (copied)")
             return
         send, receive = _host(source.data), _receive_buffer(flat)
@@ -544,7 +544,7 @@ def alltoalls_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
         into = dest.data.view(-1, size)[::ds][:m]
         if t.on_node:
             for i, pe in enumerate(t.pes):
-                theirs = heap.ptr(source.data, pe).view(-1, size)[::ss][me * count:(me + 1) * count]
+                theirs = rma.ptr(heap, source.data, pe).view(-1, size)[::ss][me * count:(me + 1) * count]
                 into[i * count:(i + 1) * count].copy_(theirs)
             t.step(Phase.ALLTOALLS_COPIED, f"{t.label}alltoalls (copied)")
             return
@@ -661,7 +661,7 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
             # order, so bitwise as below), then one step says every PE has read every
             # source, after which dest (maybe source itself) may change: two steps
             # with the agreement, against three (issue 24: 8 bytes cost 3 round trips)
-            views = [heap.ptr(source.data, pe) for pe in t.pes]
+            views = [rma.ptr(heap, source.data, pe) for pe in t.pes]
             acc = nodecoll.combined(views, source.dtype, op, heap.native)   # C, if it can
             if acc is None:
                 acc = views[0].clone()
@@ -673,7 +673,7 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
         if t.on_node:
             # 1) this PE combines its chunk from every member's source, in team order
             if hi > lo:
-                views = [heap.ptr(source.data, pe)[lo:hi] for pe in t.pes]
+                views = [rma.ptr(heap, source.data, pe)[lo:hi] for pe in t.pes]
                 acc = nodecoll.combined(views, source.dtype, op, heap.native)   # C, if it can
                 if acc is None:
                     acc = views[0].clone()
@@ -685,7 +685,7 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
             for i, pe in enumerate(t.pes):
                 if i != me and counts[i]:
                     start, stop = displs[i], displs[i] + counts[i]
-                    flat[start:stop].copy_(heap.ptr(dest.data, pe)[start:stop])
+                    flat[start:stop].copy_(rma.ptr(heap, dest.data, pe)[start:stop])
             t.step(Phase.REDUCE_GATHERED, f"{text} (gathered)")
             return
         # 1) reduce-scatter: this PE receives its chunk of every member's source ...

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from .. import _args
 from ..core import trace
-from ..core.state import HeapCore
+from ..core.state import HeapCore, core_of
 from ..errors import ShmemError
 from ..transport.completion import CompletionTracker
 from . import atomics, rma, signals, strided
@@ -106,24 +106,32 @@ class Ctx(ContextOperations):
             ValueError: `options` has other bits, or `team` is of another heap.
             ShmemError: the heap is finalized.
         """
-        if not isinstance(heap, HeapCore):
-            raise TypeError(f"Ctx: heap must be a SymmetricHeap, got {type(heap).__name__}")
+        try:
+            core = core_of(heap)
+        except TypeError:
+            raise TypeError(f"Ctx: heap must be a SymmetricHeap, got {type(heap).__name__}") \
+                from None
         options = _args.flags(options, _OPTIONS, "ctx_create: options")
-        if team is not None and getattr(team, "heap", heap) is not heap:
+        if team is not None and getattr(team, "heap", core.face) is not core.face:
             raise ValueError("ctx_create: the team belongs to another heap")
-        heap.check_usable()
-        self.heap = heap
+        core.check_usable()
+        self._core = core
         self.options = options
         self.team = team
-        self.completion = CompletionTracker(heap.backend, current_stream=False)
+        self.completion = CompletionTracker(core.backend, current_stream=False)
         self._destroyed = False
-        heap.add_tracker(self.completion)
+        core.add_tracker(self.completion)
+
+    @property
+    def heap(self):
+        """The SymmetricHeap this context issues operations on."""
+        return self._core.face
 
     def _usable(self, what: str) -> HeapCore:
         if self._destroyed:
             raise ShmemError(f"ctx.{what}: this context was destroyed; create another with "
                              f"ctx_create()")
-        return self.heap
+        return self._core
 
     # -- what makes it a context (core/state.py's Context) ------------------------------
     @property
@@ -140,7 +148,7 @@ class Ctx(ContextOperations):
         """`pe` as the heap's PE number (team-relative with a team), checked."""
         self._usable("operation")
         if self.team is None:
-            return self.heap.check_pe(pe)
+            return self._core.check_pe(pe)
         return self.team.world_pe(pe)
 
     def quiet(self) -> None:
@@ -186,11 +194,11 @@ class Ctx(ContextOperations):
         if self._destroyed:
             return
         try:
-            if not self.heap.closed:  # a finalized heap completed every context already
+            if not self._core.closed:  # a finalized heap completed every context already
                 self.completion.quiet()
         finally:
             self._destroyed = True
-            self.heap.drop_tracker(self.completion)
+            self._core.drop_tracker(self.completion)
             # its Team forgets it (a team-like object of the caller's keeps no list)
             forget = getattr(self.team, "forget_ctx", None)
             if forget is not None:
@@ -204,7 +212,7 @@ class Ctx(ContextOperations):
 
     def __repr__(self) -> str:
         state = "destroyed" if self._destroyed else f"{self.completion.outstanding} outstanding"
-        return f"<Ctx options={self.options} team={self.team!r} on PE {self.heap.my_pe}: {state}>"
+        return f"<Ctx options={self.options} team={self.team!r} on PE {self._core.my_pe}: {state}>"
 
 
 def ctx_create(heap: HeapCore, options: int = 0) -> Ctx:
@@ -239,7 +247,7 @@ def ctx_destroy(heap: HeapCore, ctx: Ctx) -> None:
         TypeError: `ctx` is not a context of this heap.
         PeerTimeoutError: a PE did not answer ctx's nbi operations in time.
     """
-    if not isinstance(ctx, Ctx) or ctx.heap is not heap:
+    if not isinstance(ctx, Ctx) or ctx.heap is not heap.face:
         raise TypeError(f"ctx_destroy: expected a context made by this heap's ctx_create, "
                         f"got {type(ctx).__name__}")
     ctx.destroy()

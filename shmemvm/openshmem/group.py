@@ -48,7 +48,8 @@ class Group:
 
     def __init__(self, heap: HeapCore, comm: MPI.Comm, pes, agreement: Agreement, *,
                  kind: str):
-        self.heap = heap
+        #: the core of the heap whose PEs these are (the routines' argument)
+        self.core = heap
         #: the members' communicator, rank i = group PE i
         self.comm = comm
         #: heap PE number of each group PE
@@ -75,10 +76,15 @@ class Group:
         #: the key of each new team's agreement (agreement())
         self.splits = 0
 
+    @property
+    def heap(self):
+        """The SymmetricHeap whose PEs these are."""
+        return self.core.face
+
     # -- state ------------------------------------------------------------------------------
     def check_usable(self) -> None:
         """Raise ShmemError where the heap is finalized or broken, or the group destroyed."""
-        self.heap.check_usable()
+        self.core.check_usable()
         if self.destroyed:
             raise ShmemError(f"{self.name} was destroyed (destroy() or the heap's finalize()); "
                              f"split a new team from a live one")
@@ -106,14 +112,14 @@ class Group:
             return step(*args, **kwargs)
         finally:
             if self.agreement.broken and self.kind != "world":
-                self.heap.agreement.mark_broken(f"{self.name}: {self.agreement.broken}")
+                self.core.agreement.mark_broken(f"{self.name}: {self.agreement.broken}")
 
     def agree(self, call: Call) -> Outcome:
         """One agreed step among the members (the heap's own agreement for the
         world, which also releases blocks dropped on every PE)."""
         self.check_usable()
         if self.kind == "world":
-            return self.heap.agree(call)
+            return self.core.agree(call)
         return self._guarded(self.agreement.collective, call)
 
     def agree_checked(self, phase: Phase, text: str, check):
@@ -130,7 +136,7 @@ class Group:
 
     def step(self, phase: Phase, text: str) -> None:
         """An internal barrier step of a call, after this PE's device work."""
-        self.heap.backend.synchronize()
+        self.core.backend.synchronize()
         self.agree(Call(phase, text=text))
 
     def wait(self, request: MPI.Request, what: str) -> None:
@@ -172,7 +178,7 @@ def same_heap(heap: HeapCore, team, role: str) -> Group:
     """`team` checked to be a team (a Group) of `heap`."""
     if not isinstance(team, Group):
         raise TypeError(f"{role} must be a shmemvm Team, got {type(team).__name__} {team!r}")
-    if team.heap is not heap:
+    if team.core is not heap:
         raise ValueError(f"{role} is {team.name} of another symmetric heap; teams are views of "
                          f"the heap they were made from")
     return team

@@ -127,7 +127,7 @@ class Team(Group):
         number = self.check_pe(pe)
         if dest_team is None:
             return -1
-        _team(self.heap, dest_team, "translate_pe: dest_team").check_usable()
+        _team(self.core, dest_team, "translate_pe: dest_team").check_usable()
         return dest_team.index.get(self.pes[number], -1)
 
     def get_config(self) -> dict:
@@ -256,7 +256,7 @@ class Team(Group):
         if mine is None:
             return None
         comm.Set_errhandler(MPI.ERRORS_RETURN)
-        heap = self.heap
+        heap = self.core
         pes = [self.pes[i] for i in groups[mine]]
         team = Team(heap, comm, pes, agreement(heap, comm, "split", self.agreement.key,
                                                self.splits, pes), kind="split", config=config)
@@ -280,7 +280,7 @@ class Team(Group):
         """
         if self.kind == "world":
             self.check_usable()
-            return barrier.sync_all(self.heap)
+            return barrier.sync_all(self.core)
         with self.lock:
             self.step(Phase.TEAM_SYNC, f"{self.label}sync()")
 
@@ -311,7 +311,7 @@ class Team(Group):
                     pass
             self.agree(Call(Phase.TEAM_DESTROY, text=f"{self.label}destroy()"))
             self._release()
-            registry = _registry(self.heap)
+            registry = _registry(self.core)
             if self in registry:
                 registry.remove(self)
 
@@ -322,9 +322,9 @@ class Team(Group):
             return
         self.destroyed = True
         self._contexts.clear()
-        if self.kind != "world" and not self.heap.broken:
+        if self.kind != "world" and not self.core.broken:
             self.agreement.close()  # its persistent request (not the heap's: world's is)
-        if self.kind == "split" and not self.agreement.broken and not self.heap.broken:
+        if self.kind == "split" and not self.agreement.broken and not self.core.broken:
             self.comm.Free()
 
     def create_ctx(self, options: int = 0):
@@ -341,7 +341,7 @@ class Team(Group):
             ShmemError: the team was destroyed, or the heap finalized.
         """
         self.check_usable()
-        context = contexts.Ctx(self.heap, options, team=self)
+        context = contexts.Ctx(self.core, options, team=self)
         self._contexts.append(context)
         return context
 
@@ -356,27 +356,27 @@ class Team(Group):
     # -- collectives over the team (collectives.py), team-relative PE numbers ----------------
     def broadcast(self, dest, source, root: int) -> None:
         """heap.broadcast(dest, source, root, team=self): root is a team PE number."""
-        collectives.broadcast(self.heap, dest, source, root, team=self)
+        collectives.broadcast(self.core, dest, source, root, team=self)
 
     def collect(self, dest, source) -> None:
         """heap.collect(dest, source, team=self)."""
-        collectives.collect(self.heap, dest, source, team=self)
+        collectives.collect(self.core, dest, source, team=self)
 
     def fcollect(self, dest, source) -> None:
         """heap.fcollect(dest, source, team=self)."""
-        collectives.fcollect(self.heap, dest, source, team=self)
+        collectives.fcollect(self.core, dest, source, team=self)
 
     def alltoall(self, dest, source) -> None:
         """heap.alltoall(dest, source, team=self)."""
-        collectives.alltoall(self.heap, dest, source, team=self)
+        collectives.alltoall(self.core, dest, source, team=self)
 
     def alltoalls(self, dest, source, dst: int, sst: int, nelems: int) -> None:
         """heap.alltoalls(dest, source, dst, sst, nelems, team=self)."""
-        collectives.alltoalls(self.heap, dest, source, dst, sst, nelems, team=self)
+        collectives.alltoalls(self.core, dest, source, dst, sst, nelems, team=self)
 
     def reduce(self, dest, source, op: str = "sum") -> None:
         """heap.reduce(dest, source, op, team=self)."""
-        collectives.reduce(self.heap, dest, source, op, team=self)
+        collectives.reduce(self.core, dest, source, op, team=self)
 
 
 def _member(heap: HeapCore, team, what: str) -> Team:

@@ -27,12 +27,18 @@ import torch
 
 from .. import _args, api, native
 from ..errors import NotSymmetricError
+from ..core.state import HeapCore, core_of
 from ..heap import SymmetricHeap
 
 
 def heap() -> SymmetricHeap:
     """The default heap (shmem.init() made it; ShmemError where there is none)."""
     return api.default_heap()
+
+
+def core() -> HeapCore:
+    """The default heap's core: what the routines of openshmem/ take."""
+    return core_of(api.default_heap())
 
 
 class HeapMemory:
@@ -142,7 +148,7 @@ def locate(a: np.ndarray, role: str) -> tuple[HeapMemory, int]:
     return memory, offset
 
 
-def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[SymmetricHeap, HeapMemory, int] | None:
+def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[HeapCore, HeapMemory, int] | None:
     """(heap, allocation, address) of the first `nbytes` of C-contiguous
     array `a`, for the one-pass put/get/atomics (rma.py, atomics.py): where `a`
     lies on the heap with that many bytes inside its allocation, `pe` is an
@@ -151,7 +157,7 @@ def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[SymmetricHeap, HeapMemory,
     memory = owner(a)
     if memory is None or type(pe) is not int:
         return None
-    h = heap()
+    h = core()
     if not h.native or not 0 <= pe < h.n_pes:   # (native: every PE has the compiled piece)
         return None
     start = native.address(a)
@@ -169,7 +175,7 @@ def symmetric_bytes(a, role: str, writable: bool = True, count: int | None = Non
     memory, offset = locate(a, role)
     nbytes = a.nbytes if count is None else count * a.itemsize
     data = memory.tensor[offset:offset + nbytes]
-    heap().symmetric(data, role)   # freed since, or another heap's: say so here ("the <role> ...")
+    core().symmetric(data, role)   # freed since, or another heap's: say so here ("the <role> ...")
     return data
 
 

@@ -104,7 +104,7 @@ def broadcast(target: np.ndarray, source: np.ndarray, root: int, size: Optional[
         n = arrays.count(size, target.size, source.size)
         return _operand(target, "target", n), _operand(source, "source", n, writable=False)
 
-    collectives.broadcast_bytes(arrays.heap(), operands, root, team=of_collective(team))
+    collectives.broadcast_bytes(arrays.core(), operands, root, team=of_collective(team))
 
 
 def collect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
@@ -129,7 +129,7 @@ def collect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         n = arrays.count(size, source.size)
         return _operand(target, "target"), _operand(source, "source", n, writable=False)
 
-    collectives.collect_bytes(arrays.heap(), operands, team=of_collective(team))
+    collectives.collect_bytes(arrays.core(), operands, team=of_collective(team))
 
 
 def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
@@ -157,7 +157,7 @@ def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         return (_operand(target, "target", n * npes),
                 _operand(source, "source", n, writable=False))
 
-    collectives.fcollect_bytes(arrays.heap(), operands, team=of_collective(team))
+    collectives.fcollect_bytes(arrays.core(), operands, team=of_collective(team))
 
 
 def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
@@ -184,7 +184,7 @@ def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         return (_operand(target, "target", n * npes),
                 _operand(source, "source", n * npes, writable=False))
 
-    collectives.alltoall_bytes(arrays.heap(), operands, team=of_collective(team))
+    collectives.alltoall_bytes(arrays.core(), operands, team=of_collective(team))
 
 
 def alltoalls(target: np.ndarray, source: np.ndarray, tst: int = 1, sst: int = 1,
@@ -214,7 +214,7 @@ def alltoalls(target: np.ndarray, source: np.ndarray, tst: int = 1, sst: int = 1
         return arrays.count(size, arrays.ceildiv(dest.count, ds) // npes,
                             arrays.ceildiv(src.count, ss) // npes)
 
-    collectives.alltoalls_bytes(arrays.heap(), operands, tst, sst, nelems,
+    collectives.alltoalls_bytes(arrays.core(), operands, tst, sst, nelems,
                                 team=of_collective(team))
 
 
@@ -266,7 +266,7 @@ def reduce(target: np.ndarray, source: np.ndarray, op: OP = OP_SUM, size: Option
         n = arrays.count(size, target.size, source.size)
         return _operand(target, "target", n), _operand(source, "source", n, writable=False)
 
-    collectives.reduce_bytes(arrays.heap(), operands, op_name(op),
+    collectives.reduce_bytes(arrays.core(), operands, op_name(op),
                              lambda source: combiner(op_name(op), source.dtype),
                              team=of_collective(team))
 

@@ -19,7 +19,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..core.state import Context
 from ..errors import ShmemError
-from ..openshmem import contexts, teams
+from ..openshmem import contexts, rma, teams
 from . import arrays
 
 
@@ -358,7 +358,7 @@ class Ctx:
         Raises:
             ShmemError: the context is invalid.
         """
-        context(self).fence()
+        complete(context(self), "fence")
 
     def quiet(self) -> None:
         """Complete this context's outstanding operations (shmem_ctx_quiet).
@@ -369,7 +369,7 @@ class Ctx:
         Raises:
             ShmemError: the context is invalid.
         """
-        context(self).quiet()
+        complete(context(self), "quiet")
 
 
 #: the default context's handle: the default heap itself (its own default context)
@@ -382,10 +382,19 @@ def context(ctx: Optional[Ctx]) -> Context:
     """What carries an operation on `ctx`: the heap (None, CTX_DEFAULT) or the
     shmemvm.Ctx; ShmemError where the handle is invalid."""
     if ctx is None:
-        return arrays.heap()
+        return arrays.core()
     if not isinstance(ctx, Ctx):
         raise TypeError(f"ctx must be a shmem.Ctx or None, got {type(ctx).__name__}")
     handle = ctx._ctx
     if handle is None:
         raise ShmemError("this context is invalid (CTX_INVALID or destroyed)")
-    return arrays.heap() if handle is DEFAULT else handle
+    return arrays.core() if handle is DEFAULT else handle
+
+
+def complete(handle: Context, how: str) -> None:
+    """fence() or quiet() (`how`) on what context() gave: a Ctx's own, or the
+    default context's (openshmem/rma.py)."""
+    if isinstance(handle, contexts.Ctx):
+        getattr(handle, how)()
+    else:
+        getattr(rma, how)(handle)

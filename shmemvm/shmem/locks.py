@@ -61,7 +61,7 @@ def set_lock(lock: np.ndarray) -> None:
     Raises:
         TypeError, ValueError: not a lock; PeerTimeoutError as shmemvm.set_lock.
     """
-    locks.acquire(arrays.heap(), _word(lock, "set_lock"), "set_lock")
+    locks.acquire(arrays.core(), _word(lock, "set_lock"), "set_lock")
 
 
 def test_lock(lock: np.ndarray) -> bool:
@@ -77,7 +77,7 @@ def test_lock(lock: np.ndarray) -> bool:
     Raises:
         As set_lock.
     """
-    return not locks.try_acquire(arrays.heap(), _word(lock, "test_lock"), "test_lock")
+    return not locks.try_acquire(arrays.core(), _word(lock, "test_lock"), "test_lock")
 
 
 def clear_lock(lock: np.ndarray) -> None:
@@ -92,7 +92,7 @@ def clear_lock(lock: np.ndarray) -> None:
     Raises:
         As set_lock.
     """
-    locks.release(arrays.heap(), _word(lock, "clear_lock"), "clear_lock")
+    locks.release(arrays.core(), _word(lock, "clear_lock"), "clear_lock")
 
 
 class Lock:

@@ -57,7 +57,7 @@ def alloc(count: int, size: int = 1, align: Optional[int] = None,
         nbytes = _args.count(count, "alloc: count") * _args.count(size, "alloc: size")
         return Request(nbytes, align, hints, _zero if clear else None)
 
-    raw = routines.allocate(arrays.heap(), request,
+    raw = routines.allocate(arrays.core(), request,
                             f"alloc({count!r}, {size!r}, align={align!r}, hints={hints!r})")
     return memoryview(arrays.over(raw))
 
@@ -91,7 +91,7 @@ def free(mem: Union[memoryview, np.ndarray]) -> None:
                              "heap (not allocated here, or a slice of one)")
         return memory.handle()
 
-    routines.release(arrays.heap(), find, "free(memory)")
+    routines.release(arrays.core(), find, "free(memory)")
 
 
 def fromalloc(mem: memoryview, shape: Optional[Shape] = None, dtype: Any = None,
@@ -143,7 +143,7 @@ def _new(shape: Shape, dtype: Any, order: str, align: Optional[int], hints: Opti
         return Request(arrays.nbytes_of(dims, kind), align, hints, fill,
                        key=(dims, kind.str, layout))
 
-    raw = routines.allocate(arrays.heap(), request, f"{what}(shape={shape!r}, dtype={dtype!r})")
+    raw = routines.allocate(arrays.core(), request, f"{what}(shape={shape!r}, dtype={dtype!r})")
     dims, kind, layout = made
     return arrays.shaped(raw, dims, kind, layout)
 
@@ -216,7 +216,7 @@ def array(obj: Any, dtype: Any = None, *, order: str = "K", align: Optional[int]
 
         return Request(values.nbytes, align, hints, fill, key=(values.shape, kind.str, layout))
 
-    raw = routines.allocate(arrays.heap(), request, "array(obj)")
+    raw = routines.allocate(arrays.core(), request, "array(obj)")
     dims, kind, layout = made
     return arrays.shaped(raw, dims, kind, layout)
 
@@ -311,7 +311,7 @@ def addr_accessible(addr: np.ndarray, pe: int) -> bool:
         raise TypeError(f"addr must be a NumPy array, got {type(addr).__name__}")
     try:
         arrays.symmetric_bytes(addr, "array", writable=False)
-        arrays.heap().check_pe(pe)
+        arrays.core().check_pe(pe)
     except (ValueError, TypeError, RuntimeError):
         return False
     return True

@@ -18,7 +18,7 @@ from .. import native
 from ..openshmem import rma as routines
 from ..openshmem import strided
 from . import arrays
-from .handles import Ctx, context
+from .handles import Ctx, complete, context
 
 
 def pair(target, source, size, tst: int = 1, sst: int = 1, *, put_side: bool):
@@ -232,7 +232,7 @@ def fence(ctx: Optional[Ctx] = None) -> None:
     Raises:
         ShmemError: an invalid context.
     """
-    context(ctx).fence()
+    complete(context(ctx), "fence")
 
 
 def quiet(ctx: Optional[Ctx] = None) -> None:
@@ -248,4 +248,4 @@ def quiet(ctx: Optional[Ctx] = None) -> None:
     Raises:
         ShmemError: an invalid context.
     """
-    context(ctx).quiet()
+    complete(context(ctx), "quiet")

@@ -73,7 +73,7 @@ def signal_fetch(signal: np.ndarray) -> int:
         TypeError, ValueError: not a one-element symmetric array of an integer type.
     """
     word, where = _signal(signal, "signal_fetch", writable=False)
-    return atomics.read(arrays.heap(), word, where, "signal_fetch")
+    return atomics.read(arrays.core(), word, where, "signal_fetch")
 
 
 def put_signal(target: np.ndarray, source: np.ndarray, pe: int, signal: np.ndarray,
@@ -130,5 +130,5 @@ def signal_wait_until(signal: np.ndarray, cmp: CMP, value: Number) -> int:
         ValueError: a bad cmp; otherwise as signal_fetch.
     """
     word, where = _signal(signal, "signal_wait_until", writable=False)
-    return waits.wait_for(arrays.heap(), word, where, cmp_name(cmp), value, None,
+    return waits.wait_for(arrays.core(), word, where, cmp_name(cmp), value, None,
                           "signal_wait_until")

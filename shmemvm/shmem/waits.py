@@ -35,7 +35,7 @@ def _condition(ivars, cmp, values, status, what: str, vector: bool) -> waits.Con
         values = values.reshape(-1).tolist()
     if isinstance(status, np.ndarray):
         status = status.reshape(-1).tolist()
-    return waits.Condition(arrays.heap(), word, where, cmp_name(cmp), values, status, what,
+    return waits.Condition(arrays.core(), word, where, cmp_name(cmp), values, status, what,
                            vector)
 
 
@@ -54,7 +54,7 @@ def wait_until(ivar: np.ndarray, cmp: CMP, value: Number) -> None:
         TypeError, ValueError: as shmemvm.wait_until.
     """
     word, where = _ivar(ivar, "wait_until")
-    waits.wait_for(arrays.heap(), word, where, cmp_name(cmp), value, None, "wait_until")
+    waits.wait_for(arrays.core(), word, where, cmp_name(cmp), value, None, "wait_until")
 
 
 def wait_until_all(ivars: np.ndarray, cmp: CMP, value: Number,
@@ -75,7 +75,7 @@ def wait_until_all(ivars: np.ndarray, cmp: CMP, value: Number,
         TypeError, ValueError: as shmemvm.wait_until_all.
     """
     c = _condition(ivars, cmp, value, status, "wait_until_all", False)
-    waits.wait(arrays.heap(), c, "all")
+    waits.wait(arrays.core(), c, "all")
 
 
 def wait_until_any(ivars: np.ndarray, cmp: CMP, value: Number,
@@ -92,7 +92,7 @@ def wait_until_any(ivars: np.ndarray, cmp: CMP, value: Number,
         As wait_until_all.
     """
     c = _condition(ivars, cmp, value, status, "wait_until_any", False)
-    return waits.wait(arrays.heap(), c, "any")
+    return waits.wait(arrays.core(), c, "any")
 
 
 def wait_until_some(ivars: np.ndarray, cmp: CMP, value: Number,
@@ -110,7 +110,7 @@ def wait_until_some(ivars: np.ndarray, cmp: CMP, value: Number,
         As wait_until_all.
     """
     c = _condition(ivars, cmp, value, status, "wait_until_some", False)
-    return waits.wait(arrays.heap(), c, "some")
+    return waits.wait(arrays.core(), c, "some")
 
 
 def wait_until_all_vector(ivars: np.ndarray, cmp: CMP, values: Sequence[Number],
@@ -129,7 +129,7 @@ def wait_until_all_vector(ivars: np.ndarray, cmp: CMP, values: Sequence[Number],
         As wait_until_all.
     """
     c = _condition(ivars, cmp, values, status, "wait_until_all_vector", True)
-    waits.wait(arrays.heap(), c, "all")
+    waits.wait(arrays.core(), c, "all")
 
 
 def wait_until_any_vector(ivars: np.ndarray, cmp: CMP, values: Sequence[Number],
@@ -146,7 +146,7 @@ def wait_until_any_vector(ivars: np.ndarray, cmp: CMP, values: Sequence[Number],
         As wait_until_all.
     """
     c = _condition(ivars, cmp, values, status, "wait_until_any_vector", True)
-    return waits.wait(arrays.heap(), c, "any")
+    return waits.wait(arrays.core(), c, "any")
 
 
 def wait_until_some_vector(ivars: np.ndarray, cmp: CMP, values: Sequence[Number],
@@ -163,7 +163,7 @@ def wait_until_some_vector(ivars: np.ndarray, cmp: CMP, values: Sequence[Number]
         As wait_until_all.
     """
     c = _condition(ivars, cmp, values, status, "wait_until_some_vector", True)
-    return waits.wait(arrays.heap(), c, "some")
+    return waits.wait(arrays.core(), c, "some")
 
 
 def test(ivar: np.ndarray, cmp: CMP, value: Number) -> bool:
@@ -179,7 +179,7 @@ def test(ivar: np.ndarray, cmp: CMP, value: Number) -> bool:
         As wait_until.
     """
     word, where = _ivar(ivar, "test")
-    return waits.test_word(arrays.heap(), word, where, cmp_name(cmp), value, "test")
+    return waits.test_word(arrays.core(), word, where, cmp_name(cmp), value, "test")
 
 
 def test_all(ivars: np.ndarray, cmp: CMP, value: Number,

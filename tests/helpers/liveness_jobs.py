@@ -65,7 +65,7 @@ DEATH = 3  # os._exit status of the dying PE
 
 
 def die(outdir: str, heap: SymmetricHeap) -> None:
-    record(outdir, heap.my_pe, died=True, directory=heap.channel.directory)
+    record(outdir, heap.my_pe, died=True, directory=heap._core.channel.directory)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(DEATH)

@@ -82,7 +82,7 @@ def main() -> None:
     if me == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
         for _, heap, _, _ in runs:                  # continued by PE 0 once it is done:
-            heap.channel.close()                    # leave no socket directory behind
+            heap._core.channel.close()                    # leave no socket directory behind
         os._exit(0)
 
     deadline = time.monotonic() + 30

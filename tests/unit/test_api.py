@@ -21,26 +21,18 @@ from shmemvm.openshmem import info
 NOT_MODULE_FUNCTIONS = {
     "finalize": "the module's finalize() releases the default heap itself",
     "close": "finalize() under the name context managers use",
-    "check_usable": "the core's state check, for the routines and faces",
-    "check_pe": "the core's argument check, for the routines and faces",
-    "symmetric": "the core's lookup of a tensor's block, for the routines and faces",
-    "symmetric_contiguous": "the collectives' operand check, for the routines",
-    "offset_of": "the core's heap offset of a tensor, for the routines and faces",
-    "world_pe": "the default context's PE mapping (core/state.py's Context)",
-    "window_for": "the core's MPI window, for the routines",
-    "agree": "one agreed step of a collective, for the routines",
-    "release_dead": "the agreement's callback",
-    "feature": "a routine module's per-heap state", "made_feature": "the same, if made",
-    "close_features": "teardown", "add_tracker": "contexts register their trackers",
-    "drop_tracker": "the same, at destroy", "quiet_all": "every context's quiet (free, finalize)",
-    "map_new": "this PE's part of sharing new memory (core/sharing.py)",
 }
+
+#: what a heap is, beside its routines (properties; `ccl` is the device collectives)
+HEAP_PROPERTIES = {"my_pe", "n_pes", "node_pes", "comm", "device", "backend", "heap_size",
+                   "timeout", "native", "closed", "ccl"}
 
 
 def _public_methods(cls) -> dict[str, object]:
     members = {}
     for klass in reversed(cls.__mro__[:-1]):
-        for name, value in vars(klass).items():
+        for name in vars(klass):
+            value = getattr(cls, name)   # (a heap's routine: the function it binds)
             if not name.startswith("_") and callable(value) and not isinstance(value, type):
                 members[name] = value
     return members
@@ -64,6 +56,22 @@ def test_every_heap_routine_is_a_module_function_with_its_signature():
                      "info_get_version", "info_get_name", "pcontrol", "global_exit"}, extra
 
 
+def test_dir_of_a_heap_is_its_api():
+    """A heap shows its API and nothing else: the routines (every one a
+    module function of api.py, but finalize and close), what it is, and its
+    lifetime; its core (agreement, memory, peers, ...) is private."""
+    public = {name for name in dir(SymmetricHeap) if not name.startswith("_")}
+    routines = public - HEAP_PROPERTIES - set(NOT_MODULE_FUNCTIONS)
+    assert routines == set(api.__all__) - {
+        "init", "finalize", "default_heap", "current_heap", "my_pe", "n_pes",
+        "info_get_version", "info_get_name", "pcontrol", "global_exit"}, \
+        routines ^ (set(api.__all__))
+    assert public >= HEAP_PROPERTIES | set(NOT_MODULE_FUNCTIONS)
+    for internal in ("local", "peers", "agreement", "routes", "window", "feature", "agree",
+                     "check_usable", "symmetric", "lock", "liveness", "channel"):
+        assert internal not in public, internal
+
+
 def test_the_heap_binds_each_routine_as_written():
     """SymmetricHeap's methods are the openshmem functions themselves (or the
     core's), not wrappers: one declaration, one docstring."""
@@ -71,7 +79,8 @@ def test_the_heap_binds_each_routine_as_written():
         if name in NOT_MODULE_FUNCTIONS:
             continue
         module = method.__module__
-        assert module.startswith("shmemvm.openshmem.") or method is getattr(HeapCore, name), \
+        assert module.startswith("shmemvm.openshmem.") or \
+            getattr(method, "__wrapped__", method) is getattr(HeapCore, name), \
             (name, module)
         doc = method.__doc__
         assert "Returns:" in doc and "Raises:" in doc, name

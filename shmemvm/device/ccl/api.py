@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ...errors import UnsupportedError
+from ...core.state import core_of
 from ...heap import SymmetricHeap
 from . import kernels
 from .config import REDUCE_OPS, Config, reduce_op_name
@@ -144,7 +145,7 @@ class Ccl:
             engine.synchronize(what)
 
     def _operand(self, tensor, role: str, what: str) -> int:
-        return self.heap.symmetric_contiguous(tensor, role, f"heap.ccl.{what}")
+        return core_of(self.heap).symmetric_contiguous(tensor, role, f"heap.ccl.{what}")
 
     @staticmethod
     def _bits(tensor: torch.Tensor, what: str) -> torch.Tensor:
@@ -175,7 +176,7 @@ class Ccl:
         config = config or Config()
         src_bits, dst_bits = self._bits(src, what), self._bits(dst, what)
         block = block_of(config)
-        word = call_word(what, self.heap.offset_of(src), self.heap.offset_of(dst), rows, inner,
+        word = call_word(what, core_of(self.heap).offset_of(src), core_of(self.heap).offset_of(dst), rows, inner,
                          src_ld, dst_ld, src_stride, dst_stride, only_pe, push,
                          src.element_size(), block, *extra)
         args = (src_bits, dst_bits, engine.pads, engine.status, word, engine.me, engine.bases,

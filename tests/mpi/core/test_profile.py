@@ -18,7 +18,7 @@ HEAP_OPTIONS = {"heap_size": "16M", "backend": "host"}
 
 @pytest.mark.mpi(min_size=1)
 def test_fresh_malloc_steps_are_timed_and_add_up(heap):
-    with profile.instrumented(heap) as timed:
+    with profile.instrumented(heap._core) as timed:
         heap.trim()
         WORLD.Barrier()
         with timed.measuring():
@@ -54,7 +54,7 @@ def test_fresh_malloc_steps_are_timed_and_add_up(heap):
 @pytest.mark.mpi(min_size=1)
 def test_cached_malloc_has_no_backend_steps(heap):
     heap.free(heap.malloc(4 * KiB))  # now cached
-    with profile.instrumented(heap) as timed:
+    with profile.instrumented(heap._core) as timed:
         with timed.measuring():
             x = heap.malloc(4 * KiB)
         heap.free(x)
@@ -65,10 +65,10 @@ def test_cached_malloc_has_no_backend_steps(heap):
 
 @pytest.mark.mpi(min_size=1)
 def test_uninstrumented_heap_runs_its_own_methods(heap):
-    with profile.instrumented(heap) as timed:
+    with profile.instrumented(heap._core) as timed:
         assert hasattr(heap.backend.create, "__shmemvm_profiled__")
     # after the block, nothing of the wrapper is left on any object
-    for obj in (heap.agreement, heap.local, heap.backend):
+    for obj in (heap._core.agreement, heap._core.local, heap.backend):
         assert not any(hasattr(v, "__shmemvm_profiled__") for v in vars(obj).values())
     assert profile.of(heap) is None
     timed.reset()

@@ -128,7 +128,7 @@ class Run:
                                                          if self.count_problem else ""))
 
     def offset(self, t: torch.Tensor) -> int:
-        return t.untyped_storage().data_ptr() - self.heap.local.base
+        return t.untyped_storage().data_ptr() - self.heap._core.local.base
 
     def own_storage_alive(self, obj: Obj, pe: int) -> bool:
         return pe in obj.owners or any(pe in v.holders and self.target(pe, v) == pe

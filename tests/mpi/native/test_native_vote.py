@@ -28,11 +28,11 @@ def test_a_pe_without_the_compiled_piece_leaves_every_pe_without_it():
     for setting, everywhere in (("auto", True), ("0" if world.rank == 1 else "auto", False)):
         heap = SymmetricHeap(world, "4M", backend="host", timeout=30, native=setting)
         try:
-            assert heap.native is everywhere
+            assert heap._core.native is everywhere
             single_node = len(heap.node_pes) == heap.n_pes
-            assert (heap.routes.atomics is AtomicPath.CPU) == (everywhere and single_node)
-            if heap.agreement.board is not None:
-                assert heap.agreement.board.native is everywhere
+            assert (heap._core.routes.atomics is AtomicPath.CPU) == (everywhere and single_node)
+            if heap._core.agreement.board is not None:
+                assert heap._core.agreement.board.native is everywhere
             counter = heap.zeros(1, torch.int64)
             heap.atomic_add(counter[0], 1, 0)
             heap.barrier_all()

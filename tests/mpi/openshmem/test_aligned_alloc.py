@@ -35,7 +35,7 @@ def test_align_gives_aligned_symmetric_memory(mheap):
             t = h.align(alignment, nbytes)
             assert t.dtype == torch.uint8 and t.shape == (nbytes,)
             assert t.data_ptr() % alignment == 0, (alignment, nbytes, hex(t.data_ptr()))
-            assert _same_everywhere(h.local.offset_of(t))
+            assert _same_everywhere(h._core.local.offset_of(t))
             keep.append(t)
     t = keep[-1]
     h.put(t, torch.full((5000,), me % 256, dtype=torch.uint8), (me + 1) % n)
@@ -79,7 +79,7 @@ def test_malloc_with_hints(mheap):
                   MALLOC_ATOMICS_REMOTE | MALLOC_SIGNAL_REMOTE):
         t = h.malloc_with_hints(64, hints)
         assert t.dtype == torch.uint8 and t.shape == (64,)
-        assert h.made_feature("alloc.hints")[h.local.offset_of(t)] == hints   # recorded with the block
+        assert h._core.made_feature("alloc.hints")[h._core.local.offset_of(t)] == hints   # recorded with the block
         counters = t.view(torch.int64)
         counters.zero_()
         h.barrier_all()
@@ -89,7 +89,7 @@ def test_malloc_with_hints(mheap):
         h.barrier_all()
         h.free(t)
     plain = h.malloc(64)                                 # a plain block: no stale hints
-    assert h.local.offset_of(plain) not in h.made_feature("alloc.hints")
+    assert h._core.local.offset_of(plain) not in h._core.made_feature("alloc.hints")
     with pytest.raises(ValueError, match="hints"):
         h.malloc_with_hints(64, 8)
     with pytest.raises(TypeError, match="hints"):

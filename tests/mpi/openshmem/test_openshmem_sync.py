@@ -178,7 +178,7 @@ def test_fetch_add_nbi_under_contention(mheap):
     for i in range(k):
         h.atomic_fetch_add_nbi(fetched[i], counter[0], 1, 0)
     h.quiet()
-    assert h.completion.outstanding == 0
+    assert h._core.completion.outstanding == 0
     everything = sorted(v for part in WORLD.allgather(fetched.tolist()) for v in part)
     assert everything == list(range(n * k))
     h.barrier_all()

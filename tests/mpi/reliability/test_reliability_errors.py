@@ -34,7 +34,7 @@ def same_everywhere(text: str) -> bool:
 
 def assert_usable(heap: SymmetricHeap) -> None:
     """The allocators agree and a malloc / put / barrier / get / free round trip works."""
-    assert same_everywhere(repr(heap.local.allocator_state())), "the PEs' allocators diverged"
+    assert same_everywhere(repr(heap._core.local.allocator_state())), "the PEs' allocators diverged"
     me, n = heap.my_pe, heap.n_pes
     x = heap.zeros(300, torch.uint8)
     heap.put(x, torch.full((300,), 7 + me, dtype=torch.uint8), (me + 1) % n)

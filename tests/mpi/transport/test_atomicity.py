@@ -44,7 +44,7 @@ def test_contended_atomics_lose_nothing_on_every_path(node_split, setting, dtype
     heap = SymmetricHeap(world, "4M", backend="host", timeout=30, node_split=node_split,
                          native=setting)
     try:
-        assert heap.routes.atomics is expected_path(heap, setting)
+        assert heap._core.routes.atomics is expected_path(heap, setting)
         n = heap.n_pes
         words = heap.zeros(2, dtype)
         heap.barrier_all()

@@ -259,7 +259,7 @@ def test_atomics_on_memory_mpi_is_not_given_take_the_kernel_path(mheap, monkeypa
     # Whether MPI reaches the memory is the backend's mpi_accessible, not its device
     # type; the atomics' path follows from it once, at init (transport/route.py)
     monkeypatch.setattr(heap.backend, "mpi_accessible", False)
-    monkeypatch.setattr(heap, "routes", Routes(heap.my_pe, heap.n_pes, heap.peers.windows,
+    monkeypatch.setattr(heap._core, "routes", Routes(heap.my_pe, heap.n_pes, heap._core.peers.windows,
                                                mpi_memory=False))
     off_node = [pe for pe in range(heap.n_pes) if pe not in heap.node_pes]
     if off_node:
