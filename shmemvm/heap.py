@@ -22,7 +22,7 @@ state lives in its own module (HeapCore.feature).
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import torch
 from mpi4py import MPI
@@ -39,40 +39,48 @@ from .openshmem import (alloc, barrier, collectives, contexts, external, locks, 
 #: device layer sits above the heap and needs Triton, an optional dependency
 FACTORIES: dict[str, Callable[[Any], Any]] = {}
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
-class routine:
+
+class routine(Generic[P, R]):
     """A routine of openshmem/ (or the core's) as a method of SymmetricHeap: on
     a heap, the function bound to the heap's core (`heap.put(d, s, pe)` is
     `rma.put(core, d, s, pe)`); on the class, the function itself (its
-    signature, docstring and identity: `SymmetricHeap.put is Ctx.put`)."""
+    signature, docstring and identity: `SymmetricHeap.put is Ctx.put`). Typed,
+    so that a type checker sees the routine's signature less the core."""
 
     __slots__ = ("function",)
 
-    def __init__(self, function: Callable) -> None:
+    def __init__(self, function: Callable[Concatenate[Any, P], R]) -> None:
         self.function = function
 
-    def __get__(self, heap: SymmetricHeap | None, owner: type | None = None) -> Any:
+    @overload
+    def __get__(self, heap: None, owner: type | None = None) -> Callable[Concatenate[Any, P], R]:
+        ...
+
+    @overload
+    def __get__(self, heap: SymmetricHeap, owner: type | None = None) -> Callable[P, R]: ...
+
+    def __get__(self, heap, owner=None):
         if heap is None:
             return self.function
         return types.MethodType(self.function, heap._core)
 
 
-def _bound_to_core(cls: type) -> type:
-    """Class decorator: every routine of `cls` (the openshmem functions bound
-    there by name, and those of contexts.ContextOperations, and the core's own:
-    heap_bases, query_thread) becomes a routine() of the heap's core."""
-    names = dict(vars(contexts.ContextOperations))
-    names.update(vars(cls))
-    for name, value in names.items():
-        module = getattr(value, "__module__", "") or ""
-        if not name.startswith("_") and callable(value) and not isinstance(value, type) and (
-                module.startswith("shmemvm.openshmem.") or module == HeapCore.__module__):
-            setattr(cls, name, routine(value))
-    return cls
+def _traced(cls: type) -> type:
+    """Class decorator: each routine() of `cls` not traced yet (those of
+    contexts.ContextOperations are), and each public method of its own, a
+    range in torch.profiler traces (core/trace.py), named after its attribute."""
+    found = {name: value for name, value in vars(cls).items() if isinstance(value, routine)}
+    plain = trace.traced(type("Routines", (), {name: value.function
+                                               for name, value in found.items()}))
+    for name, value in found.items():
+        value.function = vars(plain)[name]
+    return trace.traced(cls)   # and its own: finalize, close
 
 
-@_bound_to_core   # each routine over the heap's core
-@trace.traced     # each routine a range in torch.profiler traces (core/trace.py)
+@_traced   # each routine a range in torch.profiler traces (core/trace.py)
 class SymmetricHeap:
     """One symmetric heap over the PEs of `comm` (collective constructor).
 
@@ -166,71 +174,103 @@ class SymmetricHeap:
     def __repr__(self) -> str:
         core = self._core
         state = "finalized" if core.closed else f"{core.heap_size} bytes"
-        return f"<SymmetricHeap PE {getattr(core, 'my_pe', '?')}/{getattr(core, 'n_pes', '?')}: {state}>"
+        where = f"{getattr(core, 'my_pe', '?')}/{getattr(core, 'n_pes', '?')}"
+        return f"<SymmetricHeap PE {where}: {state}>"
 
     # -- collective allocation (openshmem/alloc.py, external.py) ------------------------------
-    malloc = alloc.malloc
-    empty = alloc.empty
-    zeros = alloc.zeros
-    calloc = alloc.calloc
-    align = alloc.align
-    malloc_with_hints = alloc.malloc_with_hints
-    realloc = alloc.realloc
-    free = alloc.free
-    heap_info = alloc.heap_info
-    trim = alloc.trim
-    import_external_tensor = external.import_external_tensor
-    # -- one-sided access (put, get, atomics, put_signal: contexts.ContextOperations, the
-    #    heap being its own default context), ptr and completion (rma.py) ------------------
-    ptr = rma.ptr
-    quiet = rma.quiet
-    fence = rma.fence
-    heap_bases = HeapCore.heap_bases
-    query_thread = HeapCore.query_thread
+    malloc = routine(alloc.malloc)
+    empty = routine(alloc.empty)
+    zeros = routine(alloc.zeros)
+    calloc = routine(alloc.calloc)
+    align = routine(alloc.align)
+    malloc_with_hints = routine(alloc.malloc_with_hints)
+    realloc = routine(alloc.realloc)
+    free = routine(alloc.free)
+    heap_info = routine(alloc.heap_info)
+    trim = routine(alloc.trim)
+    import_external_tensor = routine(external.import_external_tensor)
+    # -- one-sided access on the default context (contexts.ContextOperations: the heap is
+    #    its own default context; the same functions as a Ctx's) ---------------------------
+    put = routine(contexts.ContextOperations.put)
+    get = routine(contexts.ContextOperations.get)
+    put_nbi = routine(contexts.ContextOperations.put_nbi)
+    get_nbi = routine(contexts.ContextOperations.get_nbi)
+    iput = routine(contexts.ContextOperations.iput)
+    iget = routine(contexts.ContextOperations.iget)
+    atomic_fetch = routine(contexts.ContextOperations.atomic_fetch)
+    atomic_set = routine(contexts.ContextOperations.atomic_set)
+    atomic_add = routine(contexts.ContextOperations.atomic_add)
+    atomic_inc = routine(contexts.ContextOperations.atomic_inc)
+    atomic_fetch_add = routine(contexts.ContextOperations.atomic_fetch_add)
+    atomic_fetch_inc = routine(contexts.ContextOperations.atomic_fetch_inc)
+    atomic_swap = routine(contexts.ContextOperations.atomic_swap)
+    atomic_compare_swap = routine(contexts.ContextOperations.atomic_compare_swap)
+    atomic_fetch_and = routine(contexts.ContextOperations.atomic_fetch_and)
+    atomic_fetch_or = routine(contexts.ContextOperations.atomic_fetch_or)
+    atomic_fetch_xor = routine(contexts.ContextOperations.atomic_fetch_xor)
+    atomic_and = routine(contexts.ContextOperations.atomic_and)
+    atomic_or = routine(contexts.ContextOperations.atomic_or)
+    atomic_xor = routine(contexts.ContextOperations.atomic_xor)
+    atomic_fetch_nbi = routine(contexts.ContextOperations.atomic_fetch_nbi)
+    atomic_fetch_add_nbi = routine(contexts.ContextOperations.atomic_fetch_add_nbi)
+    atomic_fetch_inc_nbi = routine(contexts.ContextOperations.atomic_fetch_inc_nbi)
+    atomic_swap_nbi = routine(contexts.ContextOperations.atomic_swap_nbi)
+    atomic_compare_swap_nbi = routine(contexts.ContextOperations.atomic_compare_swap_nbi)
+    atomic_fetch_and_nbi = routine(contexts.ContextOperations.atomic_fetch_and_nbi)
+    atomic_fetch_or_nbi = routine(contexts.ContextOperations.atomic_fetch_or_nbi)
+    atomic_fetch_xor_nbi = routine(contexts.ContextOperations.atomic_fetch_xor_nbi)
+    put_signal = routine(contexts.ContextOperations.put_signal)
+    put_signal_nbi = routine(contexts.ContextOperations.put_signal_nbi)
+    # -- ptr and completion (rma.py), the core's table of heap bases and thread level -------
+    ptr = routine(rma.ptr)
+    quiet = routine(rma.quiet)
+    fence = routine(rma.fence)
+    heap_bases = routine(HeapCore.heap_bases)
+    query_thread = routine(HeapCore.query_thread)
     # -- barriers (barrier.py) ----------------------------------------------------------------
-    barrier_all = barrier.barrier_all
-    sync_all = barrier.sync_all
+    barrier_all = routine(barrier.barrier_all)
+    sync_all = routine(barrier.sync_all)
     # -- this PE's signals (signals.py) ---------------------------------------------------
-    signal_fetch = signals.signal_fetch
-    signal_wait_until = signals.signal_wait_until
+    signal_fetch = routine(signals.signal_fetch)
+    signal_wait_until = routine(signals.signal_wait_until)
     # -- point-to-point synchronization (waits.py) ---------------------------------------
-    wait_until = waits.wait_until
-    test = waits.test
-    wait_until_all = waits.wait_until_all
-    wait_until_any = waits.wait_until_any
-    wait_until_some = waits.wait_until_some
-    wait_until_all_vector = waits.wait_until_all_vector
-    wait_until_any_vector = waits.wait_until_any_vector
-    wait_until_some_vector = waits.wait_until_some_vector
-    test_all = waits.test_all
-    test_any = waits.test_any
-    test_some = waits.test_some
-    test_all_vector = waits.test_all_vector
-    test_any_vector = waits.test_any_vector
-    test_some_vector = waits.test_some_vector
+    wait_until = routine(waits.wait_until)
+    test = routine(waits.test)
+    wait_until_all = routine(waits.wait_until_all)
+    wait_until_any = routine(waits.wait_until_any)
+    wait_until_some = routine(waits.wait_until_some)
+    wait_until_all_vector = routine(waits.wait_until_all_vector)
+    wait_until_any_vector = routine(waits.wait_until_any_vector)
+    wait_until_some_vector = routine(waits.wait_until_some_vector)
+    test_all = routine(waits.test_all)
+    test_any = routine(waits.test_any)
+    test_some = routine(waits.test_some)
+    test_all_vector = routine(waits.test_all_vector)
+    test_any_vector = routine(waits.test_any_vector)
+    test_some_vector = routine(waits.test_some_vector)
     # -- collectives (collectives.py) ------------------------------------------------------
-    broadcast = collectives.broadcast
-    collect = collectives.collect
-    fcollect = collectives.fcollect
-    reduce = collectives.reduce
-    all_reduce = collectives.all_reduce
-    alltoall = collectives.alltoall
-    alltoalls = collectives.alltoalls
+    broadcast = routine(collectives.broadcast)
+    collect = routine(collectives.collect)
+    fcollect = routine(collectives.fcollect)
+    reduce = routine(collectives.reduce)
+    all_reduce = routine(collectives.all_reduce)
+    alltoall = routine(collectives.alltoall)
+    alltoalls = routine(collectives.alltoalls)
     # -- teams (teams.py), contexts (contexts.py), locks (locks.py) --------------------------
-    team_world = teams.team_world
-    team_shared = teams.team_shared
-    team_split_strided = teams.team_split_strided
-    team_split_2d = teams.team_split_2d
-    team_my_pe = teams.team_my_pe
-    team_n_pes = teams.team_n_pes
-    team_translate_pe = teams.team_translate_pe
-    team_sync = teams.team_sync
-    team_destroy = teams.team_destroy
-    ctx_create = contexts.ctx_create
-    ctx_destroy = contexts.ctx_destroy
-    set_lock = locks.set_lock
-    test_lock = locks.test_lock
-    clear_lock = locks.clear_lock
+    team_world = routine(teams.team_world)
+    team_shared = routine(teams.team_shared)
+    team_split_strided = routine(teams.team_split_strided)
+    team_split_2d = routine(teams.team_split_2d)
+    team_my_pe = routine(teams.team_my_pe)
+    team_n_pes = routine(teams.team_n_pes)
+    team_translate_pe = routine(teams.team_translate_pe)
+    team_sync = routine(teams.team_sync)
+    team_destroy = routine(teams.team_destroy)
+    ctx_create = routine(contexts.ctx_create)
+    ctx_destroy = routine(contexts.ctx_destroy)
+    set_lock = routine(locks.set_lock)
+    test_lock = routine(locks.test_lock)
+    clear_lock = routine(locks.clear_lock)
 
     # -- device collectives (shmemvm.device.ccl) --------------------------------------------
     @property
