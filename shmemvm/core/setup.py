@@ -40,6 +40,7 @@ from ..node.peers import PeerTable
 from ..transport.completion import CompletionTracker
 from ..transport.offnode import OffNodeWindow
 from ..transport.route import Routes
+from ..transport.target import Locator
 from . import profile, sharing
 from .state import HeapCore
 
@@ -157,6 +158,8 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
     core.window = _open_window(core)
     core.routes = Routes(core.my_pe, core.n_pes, core.peer_pids,
                          mpi_memory=core.backend.mpi_accessible, native=core.native)
+    core.locator = Locator(core.routes, core.peers, core.local.base, core.backend, core.window,
+                           native=core.native)
     core.agreement.collective(call.step(Phase.INIT_READY, "peers ready"))
     core.agreement.initialized = True
     if profile.enabled():   # SHMEMVM_PROFILE=1: time every step (profile.py)

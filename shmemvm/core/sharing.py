@@ -14,11 +14,15 @@ every PE as it was.
 
 from __future__ import annotations
 
+import struct
+
+import torch
 from mpi4py import MPI
 
 from ..agreement.protocol import Call, Phase
-from ..errors import HeapExhaustedError, PeerTimeoutError, ResourceLimitError, ShmemError, clip
-from ..memory.buddy import Block
+from ..errors import (HeapExhaustedError, PeerTimeoutError, ResourceLimitError, ShmemError,
+                      SymmetryError, clip)
+from ..memory.buddy import Block, Segment
 from .state import HeapCore
 
 
@@ -105,3 +109,46 @@ def agree_on_unmapping(core: HeapCore, call: Call, failure: Exception | None, wh
                        for pe, report in enumerate(reports) if report)
     raise ShmemError(f"{call.text} released {what} on every PE, but unmapping it failed "
                      f"({failed}); the heap stays usable") from failure
+
+
+# -- another allocator's memory (openshmem/external.py) -----------------------------------
+def place_imported(core: HeapCore, tensor: torch.Tensor, pieces: list, call: Call):
+    """The block for imported memory and where this PE's pieces go in it:
+    (block, shift of the first piece, offset of the storage in the pieces)."""
+    granularity = core.backend.granularity
+    lead = tensor.untyped_storage().data_ptr() - pieces[0].va
+    span = sum(piece.size for piece in pieces)
+    places = [struct.unpack("<qq", data) for data in core.agreement.allgather_bytes(
+        Phase.IMPORT_PLACES, struct.pack("<qq", lead, span), call.text)]
+    if len({pe_lead % granularity for pe_lead, _ in places}) != 1:
+        where = ", ".join(f"PE {pe}: byte {pe_lead % granularity}"
+                          for pe, (pe_lead, _) in enumerate(places))
+        raise SymmetryError(
+            f"{call.text}: the tensors lie at different offsets inside the heap's "
+            f"{granularity}-byte granularity ({where}), so no heap offset can hold all of "
+            f"them; allocate them at the same place on every PE (the same sequence of "
+            f"torch allocations), or copy in: x = heap.empty(t.shape, t.dtype); x.copy_(t)")
+    top = max(pe_lead for pe_lead, _ in places)
+    size = max(top - pe_lead + pe_span for pe_lead, pe_span in places)
+    block = core.local.allocate_external(size)   # the same answer on every PE
+    return block, top - lead, lead
+
+
+def share_imported(core: HeapCore, block: Block, shift: int, pieces: list, call: Call) -> None:
+    """Hand this PE's pieces of imported memory to the PEs of the node and
+    map theirs (each PE's pieces differ: torch's, where torch put them)."""
+    handles, segments, offset = {}, [], block.offset + shift
+    for piece in pieces:
+        segments.append(Segment(offset, piece.size, block.segment.generation))
+        handles[offset] = piece.handle
+        offset += piece.size
+    failure = exchange(
+        core, call, segments, lambda segment: core.backend.export_fd(handles[segment.offset]),
+        lambda pe, piece, fd: core.peers.map_piece(pe, block.segment, piece, fd),
+        within=block.segment)
+    if not core.agreement.all_ok(failure is None,
+                                 call.step(Phase.SHARING, "sharing the imported memory")):
+        core.local.undo_allocation(block, [])
+        raise ShmemError(f"{call.text} failed while PEs shared the imported memory "
+                         f"({failure or 'see the other PEs'}); undone on every PE") from failure
+

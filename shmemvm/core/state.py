@@ -45,6 +45,7 @@ from ..node.peers import PeerTable
 from ..transport.completion import CompletionTracker
 from ..transport.offnode import OffNodeWindow
 from ..transport.route import Routes
+from ..transport.target import Locator, Target
 
 log = logging.getLogger("shmemvm")
 
@@ -120,7 +121,10 @@ class HeapCore:
     agreement: Agreement | None
     completion: CompletionTracker
     routes: Routes
+    locator: Locator
     liveness: Liveness | None
+    peer_pids: dict[int, int]
+    peer_paths: dict[int, str]
 
     def __init__(self, face: Any = None) -> None:
         """`face`: the SymmetricHeap that holds this core (what Ctx.heap and
@@ -163,6 +167,16 @@ class HeapCore:
     def device(self) -> torch.device:
         """The device of the heap's memory (cpu for the host backend)."""
         return self.backend.device
+
+    @property
+    def backend_name(self) -> str:
+        """The backend's name ("host", "cuda", "hip"), for messages and heap_info()."""
+        return self.backend.name
+
+    @property
+    def granularity(self) -> int:
+        """The backend's granularity: the largest alignment, the unit of segments."""
+        return self.backend.granularity
 
     @property
     def heap_size(self) -> int:
@@ -284,6 +298,138 @@ class HeapCore:
                              f"work on contiguous symmetric tensors (a whole tensor or a slice "
                              f"of its first dimension)")
         return self.local.offset_of(tensor)
+
+    # -- where an operation lands (transport/target.py) -----------------------------------
+    def locate(self, tensor: torch.Tensor, pe: int, role: str) -> Target:
+        """Where symmetric `tensor`'s bytes lie on PE `pe` (a checked PE number),
+        resolved once for the operation: the live block (else FreedTensorError
+        or NotSymmetricError naming `role`; ShmemError where the heap is
+        unusable), the route, the generation mapped here for a node peer, and
+        the address, CPU address, window or kernel path (Target)."""
+        block = self.symmetric(tensor, role)
+        # = offset_of(tensor): symmetric() found its storage at storage_start
+        offset = self.local.storage_start(block) + tensor.storage_offset() * tensor.element_size()
+        return self.locator.locate(block, offset, pe)
+
+    def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None:
+        """locate() for the byte at `address` inside `allocation` (a whole
+        block's tensor, as the NumPy face keeps it); None where the heap is
+        unusable or the block is not live here, so that the caller takes the
+        general path, which names what is wrong."""
+        if self.closed or self.broken:
+            return None
+        try:
+            block = self.local.block_of(allocation)
+        except NotSymmetricError:
+            return None
+        return self.locator.locate(block, address - self.local.base, pe)
+
+    def storage_offset(self, tensor: torch.Tensor) -> int:
+        """Heap offset where symmetric `tensor`'s storage starts (ptr()'s views)."""
+        return tensor.untyped_storage().data_ptr() - self.local.base
+
+    def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor:
+        """`view` (of `block`'s memory, here or on a peer) keeping the block
+        from reuse while it lives (memory/ownership.py)."""
+        return self.local.hold(block, view)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """A blocking copy between two tensors of this process (the backend's)."""
+        self.locator.copy(dst, src)
+
+    def atomics_window(self, what: str, pe: int) -> OffNodeWindow:
+        """The MPI window an atomic on PE `pe` goes through, or UnsupportedError."""
+        return self.locator.atomics_window(what, pe, self.window_error)
+
+    def import_pieces(self, tensor: torch.Tensor) -> list:
+        """The backend's pieces of another allocator's `tensor` (import_external_tensor)."""
+        return self.backend.import_external(tensor)
+
+    def release_pieces(self, pieces: list) -> None:
+        """Release pieces from import_pieces() that no block owns."""
+        for piece in pieces:
+            self.backend.release(piece.handle)
+
+    def publish_lock(self, offset: int, ticket: int | None, how: str | None) -> None:
+        """Tell the other PEs through this PE's liveness record what it does with
+        the lock at `offset` (openshmem/locks.py); nothing without a record."""
+        if self.liveness is not None:
+            self.liveness.lock_state(offset, ticket, how)
+
+    def all_mapped(self, pes) -> bool:
+        """Every PE of `pes` is addressable from here (a team's node path)."""
+        return self.routes.all_mapped(pes)
+
+    def all_ok(self, ok: bool, call: Call) -> bool:
+        """One agreed vote (the agreement's): whether `ok` holds on every PE."""
+        return self.agreement.all_ok(ok, call)
+
+    def allgather_bytes(self, phase, data: bytes, text: str) -> list[bytes]:
+        """Every PE's `data`, in PE order (the agreement's, on the heap's PEs)."""
+        return self.agreement.allgather_bytes(phase, data, text)
+
+    def mark_broken(self, why: str) -> None:
+        """Mark the heap unusable (a timed-out step): every later call raises."""
+        self.agreement.mark_broken(why)
+
+    @property
+    def anchor_size(self) -> int:
+        """Bytes of this PE's anchor (node/anchor.py), 0 without one."""
+        return self.anchor.size if self.anchor is not None else 0
+
+    # -- the heap's engine (memory/vmm.py), for alloc.py ---------------------------------
+    def tensor_for(self, block: Block, shape, dtype: torch.dtype) -> torch.Tensor:
+        """A tensor over `block` (the heap's allocation's result)."""
+        return self.local.tensor_for(block, shape, dtype)
+
+    def block_of(self, tensor: torch.Tensor) -> Block:
+        """The live block `tensor` views (NotSymmetricError/FreedTensorError otherwise)."""
+        return self.local.block_of(tensor)
+
+    def retire(self, tensor: torch.Tensor):
+        """Start freeing `tensor`'s block (undone unless finish_free() follows)."""
+        return self.local.retire(tensor)
+
+    def finish_free(self, retirement, *, release_now: bool):
+        """Finish freeing a retired block: a failure of unmapping, or None."""
+        return self.local.finish_free(retirement, release_now=release_now)
+
+    def imported(self, offset: int):
+        """The imported memory of the block at `offset`, if it holds any."""
+        return self.local.imported(offset)
+
+    def size_class(self, nbytes: int) -> int:
+        """The block size `nbytes` rounds up to."""
+        return self.local.size_class(nbytes)
+
+    def resize(self, retirement, nbytes: int, shape, dtype: torch.dtype) -> torch.Tensor:
+        """A retired block as a tensor of `nbytes` in place (realloc within its class)."""
+        return self.local.resize(retirement, nbytes, shape, dtype)
+
+    def stats(self) -> dict:
+        """The engine's usage figures (heap_info())."""
+        return self.local.stats()
+
+    def trim(self) -> int:
+        """Release cached free segments; the bytes released."""
+        return self.local.trim()
+
+    def place_external(self, block: Block, tensor: torch.Tensor, pieces: list,
+                       shift: int) -> None:
+        """Map an imported tensor's pieces into `block`."""
+        self.local.place_external(block, tensor, pieces, shift)
+
+    def external_tensor_for(self, block: Block, start: int, like: torch.Tensor) -> torch.Tensor:
+        """The imported tensor's view in `block` at `start`, shaped like `like`."""
+        return self.local.external_tensor_for(block, start, like)
+
+    def undo_allocation(self, block: Block, created: list) -> None:
+        """Undo an allocation every PE undoes alike (a failed collective)."""
+        self.local.undo_allocation(block, created)
+
+    def synchronize(self) -> None:
+        """Wait for the device's work so far (the backend's; nothing on the host)."""
+        self.backend.synchronize()
 
     def offset_of(self, tensor: torch.Tensor) -> int:
         """Heap offset of a symmetric tensor's first element (the same on every PE)."""

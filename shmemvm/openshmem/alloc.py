@@ -73,9 +73,9 @@ def _checked(heap: HeapCore, request: Request, what: str) -> tuple:
         alignment = _args.integer(alignment, f"{what}: alignment")
         if alignment < 1 or alignment & (alignment - 1):
             raise ValueError(f"{what}: alignment must be a power of two, got {alignment}")
-        if alignment > heap.backend.granularity:  # the same limit on every PE
-            raise ValueError(f"{what}: alignment {alignment} exceeds the {heap.backend.name} "
-                             f"backend's granularity {heap.backend.granularity}, the "
+        if alignment > heap.granularity:  # the same limit on every PE
+            raise ValueError(f"{what}: alignment {alignment} exceeds the {heap.backend_name} "
+                             f"backend's granularity {heap.granularity}, the "
                              f"alignment of the heap's base on every PE and so the largest "
                              f"this heap can give")
     hints = _args.flags(request.hints or 0, {"MALLOC_ATOMICS_REMOTE": MALLOC_ATOMICS_REMOTE,
@@ -121,10 +121,10 @@ def allocate(heap: HeapCore, request: Callable[[], Request], text: str, *,
         block = _allocate(heap, max(nbytes, alignment), call)
         if made.hints is not None:
             _hints(heap)[block.offset] = hints
-        tensor = heap.local.tensor_for(block, (nbytes,), torch.uint8)
+        tensor = heap.tensor_for(block, (nbytes,), torch.uint8)
     if made.fill is not None:
         made.fill(tensor)
-        heap.backend.synchronize()
+        heap.synchronize()
         heap.agree(Call(Phase.FILLED, (), f"{text} (filled)"))
     return tensor
 
@@ -159,7 +159,7 @@ def malloc(heap: HeapCore, nbytes: int) -> torch.Tensor:
     with heap.lock:
         heap.agree(call)
         block = _allocate(heap, nbytes, call)
-        return heap.local.tensor_for(block, dims, torch.uint8)
+        return heap.tensor_for(block, dims, torch.uint8)
 
 
 def empty(heap: HeapCore, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -199,7 +199,7 @@ def _empty(heap: HeapCore, shape, dtype, text, phase: Phase) -> torch.Tensor:
     with heap.lock:
         heap.agree(call)
         block = _allocate(heap, nbytes, call)
-        return heap.local.tensor_for(block, dims, dtype)
+        return heap.tensor_for(block, dims, dtype)
 
 
 def zeros(heap: HeapCore, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -228,7 +228,7 @@ def zeros(heap: HeapCore, shape, dtype: torch.dtype = torch.float32) -> torch.Te
     # the texts are made only if a message needs them (Call)
     tensor = _empty(heap, shape, dtype, ("zeros({!r}, {})", shape, dtype), Phase.ZEROS)
     tensor.zero_()
-    heap.backend.synchronize()
+    heap.synchronize()
     heap.agree(Call(Phase.ZEROS_FILLED, (), ("zeros({!r}, {}) (filled)", shape, dtype)))
     return tensor
 
@@ -307,7 +307,7 @@ def _whole(heap: HeapCore, tensor, what: str) -> None:
     if tensor.storage_offset() == 0 and nbytes == tensor.untyped_storage().nbytes() and (
             tensor.is_contiguous() or _dense(tensor)):
         return   # the common case, without a lookup: all of its storage, which is the block's
-    block = heap.local.block_of(tensor)   # (NotSymmetricError for a tensor of no live block)
+    block = heap.block_of(tensor)   # (NotSymmetricError for a tensor of no live block)
     start = tensor.storage_offset() * itemsize
     raise ValueError(f"{what}: the tensor is a view of part of a symmetric tensor ({nbytes} "
                      f"bytes at byte {start} of the {block.nbytes}-byte allocation at heap "
@@ -363,7 +363,7 @@ def release(heap: HeapCore, find: Callable[[], torch.Tensor], text: str) -> None
             try:
                 tensor = find()
                 _whole(heap, tensor, "free")
-                retirement = heap.local.retire(tensor)
+                retirement = heap.retire(tensor)
             except (TypeError, ValueError) as exc:   # (NotSymmetricError is a ValueError)
                 call = Call(Phase.FREE, (), text, exc)
             else:
@@ -374,8 +374,8 @@ def release(heap: HeapCore, find: Callable[[], torch.Tensor], text: str) -> None
             alone_everywhere = heap.agree(
                 call, flag=retirement is not None and retirement.alone).flag_everywhere
             # imported memory is unmapped at once: where that fails on one PE, every PE says so
-            imported = alone_everywhere and heap.local.imported(offset) is not None
-            failure = heap.local.finish_free(retirement, release_now=alone_everywhere)
+            imported = alone_everywhere and heap.imported(offset) is not None
+            failure = heap.finish_free(retirement, release_now=alone_everywhere)
             if imported:
                 sharing.agree_on_unmapping(heap, call, failure, "the imported memory")
     except BaseException:
@@ -417,7 +417,7 @@ def realloc(heap: HeapCore, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         with heap.lock:
             try:
                 _whole(heap, tensor, "realloc")
-                retirement = heap.local.retire(tensor)  # undone below if anything fails
+                retirement = heap.retire(tensor)  # undone below if anything fails
                 block = retirement.block
                 dtype = tensor.dtype
                 (count,), new_bytes = _args.tensor_nbytes(_args.elements_of(nbytes, dtype), dtype)
@@ -428,18 +428,18 @@ def realloc(heap: HeapCore, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
             heap.quiet_all()
             alone_everywhere = heap.agree(
                 call, flag=retirement is not None and retirement.alone).flag_everywhere
-            if (alone_everywhere and heap.local.size_class(new_bytes) == block.size
-                    and heap.local.imported(block.offset) is None):
-                return heap.local.resize(retirement, new_bytes, (count,), dtype)
+            if (alone_everywhere and heap.size_class(new_bytes) == block.size
+                    and heap.imported(block.offset) is None):
+                return heap.resize(retirement, new_bytes, (count,), dtype)
             new_block = _allocate(heap, new_bytes, call)
-            result = heap.local.tensor_for(new_block, (count,), dtype)
+            result = heap.tensor_for(new_block, (count,), dtype)
             keep = min(block.nbytes, new_bytes)
             if keep:
                 result.view(torch.uint8)[:keep].copy_(retirement.old_bytes()[:keep])
-            heap.backend.synchronize()
+            heap.synchronize()
             # (imported memory: a failed unmap is logged and not raised, as when
             # released later; free() agrees on it)
-            heap.local.finish_free(retirement, release_now=alone_everywhere)
+            heap.finish_free(retirement, release_now=alone_everywhere)
             return result
     except BaseException:
         if retirement is not None and retirement.storage is not None:
@@ -467,10 +467,10 @@ def heap_info(heap: HeapCore) -> HeapInfo:
     """
     if heap.closed:  # stats of released memory would mislead; a broken heap still reports
         raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
-    return HeapInfo(**heap.local.stats(), pe=heap.my_pe, n_pes=heap.n_pes,
-                    backend=heap.backend.name, device=str(heap.device),
+    return HeapInfo(**heap.stats(), pe=heap.my_pe, n_pes=heap.n_pes,
+                    backend=heap.backend_name, device=str(heap.device),
                     node_pes=list(heap.node_pes),
-                    anchor=heap.anchor.size if heap.anchor is not None else 0)
+                    anchor=heap.anchor_size)
 
 
 def trim(heap: HeapCore) -> int:
@@ -494,7 +494,7 @@ def trim(heap: HeapCore) -> int:
         heap.agree(call)
         failure = None
         try:
-            freed = heap.local.trim()
+            freed = heap.trim()
         except Exception as exc:  # noqa: BLE001 - an unmap here; every segment was tried
             failure = exc
         sharing.agree_on_unmapping(heap, call, failure, "the cached memory")

@@ -62,10 +62,9 @@ from mpi4py import MPI
 from .. import _docs, native
 from ..core.state import Context, HeapCore
 from ..errors import UnsupportedError
-from ..memory.buddy import Block
 from ..transport.completion import CompletionTracker
-from ..transport.route import AtomicPath
-from . import rma, words
+from ..transport.target import Target
+from . import words
 from .words import Word
 
 #: the operations of apply(), with the MPI operation of each (compare-and-swap: its own call)
@@ -94,39 +93,29 @@ def check_op(word: Word, op: str, what: str) -> None:
 
 
 def prepare(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, what: str,
-            count: int = 1, role: str = "target") -> Block:
+            count: int = 1, role: str = "target") -> Target:
     """Every check of apply() before anything moves: `op` applies to `word`,
     `where` is `count` words of live symmetric memory of this heap, aligned to
     the word's size, and PE `pe` (a checked PE number) is reachable by this
-    heap's atomics. The block `where` views; a clear error otherwise."""
+    heap's atomics. The located Target (transport/target.py); a clear error
+    otherwise."""
     check_op(word, op, what)
-    block = heap.symmetric(where, f"{role} of {what} (a view of memory from this heap's "
-                                  f"malloc/empty/zeros)")
+    target = heap.locate(where, pe, f"{role} of {what} (a view of memory from this heap's "
+                                    f"malloc/empty/zeros)")
     if where.numel() != word.size * count:
         raise ValueError(f"{what}: the {role} has {where.numel()} bytes, not {count} {word.name}")
     if where.data_ptr() % word.size:
         raise ValueError(f"{what}: the {role} at {where.data_ptr():#x} is not aligned to its "
                          f"{word.size}-byte element size; use an element of memory allocated "
                          f"with that element type")
-    if heap.routes.atomics is AtomicPath.CPU:
-        if pe != heap.my_pe:
-            heap.peers.check(pe, block.segment)
-    elif heap.routes.atomic_by_kernel(pe):
-        if word.size not in (4, 8):
-            raise UnsupportedError(f"{what}: on a {heap.backend.name} heap atomics run as "
+    if target.atomic_address is None:
+        if not target.by_kernel or target.address is None:
+            heap.atomics_window(what, pe)
+        elif word.size not in (4, 8):
+            raise UnsupportedError(f"{what}: on a {heap.backend_name} heap atomics run as "
                                    f"Triton kernels, whose atomics are 32- and 64-bit; the "
                                    f"target is {word.name}. Use a 32- or 64-bit type")
-        if pe != heap.my_pe:
-            heap.peers.check(pe, block.segment)
-    elif not heap.backend.mpi_accessible:
-        raise UnsupportedError(
-            f"{what}: this heap holds {heap.backend.name} backend memory on {heap.device}, "
-            f"which shmemvm does not hand to MPI (no GPU-aware MPI is assumed), so PE {pe} "
-            f"on another node cannot be reached by atomics; PEs on this node can (Triton "
-            f"kernels), and a host-backend heap (backend='host') reaches every PE")
-    else:
-        heap.window_for(what)
-    return block
+    return target
 
 
 # -- the one function ---------------------------------------------------------------------
@@ -157,20 +146,20 @@ def apply(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, val
         As prepare(); TypeError/ValueError for a value that is not of the
         word's kind or does not fit it; PeerTimeoutError at the heap's deadline.
     """
-    prepare(heap, word, where, pe, op, what, count)
+    target = prepare(heap, word, where, pe, op, what, count)
     if count != 1 and op != "fetch":
         raise ValueError(f"{what}: only reads ('fetch') take several words at once, got {op!r} "
                          f"of {count}")
     value = word.value(value, what)
     if op == "cas":
         cond = word.value(cond, what, "cond")
-    if heap.routes.atomics is AtomicPath.CPU:
-        old = _by_cpu(heap, word, where, pe, op, value, cond, count)
+    if target.atomic_address is not None:
+        old = _by_cpu(target.atomic_address, word, op, value, cond, count)
         if into is not None:
             into.copy_(torch.frombuffer(word.buffer([old]), dtype=torch.uint8))
             return None
         return old
-    if heap.routes.atomic_by_kernel(pe):
+    if target.by_kernel and target.address is not None:
         old = _by_kernel(heap, word, where, pe, op, value, cond, count, what)
         if into is not None:
             into.copy_(torch.frombuffer(word.buffer([old]), dtype=torch.uint8))
@@ -178,7 +167,7 @@ def apply(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, val
         return old
     if not count:
         return []
-    window = heap.window_for(what)
+    window = heap.atomics_window(what, pe)
     win, mpi = window.win, word.mpi
     target = [window.displacement(where, pe), count, mpi]
     origin = word.buffer([value] * count)
@@ -217,14 +206,12 @@ _NATIVE_OPS = {"fetch": native.FETCH, "set": native.SET, "swap": native.SET, "ad
                "and": native.AND, "or": native.OR, "xor": native.XOR, "cas": native.CAS}
 
 
-def _by_cpu(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, value, cond,
-            count: int):
+def _by_cpu(address: int, word: Word, op: str, value, cond, count: int):
     """apply() on a host heap whose PEs all share this node (transport/route.py's
-    CPU path): the CPU's atomic instruction on PE `pe`'s copy, mapped here
-    (checked by prepare()). A vector read (waits) reads word by word, each
-    atomically. Complete at the target on return: it is this PE's own store."""
-    offset = where.data_ptr() - heap.local.base
-    address = (heap.local.base if pe == heap.my_pe else heap.peers.windows[pe]) + offset
+    CPU path): the CPU's atomic instruction at the target's atomic_address, the
+    PE's copy mapped here (located by prepare()). A vector read (waits) reads
+    word by word, each atomically. Complete at the target on return: it is
+    this PE's own store."""
     if count != 1:
         return [native.load(address + i * word.size, word.code) for i in range(count)]
     return native.atomic(address, word.code, _NATIVE_OPS[op], value, cond)
@@ -236,10 +223,13 @@ def cpu_word(heap: HeapCore, allocation: torch.Tensor, address: int, word: Word,
     as the NumPy face keeps it) lies for PE `pe` (a checked PE number), where
     this heap's atomics are the CPU's; None otherwise, and for a misaligned or
     dead word, so that the caller takes apply(), which names what is wrong. With
-    at_address(), a face's atomic in two calls: 2 us against 6 through apply()."""
-    if heap.routes.atomics is not AtomicPath.CPU or address % word.size:
+    at_address(), a face's atomic in two calls: 2 us against 6 through apply().
+    The located target's atomic_address (transport/target.py): "fast" is a
+    property of the target."""
+    if address % word.size:
         return None
-    return rma.cpu_address(heap, allocation, address, pe)
+    target = heap.locate_in(allocation, address, pe)
+    return None if target is None else target.atomic_address
 
 
 def at_address(address: int, word: Word, op: str, value, cond=0, *, what: str):
@@ -263,7 +253,7 @@ def _by_kernel(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str
     try:   # Triton is optional: imported where a device heap's atomic needs it
         from ..transport import kernels
     except ImportError as exc:
-        raise UnsupportedError(f"{what}: on a {heap.backend.name} heap atomics run as Triton "
+        raise UnsupportedError(f"{what}: on a {heap.backend_name} heap atomics run as Triton "
                                f"kernels, and Triton is not installed: pip install triton") from exc
     bits = kernels.apply(heap.heap_bases(), heap.my_pe, where, pe, _KERNEL_OPS[op],
                          word.bits(value), word.bits(cond))

@@ -55,5 +55,5 @@ def sync_all(heap: HeapCore) -> None:
         ShmemError: the heap is finalized.
     """
     with heap.lock:
-        heap.backend.synchronize()
+        heap.synchronize()
         heap.agree(_SYNC_ALL)

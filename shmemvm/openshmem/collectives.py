@@ -227,7 +227,7 @@ def broadcast_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
             t.label, d, s, source.count, source.dtype, r)   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.backend.synchronize()
+        heap.synchronize()
         d, s, _, _, r = t.agree_checked(
             Phase.BROADCAST, f"{t.label}broadcast(dest, source, root={root!r})", check)
         dest, source = made
@@ -297,7 +297,7 @@ def fcollect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
             t.label, d, s, source.count, source.dtype)   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.backend.synchronize()
+        heap.synchronize()
         t.agree_checked(Phase.FCOLLECT, f"{t.label}fcollect(dest, source)", check)
         dest, source = made
         m = source.data.numel()
@@ -363,7 +363,7 @@ def collect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]
             f"source at {s:#x})")
 
     with t.lock:   # the group's own: one heap-wide lock would hold other teams up
-        heap.backend.synchronize()
+        heap.synchronize()
         d, s, _, dest_count = t.agree_checked(Phase.COLLECT, f"{t.label}collect(dest, source)",
                                               check)
         dest, source = made
@@ -448,7 +448,7 @@ def alltoall_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
             t.label, d, s, source.count, source.dtype)   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.backend.synchronize()
+        heap.synchronize()
         t.agree_checked(Phase.ALLTOALL, f"{t.label}alltoall(dest, source)", check)
         dest, source = made
         b, me = source.data.numel() // n, t.me      # a block, in bytes
@@ -531,7 +531,7 @@ def alltoalls_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
             f"sst={ss}, nelems={count} x {source.dtype})")
 
     with t.lock:   # the group's own: one heap-wide lock would hold other teams up
-        heap.backend.synchronize()
+        heap.synchronize()
         _, _, _, count, (ds, ss) = t.agree_checked(
             Phase.ALLTOALLS, f"{t.label}alltoalls(dest, source, dst={dst!r}, sst={sst!r}, "
             f"nelems={nelems!r})", check)
@@ -645,7 +645,7 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
             t.label, d, s, source.count, source.dtype, op)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.backend.synchronize()
+        heap.synchronize()
         t.agree_checked(Phase.REDUCE, f"{t.label}reduce(dest, source, op={op!r})", check)
         dest, source, combine = made
         numel, n, me, size = source.count, len(t.pes), t.me, source.itemsize

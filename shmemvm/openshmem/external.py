@@ -10,15 +10,12 @@ one by one inside the block.
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
 from ..agreement.protocol import Call, Phase
 from ..core import sharing
 from ..core.state import HeapCore
-from ..errors import ShmemError, SymmetryError
-from ..memory.buddy import Block, Segment
+from ..errors import ShmemError
 
 
 def import_external_tensor(heap: HeapCore, tensor: torch.Tensor) -> torch.Tensor:
@@ -71,68 +68,25 @@ def import_external_tensor(heap: HeapCore, tensor: torch.Tensor) -> torch.Tensor
     with heap.lock:
         if call.error is None:
             try:
-                pieces = heap.backend.import_external(tensor)
+                pieces = heap.import_pieces(tensor)
             except ShmemError as exc:
                 call.error = exc
         try:
             heap.agree(call)
-            block, shift, lead = _place(heap, tensor, pieces, call)
+            block, shift, lead = sharing.place_imported(heap, tensor, pieces, call)
         except BaseException:
-            for piece in pieces or ():
-                heap.backend.release(piece.handle)
+            heap.release_pieces(pieces or [])
             raise
         failure = None
         try:  # from here on the block owns the pieces
-            heap.local.place_external(block, tensor, pieces, shift)
+            heap.place_external(block, tensor, pieces, shift)
         except Exception as exc:  # noqa: BLE001 - agreed on below
             failure = exc
-        if not heap.agreement.all_ok(failure is None,
-                                     call.step(Phase.BACKING, "mapping the imported memory")):
-            heap.local.undo_allocation(block, [])
+        if not heap.all_ok(failure is None,
+                           call.step(Phase.BACKING, "mapping the imported memory")):
+            heap.undo_allocation(block, [])
             raise ShmemError(f"{call.text} failed: a PE could not map the imported memory "
                              f"({failure or 'see the error on the other PEs'}); undone on "
                              f"every PE") from failure
-        _share(heap, block, shift, pieces, call)
-        return heap.local.external_tensor_for(block, shift + lead, tensor)
-
-
-def _place(heap: HeapCore, tensor: torch.Tensor, pieces: list, call: Call):
-    """The block for imported memory and where this PE's pieces go in it:
-    (block, shift of the first piece, offset of the storage in the pieces)."""
-    granularity = heap.backend.granularity
-    lead = tensor.untyped_storage().data_ptr() - pieces[0].va
-    span = sum(piece.size for piece in pieces)
-    places = [struct.unpack("<qq", data) for data in heap.agreement.allgather_bytes(
-        Phase.IMPORT_PLACES, struct.pack("<qq", lead, span), call.text)]
-    if len({pe_lead % granularity for pe_lead, _ in places}) != 1:
-        where = ", ".join(f"PE {pe}: byte {pe_lead % granularity}"
-                          for pe, (pe_lead, _) in enumerate(places))
-        raise SymmetryError(
-            f"{call.text}: the tensors lie at different offsets inside the heap's "
-            f"{granularity}-byte granularity ({where}), so no heap offset can hold all of "
-            f"them; allocate them at the same place on every PE (the same sequence of "
-            f"torch allocations), or copy in: x = heap.empty(t.shape, t.dtype); x.copy_(t)")
-    top = max(pe_lead for pe_lead, _ in places)
-    size = max(top - pe_lead + pe_span for pe_lead, pe_span in places)
-    block = heap.local.allocate_external(size)   # the same answer on every PE
-    return block, top - lead, lead
-
-
-def _share(heap: HeapCore, block: Block, shift: int, pieces: list, call: Call) -> None:
-    """Hand this PE's pieces of imported memory to the PEs of the node and
-    map theirs (each PE's pieces differ: torch's, where torch put them)."""
-    handles, segments, offset = {}, [], block.offset + shift
-    for piece in pieces:
-        segments.append(Segment(offset, piece.size, block.segment.generation))
-        handles[offset] = piece.handle
-        offset += piece.size
-    failure = sharing.exchange(
-        heap, call, segments, lambda segment: heap.backend.export_fd(handles[segment.offset]),
-        lambda pe, piece, fd: heap.peers.map_piece(pe, block.segment, piece, fd),
-        within=block.segment)
-    if not heap.agreement.all_ok(failure is None,
-                                 call.step(Phase.SHARING, "sharing the imported memory")):
-        heap.local.undo_allocation(block, [])
-        raise ShmemError(f"{call.text} failed while PEs shared the imported memory "
-                         f"({failure or 'see the other PEs'}); undone on every PE") from failure
-
+        sharing.share_imported(heap, block, shift, pieces, call)
+        return heap.external_tensor_for(block, shift + lead, tensor)

@@ -62,7 +62,7 @@ class Group:
         #: this PE's group PE number
         self.me = self.index[heap.my_pe]
         #: every member is mapped here: the same answer on every member (collectives.py)
-        self.on_node = heap.routes.all_mapped(self.pes)
+        self.on_node = heap.all_mapped(self.pes)
         self.name = {"world": "the world team", "shared": f"the shared team (PEs "
                      f"{pe_text(self.pes)})"}.get(kind, f"the team of PEs {pe_text(self.pes)}")
         #: prefix of call texts in messages ("" for the world: its calls are the heap's)
@@ -112,7 +112,7 @@ class Group:
             return step(*args, **kwargs)
         finally:
             if self.agreement.broken and self.kind != "world":
-                self.core.agreement.mark_broken(f"{self.name}: {self.agreement.broken}")
+                self.core.mark_broken(f"{self.name}: {self.agreement.broken}")
 
     def agree(self, call: Call) -> Outcome:
         """One agreed step among the members (the heap's own agreement for the
@@ -136,7 +136,7 @@ class Group:
 
     def step(self, phase: Phase, text: str) -> None:
         """An internal barrier step of a call, after this PE's device work."""
-        self.core.backend.synchronize()
+        self.core.synchronize()
         self.agree(Call(phase, text=text))
 
     def wait(self, request: MPI.Request, what: str) -> None:

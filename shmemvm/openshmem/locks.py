@@ -65,8 +65,7 @@ def _held(heap: HeapCore) -> dict[int, int]:
 def _publish(heap: HeapCore, offset: int, ticket: int | None, how: str | None) -> None:
     """Tell the other PEs (this PE's liveness record) that it takes a ticket for
     the lock at `offset`, queues with `ticket`, holds it, or (how None) not."""
-    if heap.liveness is not None:
-        heap.liveness.lock_state(offset, ticket, how)
+    heap.publish_lock(offset, ticket, how)
 
 
 def _lock_bytes(heap: HeapCore, lock, what: str) -> torch.Tensor:

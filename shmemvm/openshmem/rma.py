@@ -40,18 +40,14 @@ def ptr(heap: HeapCore, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
         NotSymmetricError: `tensor` is not a tensor of this heap
             (its subclass FreedTensorError: of one that was freed).
     """
-    pe = heap.check_pe(pe)
-    block = heap.symmetric(tensor, "tensor")
-    route = heap.routes[pe]
-    if route is Route.SELF:
+    target = heap.locate(tensor, heap.check_pe(pe), "tensor")
+    if target.route is Route.SELF:
         return tensor
-    if route is Route.MPI:
+    if target.route is Route.MPI:
         return None
     # A live block cannot be released by a collective in another thread
     # (nothing here is dead), and hold() checks it is still live.
-    heap.peers.check(pe, block.segment)
-    start = tensor.untyped_storage().data_ptr() - heap.local.base
-    return heap.local.hold(block, heap.peers.block_view(pe, start, tensor))
+    return heap.hold(target.block, target.block_view(tensor, heap.storage_offset(tensor)))
 
 
 def put(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
@@ -171,7 +167,7 @@ def quiet(heap: HeapCore) -> None:
     """
     if heap.closed:
         heap.check_usable()  # raises: finalized (its MPI window is gone)
-    heap.completion.quiet()
+    heap.tracker.quiet()
 
 
 def fence(heap: HeapCore) -> None:
@@ -188,30 +184,19 @@ def fence(heap: HeapCore) -> None:
     """
     if heap.closed:
         heap.check_usable()  # raises: finalized (its MPI window is gone)
-    heap.completion.fence()
+    heap.tracker.fence()
 
 
 def cpu_address(heap: HeapCore, allocation: torch.Tensor, address: int, pe: int) -> int | None:
     """Where the byte at `address` of `allocation` (the tensor of a whole block,
     as the NumPy face keeps it; `address` is inside it) lies for PE `pe`, for
-    a copy by the CPU itself: this PE's own address, or the one in a node
-    peer's mapping (checked as transfer() checks it). None where the CPU cannot
-    copy there, so that the caller takes transfer(): a device heap, a PE on
-    another node, a heap without the compiled piece, or a block not live here
-    (transfer() then raises, with its own words). `pe` is a checked PE number."""
-    if not heap.native or heap.closed or heap.broken or heap.backend.name != "host":
-        return None
-    route = heap.routes[pe]
-    if route is Route.MPI:
-        return None
-    try:
-        block = heap.local.block_of(allocation)
-    except NotSymmetricError:
-        return None
-    if route is Route.SELF:
-        return address
-    heap.peers.check(pe, block.segment)
-    return heap.peers.windows[pe] + (address - heap.local.base)
+    a copy by the CPU itself: the located target's cpu_address (transport/
+    target.py). None where the CPU cannot copy there, so that the caller takes
+    transfer(): a device heap, a PE on another node, a heap without the
+    compiled piece, or a block not live here (transfer() then raises, with its
+    own words). `pe` is a checked PE number."""
+    target = heap.locate_in(allocation, address, pe)
+    return None if target is None else target.cpu_address
 
 
 # -- the one copy path ------------------------------------------------------------------
@@ -222,11 +207,11 @@ def transfer(heap: HeapCore, dest: torch.Tensor, source: torch.Tensor, pe: int, 
     heap. Blocking, or left for `tracker`'s quiet() to complete where `tracker`
     is given (the nbi forms)."""
     if writing:
-        block = heap.symmetric(dest, "destination")
+        target = heap.locate(dest, pe, "destination")
         source = _source_for(source, dest, "put")
         local, remote = source, dest
     else:
-        block = heap.symmetric(source, "source")
+        target = heap.locate(source, pe, "source")
         _check_get_dest(dest, source)
         try:
             local = dest if dest.shape == source.shape else dest.view(source.shape)
@@ -236,22 +221,17 @@ def transfer(heap: HeapCore, dest: torch.Tensor, source: torch.Tensor, pe: int, 
             dest.copy_(staged.view(dest.shape))
             return
         remote = source
-    route = heap.routes[pe]
-    if route is Route.NODE:
-        heap.peers.check(pe, block.segment)
-        # = offset_of(remote): symmetric() found its storage at storage_start
-        offset = heap.local.storage_start(block) + remote.storage_offset() * remote.element_size()
-        remote = heap.peers.copy_view(pe, offset, remote)
-    elif route is Route.MPI:
+    if target.route is Route.MPI:
         window = heap.window_for(f"{'put to' if writing else 'get from'} PE {pe} on another node")
         if writing:
-            window.put(remote, local, pe, block, tracker)
+            window.put(remote, local, pe, target.block, tracker)
         else:
-            window.get(local, remote, pe, block, tracker)
+            window.get(local, remote, pe, target.block, tracker)
         return
+    remote = target.copy_view(remote)
     dst, src = (remote, local) if writing else (local, remote)
-    if tracker is None and _copied_by_cpu(heap, dst, src):   # (a memmove: overlap is fine)
-        return
+    if tracker is None and target.cpu_address is not None and _copied_by_cpu(dst, src):
+        return   # (a memmove: overlap is fine)
     if _overlap(dst, src):
         # memmove's meaning, as the one-memmove path gives it: the source as it was
         # before the copy. torch's copy_ refuses a partial overlap within one storage
@@ -259,7 +239,7 @@ def transfer(heap: HeapCore, dest: torch.Tensor, source: torch.Tensor, pe: int, 
         # memory (a node peer's copy and a ptr() view of it), where it copied forward
         src = src.clone()
     if tracker is None:
-        heap.backend.copy(dst, src, True)
+        heap.copy(dst, src)
     else:
         tracker.copy(dst, src)
 
@@ -290,14 +270,13 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 CPU_COPY_MAX = 4 << 20
 
 
-def _copied_by_cpu(heap: HeapCore, dst: torch.Tensor, src: torch.Tensor) -> bool:
-    """A blocking host copy of whole contiguous tensors of one dtype (not bool)
-    and shape, neither a lazy conjugate nor a negative view, done by the compiled piece's
-    memmove where it pays (CPU_COPY_MAX); False (nothing done) otherwise: what
-    it copies, the general path (torch's copy_) copies alike, byte for byte
-    (tests/mpi/reliability/test_differential.py)."""
-    if not heap.native or heap.backend.name != "host":
-        return False
+def _copied_by_cpu(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """A blocking copy to or from a target the CPU reaches (its cpu_address:
+    host memory, the compiled piece) of whole contiguous tensors of one dtype
+    (not bool) and shape, neither a lazy conjugate nor a negative view, done by
+    the compiled piece's memmove where it pays (CPU_COPY_MAX); False (nothing
+    done) otherwise: what it copies, the general path (torch's copy_) copies
+    alike, byte for byte (tests/mpi/reliability/test_differential.py)."""
     nbytes = dst.numel() * dst.element_size()
     if not (0 < nbytes < CPU_COPY_MAX and src.dtype == dst.dtype and src.shape == dst.shape
             and src.device.type == "cpu" and dst.is_contiguous() and src.is_contiguous()):

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm.transport.route import Routes
+from shmemvm.transport.target import Locator
 from shmemvm import (FreedTensorError, NotSymmetricError, PeerTimeoutError, SymmetricHeap,
                      SymmetryError,
                      UnsupportedError)
@@ -259,8 +260,11 @@ def test_atomics_on_memory_mpi_is_not_given_take_the_kernel_path(mheap, monkeypa
     # Whether MPI reaches the memory is the backend's mpi_accessible, not its device
     # type; the atomics' path follows from it once, at init (transport/route.py)
     monkeypatch.setattr(heap.backend, "mpi_accessible", False)
-    monkeypatch.setattr(heap._core, "routes", Routes(heap.my_pe, heap.n_pes, heap._core.peers.windows,
-                                               mpi_memory=False))
+    core = heap._core
+    routes = Routes(heap.my_pe, heap.n_pes, core.peers.windows, mpi_memory=False)
+    monkeypatch.setattr(core, "routes", routes)
+    monkeypatch.setattr(core, "locator", Locator(routes, core.peers, core.local.base,
+                                                 heap.backend, core.window, native=core.native))
     off_node = [pe for pe in range(heap.n_pes) if pe not in heap.node_pes]
     if off_node:
         with pytest.raises(UnsupportedError, match="another node"):
