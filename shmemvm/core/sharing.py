@@ -15,18 +15,36 @@ every PE as it was.
 from __future__ import annotations
 
 import struct
+from typing import Protocol
 
 import torch
 from mpi4py import MPI
 
+from ..agreement.agreement import Agreement
 from ..agreement.protocol import Call, Phase
+from ..backends.base import VMMBackend
 from ..errors import (HeapExhaustedError, PeerTimeoutError, ResourceLimitError, ShmemError,
                       SymmetryError, clip)
 from ..memory.buddy import Block, Segment
-from .state import HeapCore
+from ..memory.vmm import VMemPow2Allocator
+from ..node.exchange import Exchange
+from ..node.peers import PeerTable
 
 
-def allocate_collectively(core: HeapCore, nbytes: int, call: Call) -> Block:
+class Sharing(Protocol):
+    """What sharing new memory needs of a heap's core (state.HeapCore has it;
+    typed here, so that the core can call these steps without a circle)."""
+
+    local: VMemPow2Allocator
+    peers: PeerTable
+    exchange: Exchange
+    agreement: Agreement
+    backend: VMMBackend
+
+    def map_new(self, created: list[Segment]) -> None: ...
+
+
+def allocate_collectively(core: Sharing, nbytes: int, call: Call) -> Block:
     """Allocate the block every PE agreed on (`call` was agreed); create, share
     and map the segments it needs. The same block on every PE, or the same
     error on every PE with nothing left behind."""
@@ -56,7 +74,7 @@ def allocate_collectively(core: HeapCore, nbytes: int, call: Call) -> Block:
     return block
 
 
-def exchange(core: HeapCore, call: Call, segments: list, export, map_peer, **options):
+def exchange(core: Sharing, call: Call, segments: list, export, map_peer, **options):
     """The fd exchange of `call`'s step (Exchange.run): the failure to agree on,
     or None. A timeout is raised instead: a PE is gone or stuck, and agreeing
     on it would wait as long again (2x SHMEMVM_TIMEOUT), so the heap is
@@ -71,7 +89,7 @@ def exchange(core: HeapCore, call: Call, segments: list, export, map_peer, **opt
     return None
 
 
-def raise_undone(core: HeapCore, call: Call, failure: BaseException | None, message: str):
+def raise_undone(core: Sharing, call: Call, failure: BaseException | None, message: str):
     """Raise the error of a step undone on every PE, the same kind on every
     PE: ResourceLimitError where some PE reached a system limit (descriptors,
     mappings: its message, which names the limit and what to change, is told
@@ -95,7 +113,7 @@ def raise_undone(core: HeapCore, call: Call, failure: BaseException | None, mess
     raise ShmemError(message) from failure
 
 
-def agree_on_unmapping(core: HeapCore, call: Call, failure: Exception | None, what: str) -> None:
+def agree_on_unmapping(core: Sharing, call: Call, failure: Exception | None, what: str) -> None:
     """After memory was released on every PE (the allocators moved on alike),
     only unmapping it can have failed, on one PE alone: agreed on, so that
     every PE raises the same ShmemError naming the failures, or none does."""
@@ -112,7 +130,7 @@ def agree_on_unmapping(core: HeapCore, call: Call, failure: Exception | None, wh
 
 
 # -- another allocator's memory (openshmem/external.py) -----------------------------------
-def place_imported(core: HeapCore, tensor: torch.Tensor, pieces: list, call: Call):
+def place_imported(core: Sharing, tensor: torch.Tensor, pieces: list, call: Call):
     """The block for imported memory and where this PE's pieces go in it:
     (block, shift of the first piece, offset of the storage in the pieces)."""
     granularity = core.backend.granularity
@@ -134,7 +152,7 @@ def place_imported(core: HeapCore, tensor: torch.Tensor, pieces: list, call: Cal
     return block, top - lead, lead
 
 
-def share_imported(core: HeapCore, block: Block, shift: int, pieces: list, call: Call) -> None:
+def share_imported(core: Sharing, block: Block, shift: int, pieces: list, call: Call) -> None:
     """Hand this PE's pieces of imported memory to the PEs of the node and
     map theirs (each PE's pieces differ: torch's, where torch put them)."""
     handles, segments, offset = {}, [], block.offset + shift

@@ -46,6 +46,7 @@ from ..transport.completion import CompletionTracker
 from ..transport.offnode import OffNodeWindow
 from ..transport.route import Routes
 from ..transport.target import Locator, Target
+from . import sharing
 
 log = logging.getLogger("shmemvm")
 
@@ -64,6 +65,115 @@ def _triton_interprets() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y")
 
 
+class Core(Protocol):
+    """The one typed door the routines (openshmem/, and through them shmem/,
+    api.py, device/) see of a heap's core: nothing else of HeapCore is theirs,
+    and no routine reaches through a part of it (`heap.local.x`; kept by
+    tests/unit/test_house.py). Each member says why a routine needs it."""
+
+    # -- what the heap is (messages, PE numbers, teams, the faces' objects) --------------
+    #: this PE and the PE count: every routine's PE arithmetic
+    my_pe: int
+    n_pes: int
+    #: the node's PEs: team_shared() and the node paths of collectives
+    node_pes: list[int]
+    #: the heap's and the node's communicators: what teams split and run MPI collectives on
+    comm: MPI.Comm
+    node: MPI.Comm
+    #: the deadline of every wait (teams' agreements, waits)
+    timeout: float
+    #: the heap's lock: every collective call holds it
+    lock: threading.RLock
+    #: finalized: contexts and quiet() check it before touching the window
+    closed: bool
+    #: every PE has the compiled piece (the native collective paths)
+    native: bool
+    #: the world group's agreement and this PE's liveness record (teams make theirs alike,
+    #: waits and locks watch the others through it)
+    agreement: Agreement
+    liveness: Liveness | None
+
+    @property
+    def face(self) -> Any: ...   # the SymmetricHeap users hold (Ctx.heap, Team.heap)
+
+    @property
+    def core(self) -> Core: ...   # itself: the heap is its own default context (Context)
+
+    @property
+    def device(self) -> torch.device: ...   # where tensors the routines make go
+
+    @property
+    def backend_name(self) -> str: ...   # messages and heap_info()
+
+    @property
+    def granularity(self) -> int: ...   # align()'s limit, heap_info()
+
+    @property
+    def anchor_size(self) -> int: ...   # heap_info()
+
+    @property
+    def broken(self) -> str | None: ...   # why the heap is unusable (a timed-out step)
+
+    @property
+    def tracker(self) -> CompletionTracker: ...   # the default context's (quiet, fence)
+
+    # -- state and agreement (every collective) -------------------------------------------
+    def check_usable(self) -> None: ...
+    def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
+    def all_ok(self, ok: bool, call: Call) -> bool: ...
+    def allgather_bytes(self, phase: Any, data: bytes, text: str) -> list[bytes]: ...
+    def mark_broken(self, why: str) -> None: ...
+    def feature(self, key: str, make: Callable[[], Feature]) -> Feature: ...
+    def made_feature(self, key: str) -> Any: ...
+    def quiet_all(self) -> None: ...
+    def new_tracker(self) -> CompletionTracker: ...   # a Ctx's own (its own stream)
+    def add_tracker(self, tracker: CompletionTracker) -> None: ...
+    def drop_tracker(self, tracker: CompletionTracker) -> None: ...
+    def synchronize(self) -> None: ...   # the device's work before a collective step
+    def publish_lock(self, offset: int, ticket: int | None, how: str | None) -> None: ...
+    def all_mapped(self, pes: Any) -> bool: ...   # a team's node path
+
+    # -- arguments (every routine) --------------------------------------------------------
+    def check_pe(self, pe: Any) -> int: ...
+    def world_pe(self, pe: Any) -> int: ...
+    def symmetric(self, tensor: torch.Tensor, role: str) -> Block: ...
+    def symmetric_contiguous(self, tensor: Any, role: str, what: str) -> int: ...
+    def offset_of(self, tensor: torch.Tensor) -> int: ...
+
+    # -- where an operation lands (rma, atomics, waits, signals, locks, collectives) ------
+    def locate(self, tensor: torch.Tensor, pe: int, role: str) -> Target: ...
+    def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None: ...
+    def storage_offset(self, tensor: torch.Tensor) -> int: ...
+    def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor: ...
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None: ...
+    def window_for(self, what: str) -> OffNodeWindow: ...
+    def atomics_window(self, what: str, pe: int) -> OffNodeWindow: ...
+    def heap_bases(self) -> torch.Tensor: ...
+
+    # -- memory (alloc.py, external.py) ----------------------------------------------------
+    def allocate(self, nbytes: int, call: Call) -> Block: ...
+    def tensor_for(self, block: Block, shape: Any, dtype: torch.dtype) -> torch.Tensor: ...
+    def block_of(self, tensor: torch.Tensor) -> Block: ...
+    def retire(self, tensor: torch.Tensor) -> Any: ...
+    def finish_free(self, retirement: Any, *, release_now: bool) -> Any: ...
+    def agree_on_unmapping(self, call: Call, failure: Exception | None, what: str) -> None: ...
+    def imported(self, offset: int) -> Any: ...
+    def size_class(self, nbytes: int) -> int: ...
+    def resize(self, retirement: Any, nbytes: int, shape: Any,
+               dtype: torch.dtype) -> torch.Tensor: ...
+    def stats(self) -> Any: ...
+    def trim(self) -> int: ...
+    def undo_allocation(self, block: Block, created: list) -> None: ...
+    def import_pieces(self, tensor: torch.Tensor) -> list: ...
+    def release_pieces(self, pieces: list) -> None: ...
+    def place_imported(self, tensor: torch.Tensor, pieces: list, call: Call) -> Any: ...
+    def place_external(self, block: Block, tensor: torch.Tensor, pieces: list,
+                       shift: int) -> None: ...
+    def share_imported(self, block: Block, shift: int, pieces: list, call: Call) -> None: ...
+    def external_tensor_for(self, block: Block, start: int,
+                            like: torch.Tensor) -> torch.Tensor: ...
+
+
 class Context(Protocol):
     """What one-sided operations (rma, atomics, signals, strided) are issued on:
     the heap itself (its default context) or a Ctx (openshmem/contexts.py).
@@ -73,7 +183,7 @@ class Context(Protocol):
     which its quiet() completes."""
 
     @property
-    def core(self) -> HeapCore: ...
+    def core(self) -> Core: ...
 
     @property
     def tracker(self) -> CompletionTracker: ...
@@ -118,7 +228,7 @@ class HeapCore:
     anchor: Anchor | None
     window: OffNodeWindow | None
     window_error: str | None
-    agreement: Agreement | None
+    agreement: Agreement
     completion: CompletionTracker
     routes: Routes
     locator: Locator
@@ -138,8 +248,10 @@ class HeapCore:
         #: makes a collective call holds it for the whole call)
         self.lock = threading.RLock()
         self.closed = False
-        self.agreement = None
-        self.comm = self.node = self.local = self.peers = None
+        # made by setup.open_heap before any routine runs; None until then (a failed
+        # init's teardown checks)
+        self.agreement = None   # type: ignore[assignment]
+        self.comm = self.node = self.local = self.peers = None   # type: ignore[assignment]
         self.channel = self.anchor = self.window = None
         self.window_error = None
         #: this PE's record of what it waits for, and what it sees of the others
@@ -427,6 +539,25 @@ class HeapCore:
         """Undo an allocation every PE undoes alike (a failed collective)."""
         self.local.undo_allocation(block, created)
 
+    # -- collective steps of memory (core/sharing.py) ------------------------------------
+    def allocate(self, nbytes: int, call: Call) -> Block:
+        """The block every PE agreed on for `call`, its new segments created,
+        shared and mapped (sharing.allocate_collectively)."""
+        return sharing.allocate_collectively(self, nbytes, call)
+
+    def agree_on_unmapping(self, call: Call, failure: Exception | None, what: str) -> None:
+        """After a release on every PE: the same ShmemError everywhere where
+        unmapping failed on some PE (sharing.agree_on_unmapping)."""
+        sharing.agree_on_unmapping(self, call, failure, what)
+
+    def place_imported(self, tensor: torch.Tensor, pieces: list, call: Call):
+        """The block for imported memory (sharing.place_imported)."""
+        return sharing.place_imported(self, tensor, pieces, call)
+
+    def share_imported(self, block: Block, shift: int, pieces: list, call: Call) -> None:
+        """Share imported pieces with the node's PEs (sharing.share_imported)."""
+        sharing.share_imported(self, block, shift, pieces, call)
+
     def synchronize(self) -> None:
         """Wait for the device's work so far (the backend's; nothing on the host)."""
         self.backend.synchronize()
@@ -489,6 +620,10 @@ class HeapCore:
         return self._bases
 
     # -- completion of every context ---------------------------------------------------
+    def new_tracker(self) -> CompletionTracker:
+        """A tracker for a Ctx: its non-blocking copies on a stream of its own."""
+        return CompletionTracker(self.backend, current_stream=False)
+
     def add_tracker(self, tracker: CompletionTracker) -> None:
         """Count a context's tracker in quiet_all() while it lives."""
         self._trackers.add(tracker)
@@ -506,3 +641,8 @@ class HeapCore:
         if self._trackers.data:  # (most programs make no context: skip copying the set)
             for tracker in list(self._trackers):
                 tracker.quiet()
+
+
+def _door(core: HeapCore) -> Core:
+    """(For type checkers: HeapCore is a Core, the door the routines see.)"""
+    return core

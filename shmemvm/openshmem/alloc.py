@@ -4,7 +4,7 @@ realloc, free, and the heap's memory in numbers (heap_info, trim).
 Every PE runs the same deterministic allocator (memory/buddy.py), so the same
 sequence of collective calls gives the same offsets everywhere: each call
 only agrees that every PE made it with the same arguments (one small
-allreduce, HeapCore.agree), then allocates locally; only segments a call
+allreduce, Core.agree), then allocates locally; only segments a call
 creates are shared with the node's PEs (core/sharing.py). A block is reused
 only when it was freed on every PE and nothing on any PE views it any more
 (memory/ownership.py).
@@ -24,8 +24,7 @@ import torch
 
 from .. import _args
 from ..agreement.protocol import Call, Phase
-from ..core import sharing
-from ..core.state import HeapCore
+from ..core.state import Core
 from ..errors import ShmemError
 from ..memory.buddy import Block
 from .info import HeapInfo
@@ -35,15 +34,15 @@ MALLOC_ATOMICS_REMOTE = 1
 MALLOC_SIGNAL_REMOTE = 2
 
 
-def _hints(heap: HeapCore) -> dict[int, int]:
+def _hints(heap: Core) -> dict[int, int]:
     """malloc_with_hints' hints of this heap's blocks: block offset -> hints."""
     return heap.feature("alloc.hints", dict)
 
 
-def _allocate(heap: HeapCore, nbytes: int, call: Call) -> Block:
+def _allocate(heap: Core, nbytes: int, call: Call) -> Block:
     """The block every PE agreed on for `call` (core/sharing.py), without the
     hints a former block at its offset had."""
-    block = sharing.allocate_collectively(heap, nbytes, call)
+    block = heap.allocate(nbytes, call)
     hints = heap.made_feature("alloc.hints")
     if hints:
         hints.pop(block.offset, None)
@@ -65,7 +64,7 @@ class Request:
     key: tuple = ()
 
 
-def _checked(heap: HeapCore, request: Request, what: str) -> tuple:
+def _checked(heap: Core, request: Request, what: str) -> tuple:
     """The agreed arguments of `request`, after checking its size, alignment and hints."""
     nbytes = _args.nbytes(request.nbytes, f"{what}: nbytes")
     alignment = request.alignment
@@ -84,7 +83,7 @@ def _checked(heap: HeapCore, request: Request, what: str) -> tuple:
     return nbytes, alignment or 0, hints, request.fill is not None, request.key
 
 
-def allocate(heap: HeapCore, request: Callable[[], Request], text: str, *,
+def allocate(heap: Core, request: Callable[[], Request], text: str, *,
              phase: Phase = Phase.ALLOCATE, what: str = "alloc") -> torch.Tensor:
     """Symmetric memory as a 1-D uint8 tensor, as `request()` asks for it
     (collective): both faces' one allocation with alignment, hints and a fill.
@@ -129,7 +128,7 @@ def allocate(heap: HeapCore, request: Callable[[], Request], text: str, *,
     return tensor
 
 
-def malloc(heap: HeapCore, nbytes: int) -> torch.Tensor:
+def malloc(heap: Core, nbytes: int) -> torch.Tensor:
     """`nbytes` of symmetric memory as a uint8 tensor (collective).
 
     Args:
@@ -162,7 +161,7 @@ def malloc(heap: HeapCore, nbytes: int) -> torch.Tensor:
         return heap.tensor_for(block, dims, torch.uint8)
 
 
-def empty(heap: HeapCore, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def empty(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised symmetric tensor (collective).
 
     Args:
@@ -188,7 +187,7 @@ def empty(heap: HeapCore, shape, dtype: torch.dtype = torch.float32) -> torch.Te
     return _empty(heap, shape, dtype, ("empty({!r}, {})", shape, dtype), Phase.MALLOC)
 
 
-def _empty(heap: HeapCore, shape, dtype, text, phase: Phase) -> torch.Tensor:
+def _empty(heap: Core, shape, dtype, text, phase: Phase) -> torch.Tensor:
     """empty() as the call `phase` with the message text `text` (malloc, zeros)."""
     try:
         dims, nbytes = _args.tensor_nbytes(shape, dtype)
@@ -202,7 +201,7 @@ def _empty(heap: HeapCore, shape, dtype, text, phase: Phase) -> torch.Tensor:
         return heap.tensor_for(block, dims, dtype)
 
 
-def zeros(heap: HeapCore, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def zeros(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A zero-filled symmetric tensor (collective, like shmem_calloc). It is
     zero on every PE before any PE returns, so peers may write at once.
 
@@ -233,7 +232,7 @@ def zeros(heap: HeapCore, shape, dtype: torch.dtype = torch.float32) -> torch.Te
     return tensor
 
 
-def align(heap: HeapCore, alignment: int, nbytes: int) -> torch.Tensor:
+def align(heap: Core, alignment: int, nbytes: int) -> torch.Tensor:
     """`nbytes` of symmetric memory whose address is a multiple of
     `alignment` on every PE (collective, shmem_align).
 
@@ -266,7 +265,7 @@ def align(heap: HeapCore, alignment: int, nbytes: int) -> torch.Tensor:
                     f"align({alignment!r}, {nbytes!r})", phase=Phase.ALIGN, what="align")
 
 
-def malloc_with_hints(heap: HeapCore, nbytes: int, hints: int = 0) -> torch.Tensor:
+def malloc_with_hints(heap: Core, nbytes: int, hints: int = 0) -> torch.Tensor:
     """malloc() with OpenSHMEM 1.5's usage hints (collective,
     shmem_malloc_with_hints). The hints are checked, agreed on (part of what
     every PE must pass alike) and recorded with the block, but change nothing
@@ -295,7 +294,7 @@ def malloc_with_hints(heap: HeapCore, nbytes: int, hints: int = 0) -> torch.Tens
                     what="malloc_with_hints")
 
 
-def _whole(heap: HeapCore, tensor, what: str) -> None:
+def _whole(heap: Core, tensor, what: str) -> None:
     """ValueError where `tensor` is a view of part of its block (a slice, a
     strided view): free() and realloc() take an allocation, and a view of all of
     it (another shape or dtype) is one; a part is not. Checked before anything
@@ -324,7 +323,7 @@ def _dense(tensor: torch.Tensor) -> bool:
                                           zip(tensor.shape, tensor.stride()) if size > 1)
 
 
-def free(heap: HeapCore, tensor: torch.Tensor) -> None:
+def free(heap: Core, tensor: torch.Tensor) -> None:
     """Free a symmetric tensor (collective). `tensor` itself becomes empty;
     views of it made before (slices, ptr() views, on any PE) keep the old
     memory and data, but are no longer symmetric tensors; the block is
@@ -351,7 +350,7 @@ def free(heap: HeapCore, tensor: torch.Tensor) -> None:
     release(heap, lambda: tensor, "free(tensor)")
 
 
-def release(heap: HeapCore, find: Callable[[], torch.Tensor], text: str) -> None:
+def release(heap: Core, find: Callable[[], torch.Tensor], text: str) -> None:
     """free() of the tensor `find()` gives (collective): both faces' one free.
     find() runs inside the call's agreement: where it raises TypeError,
     ValueError or NotSymmetricError (not something this heap allocated, a slice
@@ -377,14 +376,14 @@ def release(heap: HeapCore, find: Callable[[], torch.Tensor], text: str) -> None
             imported = alone_everywhere and heap.imported(offset) is not None
             failure = heap.finish_free(retirement, release_now=alone_everywhere)
             if imported:
-                sharing.agree_on_unmapping(heap, call, failure, "the imported memory")
+                heap.agree_on_unmapping(call, failure, "the imported memory")
     except BaseException:
         if retirement is not None and retirement.storage is not None:
             retirement.restore()  # nothing was done: the tensor stays usable
         raise
 
 
-def realloc(heap: HeapCore, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
+def realloc(heap: Core, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
     """A symmetric tensor of `nbytes` holding `tensor`'s leading bytes, as a
     1-D tensor of its dtype; `tensor` is freed (collective).
 
@@ -447,7 +446,7 @@ def realloc(heap: HeapCore, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         raise
 
 
-def heap_info(heap: HeapCore) -> HeapInfo:
+def heap_info(heap: Core) -> HeapInfo:
     """This PE's heap in numbers (local, not collective).
 
     Returns:
@@ -473,7 +472,7 @@ def heap_info(heap: HeapCore) -> HeapInfo:
                     anchor=heap.anchor_size)
 
 
-def trim(heap: HeapCore) -> int:
+def trim(heap: Core) -> int:
     """Give back cached physical memory now (collective).
 
     Freed segments stay mapped as a cache for reuse; trim() releases them
@@ -497,7 +496,7 @@ def trim(heap: HeapCore) -> int:
             freed = heap.trim()
         except Exception as exc:  # noqa: BLE001 - an unmap here; every segment was tried
             failure = exc
-        sharing.agree_on_unmapping(heap, call, failure, "the cached memory")
+        heap.agree_on_unmapping(call, failure, "the cached memory")
         return freed
 
 

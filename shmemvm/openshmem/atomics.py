@@ -60,7 +60,7 @@ import torch
 from mpi4py import MPI
 
 from .. import _docs, native
-from ..core.state import Context, HeapCore
+from ..core.state import Context, Core
 from ..errors import UnsupportedError
 from ..transport.completion import CompletionTracker
 from ..transport.target import Target
@@ -92,7 +92,7 @@ def check_op(word: Word, op: str, what: str) -> None:
                         f"target is {word.name}")
 
 
-def prepare(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, what: str,
+def prepare(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, what: str,
             count: int = 1, role: str = "target") -> Target:
     """Every check of apply() before anything moves: `op` applies to `word`,
     `where` is `count` words of live symmetric memory of this heap, aligned to
@@ -119,7 +119,51 @@ def prepare(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, w
 
 
 # -- the one function ---------------------------------------------------------------------
-def apply(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, value=0, cond=0,
+#: apply()'s operation -> the kernel's (transport/kernels.py)
+_KERNEL_OPS = {"fetch": "fetch", "set": "xchg", "swap": "xchg", "add": "add", "and": "and",
+               "or": "or", "xor": "xor", "cas": "cas"}
+
+
+# -- checks -------------------------------------------------------------------------------
+def check_op(word: Word, op: str, what: str) -> None:
+    """TypeError unless `op` applies to `word` (floats: fetch, set and swap only)."""
+    if op not in OPERATIONS:
+        raise ValueError(f"{what}: unknown atomic operation {op!r}; one of "
+                         f"{', '.join(OPERATIONS)}")
+    if not word.integer and op not in EXTENDED:
+        raise TypeError(f"{what}: this operation works on {words.INTEGER_TEXT} targets; "
+                        f"{words.FLOAT_TEXT} only with {', '.join(FLOAT_OPERATIONS)}; the "
+                        f"target is {word.name}")
+
+
+def prepare(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, what: str,
+            count: int = 1, role: str = "target") -> Target:
+    """Every check of apply() before anything moves: `op` applies to `word`,
+    `where` is `count` words of live symmetric memory of this heap, aligned to
+    the word's size, and PE `pe` (a checked PE number) is reachable by this
+    heap's atomics. The located Target (transport/target.py); a clear error
+    otherwise."""
+    check_op(word, op, what)
+    target = heap.locate(where, pe, f"{role} of {what} (a view of memory from this heap's "
+                                    f"malloc/empty/zeros)")
+    if where.numel() != word.size * count:
+        raise ValueError(f"{what}: the {role} has {where.numel()} bytes, not {count} {word.name}")
+    if where.data_ptr() % word.size:
+        raise ValueError(f"{what}: the {role} at {where.data_ptr():#x} is not aligned to its "
+                         f"{word.size}-byte element size; use an element of memory allocated "
+                         f"with that element type")
+    if target.atomic_address is None:
+        if not target.by_kernel or target.address is None:
+            heap.atomics_window(what, pe)
+        elif word.size not in (4, 8):
+            raise UnsupportedError(f"{what}: on a {heap.backend_name} heap atomics run as "
+                                   f"Triton kernels, whose atomics are 32- and 64-bit; the "
+                                   f"target is {word.name}. Use a 32- or 64-bit type")
+    return target
+
+
+# -- the one function ---------------------------------------------------------------------
+def apply(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, value=0, cond=0,
           *, what: str, count: int = 1, into: torch.Tensor | None = None,
           tracker: CompletionTracker | None = None):
     """Apply `op` with `value` (and `cond`, for "cas") to the word `where` holds
@@ -217,7 +261,7 @@ def _by_cpu(address: int, word: Word, op: str, value, cond, count: int):
     return native.atomic(address, word.code, _NATIVE_OPS[op], value, cond)
 
 
-def cpu_word(heap: HeapCore, allocation: torch.Tensor, address: int, word: Word,
+def cpu_word(heap: Core, allocation: torch.Tensor, address: int, word: Word,
              pe: int) -> int | None:
     """Where the `word` at `address` of `allocation` (a whole block's tensor,
     as the NumPy face keeps it) lies for PE `pe` (a checked PE number), where
@@ -242,7 +286,7 @@ def at_address(address: int, word: Word, op: str, value, cond=0, *, what: str):
     return native.atomic(address, word.code, _NATIVE_OPS[op], value, cond)
 
 
-def _by_kernel(heap: HeapCore, word: Word, where: torch.Tensor, pe: int, op: str, value, cond,
+def _by_kernel(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, value, cond,
                count: int, what: str):
     """apply() on a device heap's node (transport/kernels.py): one word as a kernel;
     a vector read (waits) as a copy to the host, after the current stream's work:
@@ -276,7 +320,7 @@ def atomic_nbi(ctx: Context, word: Word, into: torch.Tensor, where: torch.Tensor
           tracker=ctx.tracker)
 
 
-def read(heap: HeapCore, word: Word, where: torch.Tensor, what: str, count: int | None = None):
+def read(heap: Core, word: Word, where: torch.Tensor, what: str, count: int | None = None):
     """This PE's value of the word at `where`, read atomically; with `count`, a
     list of the values of `count` words there."""
     values = apply(heap, word, where, heap.my_pe, "fetch", what=what,

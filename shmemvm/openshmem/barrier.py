@@ -1,7 +1,7 @@
 """Barriers over every PE of the heap: barrier_all (puts complete, then wait
 for every PE) and sync_all (this PE's stores complete, then wait).
 
-Both are one agreed step (HeapCore.agree): the same allreduce that checks
+Both are one agreed step (Core.agree): the same allreduce that checks
 every PE is in the same call is the barrier, on the node through the
 agreement's shared-memory board where it has one.
 """
@@ -9,7 +9,7 @@ agreement's shared-memory board where it has one.
 from __future__ import annotations
 
 from ..agreement.protocol import Call, Phase
-from ..core.state import HeapCore
+from ..core.state import Core
 from . import rma
 
 #: the calls of the two barriers, made once: they have no arguments, and the
@@ -18,7 +18,7 @@ _BARRIER_ALL = Call(Phase.BARRIER_ALL, text="barrier_all()", exact=True)
 _SYNC_ALL = Call(Phase.SYNC_ALL, text="sync_all()", exact=True)
 
 
-def barrier_all(heap: HeapCore) -> None:
+def barrier_all(heap: Core) -> None:
     """Complete this PE's puts, then wait for every PE (collective).
 
     This PE's queued device work (kernels and copies on the current stream)
@@ -39,7 +39,7 @@ def barrier_all(heap: HeapCore) -> None:
         heap.agree(_BARRIER_ALL)
 
 
-def sync_all(heap: HeapCore) -> None:
+def sync_all(heap: Core) -> None:
     """Wait for every PE (collective). This PE's own stores are complete
     first, including device work queued on the current stream (a kernel
     writing symmetric memory), since a host-side barrier that let them run

@@ -49,7 +49,7 @@ from mpi4py import MPI
 
 from .. import _args, _docs
 from ..agreement.protocol import Phase
-from ..core.state import HeapCore
+from ..core.state import Core
 from ..errors import plural
 from ..transport import nodecoll
 from . import group, rma
@@ -100,7 +100,7 @@ def _tensors(dest, source, what: str):
 
 
 # -- checks (local; the agreement turns a local error into the same error everywhere)
-def _offset(heap: HeapCore, operand: Operand, role: str, what: str) -> int:
+def _offset(heap: Core, operand: Operand, role: str, what: str) -> int:
     """The heap offset of `operand`, checked to be live symmetric memory."""
     return heap.symmetric_contiguous(operand.data, role, what)
 
@@ -119,7 +119,7 @@ def _disjoint(what: str, d: int, nd: int, s: int, ns: int, identical_ok: bool = 
                          f"({s:#x}..{s + ns:#x}) overlap; they must {allowed}not overlap")
 
 
-def _pair(heap: HeapCore, team: group.Group, what: str, dest: Operand, source: Operand,
+def _pair(heap: Core, team: group.Group, what: str, dest: Operand, source: Operand,
           factor: int, *, identical_ok: bool):
     """Check dest (factor * source.count elements) and source; their heap offsets."""
     d = _offset(heap, dest, "dest", what)
@@ -183,7 +183,7 @@ _documented = _docs.filled(team=_TEAM_ARG, raises=_RAISES)
 
 # -- broadcast ------------------------------------------------------------------------------
 @_documented
-def broadcast(heap: HeapCore, dest, source, root, *, team=None) -> None:
+def broadcast(heap: Core, dest, source, root, *, team=None) -> None:
     """Copy `source` of PE `root` into `dest` on every PE of the team, root's
     own dest included (collective; OpenSHMEM's shmem_broadcast).
 
@@ -207,7 +207,7 @@ def broadcast(heap: HeapCore, dest, source, root, *, team=None) -> None:
     broadcast_bytes(heap, _tensors(dest, source, "broadcast"), root, team=team)
 
 
-def broadcast_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], root, *,
+def broadcast_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], root, *,
                     team=None) -> None:
     """broadcast() of the Operands that `operands()` makes (or raises for: then
     every member raises at this call): both faces' one implementation."""
@@ -256,7 +256,7 @@ def broadcast_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operan
 
 # -- fcollect ---------------------------------------------------------------------------------
 @_documented
-def fcollect(heap: HeapCore, dest, source, *, team=None) -> None:
+def fcollect(heap: Core, dest, source, *, team=None) -> None:
     """Concatenate every PE's `source` into `dest` on every PE of the team, in
     team PE order: dest[i*m:(i+1)*m] <- source of team PE i, m =
     source.numel() (collective; OpenSHMEM's shmem_fcollect, an allgather).
@@ -279,7 +279,7 @@ def fcollect(heap: HeapCore, dest, source, *, team=None) -> None:
     fcollect_bytes(heap, _tensors(dest, source, "fcollect"), team=team)
 
 
-def fcollect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], *,
+def fcollect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
                    team=None) -> None:
     """fcollect() of the Operands that `operands()` makes (see broadcast_bytes)."""
     what = "fcollect"
@@ -317,7 +317,7 @@ def fcollect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
 
 # -- collect ----------------------------------------------------------------------------------
 @_documented
-def collect(heap: HeapCore, dest, source, *, team=None) -> None:
+def collect(heap: Core, dest, source, *, team=None) -> None:
     """Concatenate every PE's `source`, which may have a different number of
     elements on each PE, into `dest` on every PE of the team, in team PE order
     (collective; OpenSHMEM's shmem_collect). Team PE i's elements land at
@@ -345,7 +345,7 @@ def collect(heap: HeapCore, dest, source, *, team=None) -> None:
     collect_bytes(heap, _tensors(dest, source, "collect"), team=team)
 
 
-def collect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], *,
+def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
                   team=None) -> None:
     """collect() of the Operands that `operands()` makes (see broadcast_bytes)."""
     what = "collect"
@@ -402,7 +402,7 @@ def collect_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]
 
 # -- alltoall ---------------------------------------------------------------------------------
 @_documented
-def alltoall(heap: HeapCore, dest, source, *, team=None) -> None:
+def alltoall(heap: Core, dest, source, *, team=None) -> None:
     """Exchange blocks between every pair of PEs of the team: block j of dest
     on team PE i <- block i of source on team PE j; a block is source.numel()
     // n elements, n the team's PEs (collective; OpenSHMEM's shmem_alltoall).
@@ -426,7 +426,7 @@ def alltoall(heap: HeapCore, dest, source, *, team=None) -> None:
     alltoall_bytes(heap, _tensors(dest, source, "alltoall"), team=team)
 
 
-def alltoall_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], *,
+def alltoall_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
                    team=None) -> None:
     """alltoall() of the Operands that `operands()` makes (see broadcast_bytes)."""
     what = "alltoall"
@@ -467,7 +467,7 @@ def alltoall_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand
 
 
 @_documented
-def alltoalls(heap: HeapCore, dest, source, dst: int, sst: int, nelems: int, *, team=None) -> None:
+def alltoalls(heap: Core, dest, source, dst: int, sst: int, nelems: int, *, team=None) -> None:
     """alltoall with strides (collective; OpenSHMEM's shmem_alltoalls): for
     every pair of team PEs i, k and j in 0..nelems-1,
     dest[dst * (i*nelems + j)] on PE k <- source[sst * (k*nelems + j)] on PE i.
@@ -496,7 +496,7 @@ def alltoalls(heap: HeapCore, dest, source, dst: int, sst: int, nelems: int, *, 
     alltoalls_bytes(heap, _tensors(dest, source, "alltoalls"), dst, sst, nelems, team=team)
 
 
-def alltoalls_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], dst, sst,
+def alltoalls_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], dst, sst,
                     nelems, *, team=None) -> None:
     """alltoalls() of the Operands that `operands()` makes (see broadcast_bytes);
     `nelems` may be a function of (dest, source) that gives it (the NumPy face's
@@ -578,7 +578,7 @@ def _reducible(op: str, dtype: torch.dtype, device: str) -> str | None:
         return str(exc).splitlines()[0]
 
 
-def torch_combiner(heap: HeapCore, op: str, dtype: torch.dtype) -> Combine:
+def torch_combiner(heap: Core, op: str, dtype: torch.dtype) -> Combine:
     """The torch face's combiner of `dtype` for `op` (torch ops on the heap's
     device), or TypeError where torch cannot combine them."""
     why = _reducible(op, dtype, str(heap.device))
@@ -595,7 +595,7 @@ def torch_combiner(heap: HeapCore, op: str, dtype: torch.dtype) -> Combine:
 
 
 @_documented
-def reduce(heap: HeapCore, dest, source, op: str = "sum", *, team=None) -> None:
+def reduce(heap: Core, dest, source, op: str = "sum", *, team=None) -> None:
     """Combine every PE's `source` elementwise with `op` into `dest` on every
     PE of the team (collective; OpenSHMEM's reductions, as an allreduce):
     dest = source of team PE 0 (op) source of team PE 1 (op) ..., combined
@@ -623,7 +623,7 @@ def reduce(heap: HeapCore, dest, source, op: str = "sum", *, team=None) -> None:
                  lambda operand: torch_combiner(heap, op, operand.dtype), team=team)
 
 
-def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]], op: str,
+def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op: str,
                  combiner: Callable[[Operand], Combine], *, team=None) -> None:
     """reduce() of the Operands that `operands()` makes (see broadcast_bytes),
     combined by `combiner(source)`, the face's combiner of op for source's dtype
@@ -709,7 +709,7 @@ def reduce_bytes(heap: HeapCore, operands: Callable[[], tuple[Operand, Operand]]
             flat.copy_(receive)
 
 
-def all_reduce(heap: HeapCore, dest, source, op: str = "sum", *, team=None) -> None:
+def all_reduce(heap: Core, dest, source, op: str = "sum", *, team=None) -> None:
     """dest on every PE <- source combined over every PE, elementwise (the
     torch.distributed name for reduce(), which already leaves the result on
     every PE; the same call, so all_reduce on some PEs matches reduce on the

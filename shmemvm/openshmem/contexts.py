@@ -18,7 +18,7 @@ they return, whichever context issues them.
 What the heap's quiet() does: it completes the default context only, as
 shmem_quiet does (OpenSHMEM: "shmem_quiet ... on the default context"); so do
 barrier_all() and clear_lock(). free(), realloc() and finalize() complete every
-live context's operations first (HeapCore.quiet_all), since nothing may still
+live context's operations first (Core.quiet_all), since nothing may still
 be in flight into memory that is being released.
 
 The options are OpenSHMEM's and are recorded on the context (`options`);
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from .. import _args
 from ..core import trace
-from ..core.state import HeapCore, core_of
+from ..core.state import Core, core_of
 from ..errors import ShmemError
 from ..transport.completion import CompletionTracker
 from . import atomics, rma, signals, strided
@@ -92,7 +92,7 @@ class Ctx(ContextOperations):
         completion: its CompletionTracker (what its quiet() still has to complete).
     """
 
-    def __init__(self, heap: HeapCore, options: int = 0, team=None):
+    def __init__(self, heap: Core, options: int = 0, team=None):
         """Make a context (not collective).
 
         Args:
@@ -118,7 +118,7 @@ class Ctx(ContextOperations):
         self._core = core
         self.options = options
         self.team = team
-        self.completion = CompletionTracker(core.backend, current_stream=False)
+        self.completion = core.new_tracker()
         self._destroyed = False
         core.add_tracker(self.completion)
 
@@ -127,7 +127,7 @@ class Ctx(ContextOperations):
         """The SymmetricHeap this context issues operations on."""
         return self._core.face
 
-    def _usable(self, what: str) -> HeapCore:
+    def _usable(self, what: str) -> Core:
         if self._destroyed:
             raise ShmemError(f"ctx.{what}: this context was destroyed; create another with "
                              f"ctx_create()")
@@ -135,7 +135,7 @@ class Ctx(ContextOperations):
 
     # -- what makes it a context (core/state.py's Context) ------------------------------
     @property
-    def core(self) -> HeapCore:
+    def core(self) -> Core:
         """The heap this context issues operations on."""
         return self._usable("operation")
 
@@ -215,7 +215,7 @@ class Ctx(ContextOperations):
         return f"<Ctx options={self.options} team={self.team!r} on PE {self._core.my_pe}: {state}>"
 
 
-def ctx_create(heap: HeapCore, options: int = 0) -> Ctx:
+def ctx_create(heap: Core, options: int = 0) -> Ctx:
     """A communication context on this heap (shmem_ctx_create; not collective).
 
     Args:
@@ -234,7 +234,7 @@ def ctx_create(heap: HeapCore, options: int = 0) -> Ctx:
     return Ctx(heap, options)
 
 
-def ctx_destroy(heap: HeapCore, ctx: Ctx) -> None:
+def ctx_destroy(heap: Core, ctx: Ctx) -> None:
     """Complete `ctx`'s operations and make it unusable (shmem_ctx_destroy).
 
     Args:

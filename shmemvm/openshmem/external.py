@@ -13,12 +13,11 @@ from __future__ import annotations
 import torch
 
 from ..agreement.protocol import Call, Phase
-from ..core import sharing
-from ..core.state import HeapCore
+from ..core.state import Core
 from ..errors import ShmemError
 
 
-def import_external_tensor(heap: HeapCore, tensor: torch.Tensor) -> torch.Tensor:
+def import_external_tensor(heap: Core, tensor: torch.Tensor) -> torch.Tensor:
     """Make another allocator's tensor symmetric without copying it
     (collective): its memory is mapped into the heap and shared with the
     PEs of the node like memory the heap made.
@@ -73,7 +72,7 @@ def import_external_tensor(heap: HeapCore, tensor: torch.Tensor) -> torch.Tensor
                 call.error = exc
         try:
             heap.agree(call)
-            block, shift, lead = sharing.place_imported(heap, tensor, pieces, call)
+            block, shift, lead = heap.place_imported(tensor, pieces, call)
         except BaseException:
             heap.release_pieces(pieces or [])
             raise
@@ -88,5 +87,5 @@ def import_external_tensor(heap: HeapCore, tensor: torch.Tensor) -> torch.Tensor
             raise ShmemError(f"{call.text} failed: a PE could not map the imported memory "
                              f"({failure or 'see the error on the other PEs'}); undone on "
                              f"every PE") from failure
-        sharing.share_imported(heap, block, shift, pieces, call)
+        heap.share_imported(block, shift, pieces, call)
         return heap.external_tensor_for(block, shift + lead, tensor)

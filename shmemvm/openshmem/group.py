@@ -10,7 +10,7 @@ pes[i]), with
     with the heap's deadline; a mismatch raises the same SymmetryError on
     every member. A step that times out breaks the whole heap, as a heap
     collective's does (the late PE may be in any call). The world group's
-    agreement is the heap's own (HeapCore.agree, which also releases the
+    agreement is the heap's own (Core.agree, which also releases the
     blocks every PE dropped).
 
 Collectives (collectives.py) take a Group; a Team (teams.py) is a Group that
@@ -28,7 +28,7 @@ from mpi4py import MPI
 from .. import _args
 from ..agreement.agreement import Agreement
 from ..agreement.protocol import Call, Outcome, Phase
-from ..core.state import HeapCore
+from ..core.state import Core
 from ..errors import ShmemError, plural
 
 
@@ -46,7 +46,7 @@ class Group:
     """Some PEs of one heap with a communicator and an agreement of their own
     (see the module doc). `kind`: "world", "shared" or "split"."""
 
-    def __init__(self, heap: HeapCore, comm: MPI.Comm, pes, agreement: Agreement, *,
+    def __init__(self, heap: Core, comm: MPI.Comm, pes, agreement: Agreement, *,
                  kind: str):
         #: the core of the heap whose PEs these are (the routines' argument)
         self.core = heap
@@ -149,7 +149,7 @@ class Group:
         return self._guarded(self.agreement.allgather_bytes, phase, data, what, self.comm)
 
 
-def agreement(heap: HeapCore, comm: MPI.Comm, *identity) -> Agreement:
+def agreement(heap: Core, comm: MPI.Comm, *identity) -> Agreement:
     """A new group's agreement over `comm`, with the heap's timeout and liveness
     (whose register decides its steps that some PE gave up on, under a key made
     from `identity`: the same on every member, different from the heap's 0)."""
@@ -160,13 +160,13 @@ def agreement(heap: HeapCore, comm: MPI.Comm, *identity) -> Agreement:
     return made
 
 
-def world(heap: HeapCore) -> Group:
+def world(heap: Core) -> Group:
     """The group of every PE of the heap: its communicator and agreement."""
     return heap.feature("group.world", lambda: Group(heap, heap.comm, range(heap.n_pes),
                                                      heap.agreement, kind="world"))
 
 
-def resolve(heap: HeapCore, team, what: str) -> Group:
+def resolve(heap: Core, team, what: str) -> Group:
     """The group a collective runs over: `team`, or the heap's world for None."""
     if team is None:
         return world(heap)
@@ -174,7 +174,7 @@ def resolve(heap: HeapCore, team, what: str) -> Group:
     return team
 
 
-def same_heap(heap: HeapCore, team, role: str) -> Group:
+def same_heap(heap: Core, team, role: str) -> Group:
     """`team` checked to be a team (a Group) of `heap`."""
     if not isinstance(team, Group):
         raise TypeError(f"{role} must be a shmemvm Team, got {type(team).__name__} {team!r}")

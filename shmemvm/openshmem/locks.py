@@ -27,7 +27,7 @@ one lock without ill effect; the ticket count after 2**31 wraps through the
 int64 sign, which the arithmetic here takes modulo 2**64.
 
 Which locks this PE holds (and with which ticket) is this module's own state
-of each heap (a feature of it: HeapCore.feature). The lock word is given to
+of each heap (a feature of it: Core.feature). The lock word is given to
 acquire/try_acquire/release as its bytes (a uint8 tensor over symmetric
 memory), as both faces have it; its atomics go through atomics.apply.
 """
@@ -40,7 +40,7 @@ import torch
 
 from .. import _args
 from ..agreement import liveness
-from ..core.state import HeapCore
+from ..core.state import Core
 from ..errors import ShmemError
 from . import atomics, rma
 from .words import INT64
@@ -57,18 +57,18 @@ _SLEEP_PER_WAITER = 20e-6
 _MAX_SLEEP = 2e-3
 
 
-def _held(heap: HeapCore) -> dict[int, int]:
+def _held(heap: Core) -> dict[int, int]:
     """The locks this PE holds on `heap`: lock offset -> its ticket."""
     return heap.feature("locks.held", dict)
 
 
-def _publish(heap: HeapCore, offset: int, ticket: int | None, how: str | None) -> None:
+def _publish(heap: Core, offset: int, ticket: int | None, how: str | None) -> None:
     """Tell the other PEs (this PE's liveness record) that it takes a ticket for
     the lock at `offset`, queues with `ticket`, holds it, or (how None) not."""
     heap.publish_lock(offset, ticket, how)
 
 
-def _lock_bytes(heap: HeapCore, lock, what: str) -> torch.Tensor:
+def _lock_bytes(heap: Core, lock, what: str) -> torch.Tensor:
     """The lock word's bytes, after checking it is a one-element int64 symmetric
     tensor (TypeError, ValueError, NotSymmetricError or its subclass
     FreedTensorError otherwise)."""
@@ -84,18 +84,18 @@ def _lock_bytes(heap: HeapCore, lock, what: str) -> torch.Tensor:
     return atomics.element_bytes(lock, what, "lock")   # (any strides; a negated view refused)
 
 
-def _offset(heap: HeapCore, word: torch.Tensor, what: str) -> int:
+def _offset(heap: Core, word: torch.Tensor, what: str) -> int:
     """The heap offset of the lock word `word` (its 8 bytes), checked symmetric."""
     heap.symmetric(word, f"lock of {what} (a tensor from this heap's zeros)")
     return heap.offset_of(word)
 
 
-def _atomic(heap: HeapCore, word: torch.Tensor, op: str, value=0, cond=0, *, what: str):
+def _atomic(heap: Core, word: torch.Tensor, op: str, value=0, cond=0, *, what: str):
     """`op` on PE HOME_PE's copy of the lock word (atomics.apply)."""
     return atomics.apply(heap, INT64, word, HOME_PE, op, value, cond, what=what)
 
 
-def set_lock(heap: HeapCore, lock: torch.Tensor) -> None:
+def set_lock(heap: Core, lock: torch.Tensor) -> None:
     """Acquire `lock`, waiting for it as long as other PEs hold it (shmem_set_lock).
 
     PEs are served in the order they asked (a ticket lock), so none starves.
@@ -129,7 +129,7 @@ def set_lock(heap: HeapCore, lock: torch.Tensor) -> None:
     acquire(heap, _lock_bytes(heap, lock, "set_lock"), "set_lock")
 
 
-def acquire(heap: HeapCore, word: torch.Tensor, what: str = "set_lock") -> None:
+def acquire(heap: Core, word: torch.Tensor, what: str = "set_lock") -> None:
     """set_lock on the lock word whose 8 bytes `word` views (either face's)."""
     offset = _offset(heap, word, what)
     if offset in _held(heap):
@@ -156,7 +156,7 @@ def acquire(heap: HeapCore, word: torch.Tensor, what: str = "set_lock") -> None:
     _held(heap)[offset] = ticket   # (published already: "queued" with the ticket now served)
 
 
-def test_lock(heap: HeapCore, lock: torch.Tensor) -> bool:
+def test_lock(heap: Core, lock: torch.Tensor) -> bool:
     """Acquire `lock` only if it is free now (shmem_test_lock); never waits for it.
 
     Args:
@@ -178,7 +178,7 @@ def test_lock(heap: HeapCore, lock: torch.Tensor) -> bool:
     return try_acquire(heap, _lock_bytes(heap, lock, "test_lock"), "test_lock")
 
 
-def try_acquire(heap: HeapCore, word: torch.Tensor, what: str = "test_lock") -> bool:
+def try_acquire(heap: Core, word: torch.Tensor, what: str = "test_lock") -> bool:
     """test_lock on the lock word whose 8 bytes `word` views (either face's)."""
     offset = _offset(heap, word, what)
     if offset in _held(heap):
@@ -198,7 +198,7 @@ def try_acquire(heap: HeapCore, word: torch.Tensor, what: str = "test_lock") -> 
     return True
 
 
-def clear_lock(heap: HeapCore, lock: torch.Tensor) -> None:
+def clear_lock(heap: Core, lock: torch.Tensor) -> None:
     """Release `lock`, which this PE holds (shmem_clear_lock). This PE's puts and
     nbi operations on the default context are completed first (quiet()), so
     the next holder sees them.
@@ -222,7 +222,7 @@ def clear_lock(heap: HeapCore, lock: torch.Tensor) -> None:
     release(heap, _lock_bytes(heap, lock, "clear_lock"), "clear_lock")
 
 
-def release(heap: HeapCore, word: torch.Tensor, what: str = "clear_lock") -> None:
+def release(heap: Core, word: torch.Tensor, what: str = "clear_lock") -> None:
     """clear_lock on the lock word whose 8 bytes `word` views (either face's)."""
     offset = _offset(heap, word, what)
     ticket = _held(heap).get(offset)

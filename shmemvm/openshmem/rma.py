@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 
 from .. import native
-from ..core.state import Context, HeapCore
+from ..core.state import Context, Core
 from ..errors import NotSymmetricError
 from ..transport.completion import CompletionTracker
 from ..transport.route import Route
 
 
-def ptr(heap: HeapCore, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
+def ptr(heap: Core, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
     """`tensor` as it lies on PE `pe`, directly addressable from here; None
     where `pe` is not reachable by loads and stores (another node).
 
@@ -151,7 +151,7 @@ def get_nbi(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> 
     transfer(ctx.core, dest, source, ctx.world_pe(pe), writing=False, tracker=ctx.tracker)
 
 
-def quiet(heap: HeapCore) -> None:
+def quiet(heap: Core) -> None:
     """Complete every put/get/nbi atomic issued by this PE on the default
     context (the heap's own calls), as shmem_quiet does: operations issued
     through a Ctx are completed by that context's quiet() (or its destroy(),
@@ -170,7 +170,7 @@ def quiet(heap: HeapCore) -> None:
     heap.tracker.quiet()
 
 
-def fence(heap: HeapCore) -> None:
+def fence(heap: Core) -> None:
     """Order this PE's puts to each PE on the default context. Copies on the
     node already complete in issue order (one stream); off the node the
     outstanding nbi operations are completed.
@@ -187,7 +187,7 @@ def fence(heap: HeapCore) -> None:
     heap.tracker.fence()
 
 
-def cpu_address(heap: HeapCore, allocation: torch.Tensor, address: int, pe: int) -> int | None:
+def cpu_address(heap: Core, allocation: torch.Tensor, address: int, pe: int) -> int | None:
     """Where the byte at `address` of `allocation` (the tensor of a whole block,
     as the NumPy face keeps it; `address` is inside it) lies for PE `pe`, for
     a copy by the CPU itself: the located target's cpu_address (transport/
@@ -200,7 +200,7 @@ def cpu_address(heap: HeapCore, allocation: torch.Tensor, address: int, pe: int)
 
 
 # -- the one copy path ------------------------------------------------------------------
-def transfer(heap: HeapCore, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
+def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
              writing: bool, tracker: CompletionTracker | None) -> None:
     """put (`writing`: symmetric `dest` on PE `pe` <- any `source`) or get (any
     `dest` <- symmetric `source` on PE `pe`); `pe` is a checked PE number of the

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import _docs
-from ..core.state import Context, HeapCore
+from ..core.state import Context, Core
 from . import atomics, rma, waits
 from .words import Word
 
@@ -95,7 +95,7 @@ def put_signal_nbi(ctx: Context, dest: torch.Tensor, source: torch.Tensor, sig: 
 
 
 @_docs.appended(waits.LOCAL_RAISES)
-def signal_fetch(heap: HeapCore, sig: torch.Tensor) -> int:
+def signal_fetch(heap: Core, sig: torch.Tensor) -> int:
     """This PE's signal value, read atomically.
 
     Args:
@@ -109,7 +109,7 @@ def signal_fetch(heap: HeapCore, sig: torch.Tensor) -> int:
 
 
 @_docs.appended(waits.WAIT_RAISES)
-def signal_wait_until(heap: HeapCore, sig: torch.Tensor, cmp: str, value: int,
+def signal_wait_until(heap: Core, sig: torch.Tensor, cmp: str, value: int,
                       timeout: float | None = None) -> int:
     """Wait until this PE's `sig` compares `cmp` to `value` (see put_signal).
 

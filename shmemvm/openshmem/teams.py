@@ -32,7 +32,7 @@ from mpi4py import MPI
 from .. import _args
 from ..agreement.agreement import Agreement
 from ..agreement.protocol import Call, Phase
-from ..core.state import HeapCore
+from ..core.state import Core
 from ..errors import ShmemError, plural
 from . import barrier, collectives, contexts
 from .group import Group, agreement, same_heap
@@ -72,7 +72,7 @@ class Team(Group):
     its members only (a Group, group.py). Made by heap.team_world(),
     heap.team_shared() and the split methods; compare teams with `is`."""
 
-    def __init__(self, heap: HeapCore, comm: MPI.Comm, pes, agreement: Agreement, *,
+    def __init__(self, heap: Core, comm: MPI.Comm, pes, agreement: Agreement, *,
                  kind: str, config: dict | None = None):
         super().__init__(heap, comm, pes, agreement, kind=kind)
         self._config = dict(config) if config is not None else _config(None)
@@ -379,7 +379,7 @@ class Team(Group):
         collectives.reduce(self.core, dest, source, op, team=self)
 
 
-def _member(heap: HeapCore, team, what: str) -> Team:
+def _member(heap: Core, team, what: str) -> Team:
     """`team` for a call that needs one: None is OpenSHMEM's SHMEM_TEAM_INVALID,
     what a split returns on the PEs it leaves out."""
     if team is None:
@@ -388,7 +388,7 @@ def _member(heap: HeapCore, team, what: str) -> Team:
     return _team(heap, team, f"{what}: team")
 
 
-def _team(heap: HeapCore, team, role: str) -> Team:
+def _team(heap: Core, team, role: str) -> Team:
     """`team` checked to be a Team of `heap` (not only a Group: teams are the
     users' objects)."""
     same_heap(heap, team, role)
@@ -412,13 +412,13 @@ class TeamRegistry(list):
         self.clear()
 
 
-def _registry(heap: HeapCore) -> TeamRegistry:
+def _registry(heap: Core) -> TeamRegistry:
     """This heap's teams (a feature of the heap, closed at its finalize)."""
     return heap.feature("teams", TeamRegistry)
 
 
 # -- the heap's team functions -----------------------------------------------------------------
-def team_world(heap: HeapCore) -> Team:
+def team_world(heap: Core) -> Team:
     """The team of every PE of the heap (OpenSHMEM's SHMEM_TEAM_WORLD); local.
 
     Returns:
@@ -435,7 +435,7 @@ def team_world(heap: HeapCore) -> Team:
     return registry.world
 
 
-def team_shared(heap: HeapCore) -> Team:
+def team_shared(heap: Core) -> Team:
     """The team of the PEs whose memory this PE maps directly: the PEs of its
     node (of its simulated node under SHMEMVM_NODE_SPLIT), in heap PE order
     (OpenSHMEM's SHMEM_TEAM_SHARED); local.
@@ -455,7 +455,7 @@ def team_shared(heap: HeapCore) -> Team:
     return registry.shared
 
 
-def team_split_strided(heap: HeapCore, parent: Team, start: int, stride: int, size: int,
+def team_split_strided(heap: Core, parent: Team, start: int, stride: int, size: int,
                        config=None) -> Team | None:
     """parent.split_strided(start, stride, size, config) (collective over `parent`).
 
@@ -481,7 +481,7 @@ def team_split_strided(heap: HeapCore, parent: Team, start: int, stride: int, si
     return _member(heap, parent, "team_split_strided").split_strided(start, stride, size, config)
 
 
-def team_split_2d(heap: HeapCore, parent: Team, xrange: int, xaxis_config=None,
+def team_split_2d(heap: Core, parent: Team, xrange: int, xaxis_config=None,
                   yaxis_config=None) -> tuple[Team, Team]:
     """parent.split_2d(xrange, xaxis_config, yaxis_config) (collective over `parent`).
 
@@ -504,7 +504,7 @@ def team_split_2d(heap: HeapCore, parent: Team, xrange: int, xaxis_config=None,
     return _member(heap, parent, "team_split_2d").split_2d(xrange, xaxis_config, yaxis_config)
 
 
-def team_my_pe(heap: HeapCore, team: Team | None) -> int:
+def team_my_pe(heap: Core, team: Team | None) -> int:
     """This PE's number in `team`; local.
 
     Args:
@@ -523,7 +523,7 @@ def team_my_pe(heap: HeapCore, team: Team | None) -> int:
     return _team(heap, team, "team_my_pe: team").my_pe()
 
 
-def team_n_pes(heap: HeapCore, team: Team | None) -> int:
+def team_n_pes(heap: Core, team: Team | None) -> int:
     """The number of PEs in `team`; local.
 
     Args:
@@ -542,7 +542,7 @@ def team_n_pes(heap: HeapCore, team: Team | None) -> int:
     return _team(heap, team, "team_n_pes: team").n_pes()
 
 
-def team_translate_pe(heap: HeapCore, src_team: Team | None, src_pe: int, dest_team: Team | None) -> int:
+def team_translate_pe(heap: Core, src_team: Team | None, src_pe: int, dest_team: Team | None) -> int:
     """PE `src_pe` of `src_team` as a PE number of `dest_team`; local.
 
     Args:
@@ -565,7 +565,7 @@ def team_translate_pe(heap: HeapCore, src_team: Team | None, src_pe: int, dest_t
                                                                                   dest_team)
 
 
-def team_sync(heap: HeapCore, team: Team) -> None:
+def team_sync(heap: Core, team: Team) -> None:
     """team.sync(): wait for every PE of `team` (collective over `team`).
 
     Args:
@@ -584,7 +584,7 @@ def team_sync(heap: HeapCore, team: Team) -> None:
     _member(heap, team, "team_sync").sync()
 
 
-def team_destroy(heap: HeapCore, team: Team) -> None:
+def team_destroy(heap: Core, team: Team) -> None:
     """team.destroy(): free a split team (collective over `team`).
 
     Args:

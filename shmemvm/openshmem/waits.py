@@ -37,7 +37,7 @@ import torch
 
 from .. import _docs
 from ..agreement import liveness
-from ..core.state import HeapCore
+from ..core.state import Core
 from ..errors import PeerTimeoutError
 from . import atomics, words
 from .words import Word
@@ -100,7 +100,7 @@ WAIT_RAISES = LOCAL_RAISES + """        PeerTimeoutError: `timeout` passed and t
 
 
 @_docs.appended(LOCAL_RAISES)
-def test(heap: HeapCore, ivar: torch.Tensor, cmp: str, value: int) -> bool:
+def test(heap: Core, ivar: torch.Tensor, cmp: str, value: int) -> bool:
     """Whether this PE's `ivar` compares `cmp` to `value` now (no waiting).
 
     Args:
@@ -116,7 +116,7 @@ def test(heap: HeapCore, ivar: torch.Tensor, cmp: str, value: int) -> bool:
     return test_word(heap, word, where, cmp, value, "test")
 
 
-def test_word(heap: HeapCore, word: Word, where: torch.Tensor, cmp: str, value, what: str) -> bool:
+def test_word(heap: Core, word: Word, where: torch.Tensor, cmp: str, value, what: str) -> bool:
     """test() of the variable whose bytes `where` views, of type `word`."""
     compare = _compare(cmp, what)
     check_word(word, what, "ivar")
@@ -130,7 +130,7 @@ def check_timeout(timeout, what: str) -> None:
                          f"got {timeout!r}")
 
 
-def poll_until(heap: HeapCore, poll, timeout: float | None, unmet) -> object:
+def poll_until(heap: Core, poll, timeout: float | None, unmet) -> object:
     """Call poll() until it returns (True, result), then return result: reads back
     to back at first, then sleeps doubling up to a cap, so that a waiting PE still
     enters MPI often (passive-target progress). With `timeout` (seconds, checked
@@ -141,7 +141,7 @@ def poll_until(heap: HeapCore, poll, timeout: float | None, unmet) -> object:
         return _poll_until(heap, poll, timeout, unmet, watch)
 
 
-def _poll_until(heap: HeapCore, poll, timeout: float | None, unmet, watch) -> object:
+def _poll_until(heap: Core, poll, timeout: float | None, unmet, watch) -> object:
     deadline = None if timeout is None else time.monotonic() + timeout
     polls, pause = 0, _FIRST_SLEEP
     while True:
@@ -160,7 +160,7 @@ def _poll_until(heap: HeapCore, poll, timeout: float | None, unmet, watch) -> ob
             pause = min(pause * 2, _MAX_SLEEP)
 
 
-def wait_for(heap: HeapCore, word: Word, where: torch.Tensor, cmp: str, value,
+def wait_for(heap: Core, word: Word, where: torch.Tensor, cmp: str, value,
              timeout: float | None, what: str) -> int:
     """wait_until() of the variable whose bytes `where` views, of type `word`."""
     compare = _compare(cmp, what)
@@ -181,7 +181,7 @@ def wait_for(heap: HeapCore, word: Word, where: torch.Tensor, cmp: str, value,
 
 
 @_docs.appended(WAIT_RAISES)
-def wait_until(heap: HeapCore, ivar: torch.Tensor, cmp: str, value: int,
+def wait_until(heap: Core, ivar: torch.Tensor, cmp: str, value: int,
                timeout: float | None = None) -> int:
     """Wait until this PE's `ivar` compares `cmp` to `value`.
 
@@ -302,7 +302,7 @@ class Condition:
     them once and says which included elements satisfy the comparison. Made by
     either face; waited for with wait() or tested with check()."""
 
-    def __init__(self, heap: HeapCore, word: Word, where: torch.Tensor, cmp, values, status,
+    def __init__(self, heap: Core, word: Word, where: torch.Tensor, cmp, values, status,
                  what: str, vector: bool):
         self.what = what
         check_word(word, what, "ivars")
@@ -335,13 +335,13 @@ class Condition:
                 f"{self.heap.my_pe}, {self.cmp!r}, ...) still sees {shown}")
 
 
-def _condition(heap: HeapCore, ivars, cmp, values, status, what: str, vector: bool) -> Condition:
+def _condition(heap: Core, ivars, cmp, values, status, what: str, vector: bool) -> Condition:
     """The Condition of a torch face call."""
     word, where = tensor_ivars(ivars, what)
     return Condition(heap, word, where, cmp, values, status, what, vector)
 
 
-def wait(heap: HeapCore, condition: Condition, mode: str, timeout=None):
+def wait(heap: Core, condition: Condition, mode: str, timeout=None):
     """Wait for `condition` (either face's): mode "all" (None once every included
     element satisfies it), "any" (an index, or None where none is included) or
     "some" (the satisfied indices, [] where none is included)."""
@@ -363,7 +363,7 @@ def check(condition: Condition, mode: str):
     return satisfied
 
 
-def _wait(heap: HeapCore, condition: Condition, timeout, done):
+def _wait(heap: Core, condition: Condition, timeout, done):
     """Poll until done(satisfied indices) returns (True, result) (poll_until)."""
     check_timeout(timeout, condition.what)
 
@@ -389,7 +389,7 @@ def _some(satisfied):
 
 # -- waits ------------------------------------------------------------------------
 @_documented_wait
-def wait_until_all(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=None,
+def wait_until_all(heap: Core, ivars: torch.Tensor, cmp: str, value: int, status=None,
                    timeout: float | None = None) -> None:
     """Wait until every included element of this PE's `ivars` compares `cmp` to
     `value` (shmem_wait_until_all).
@@ -413,7 +413,7 @@ def wait_until_all(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, st
 
 
 @_documented_wait
-def wait_until_any(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=None,
+def wait_until_any(heap: Core, ivars: torch.Tensor, cmp: str, value: int, status=None,
                    timeout: float | None = None) -> int | None:
     """Wait until some included element of this PE's `ivars` compares `cmp` to
     `value` (shmem_wait_until_any).
@@ -436,7 +436,7 @@ def wait_until_any(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, st
 
 
 @_documented_wait
-def wait_until_some(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=None,
+def wait_until_some(heap: Core, ivars: torch.Tensor, cmp: str, value: int, status=None,
                     timeout: float | None = None) -> list[int]:
     """Wait until at least one included element of this PE's `ivars` compares
     `cmp` to `value` (shmem_wait_until_some).
@@ -459,7 +459,7 @@ def wait_until_some(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, s
 
 
 @_documented_wait
-def wait_until_all_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values, status=None,
+def wait_until_all_vector(heap: Core, ivars: torch.Tensor, cmp: str, values, status=None,
                           timeout: float | None = None) -> None:
     """Wait until every included ivars[i] compares `cmp` to values[i]
     (shmem_wait_until_all_vector).
@@ -481,7 +481,7 @@ def wait_until_all_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
 
 
 @_documented_wait
-def wait_until_any_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values, status=None,
+def wait_until_any_vector(heap: Core, ivars: torch.Tensor, cmp: str, values, status=None,
                           timeout: float | None = None) -> int | None:
     """Wait until some included ivars[i] compares `cmp` to values[i]
     (shmem_wait_until_any_vector).
@@ -503,7 +503,7 @@ def wait_until_any_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
 
 
 @_documented_wait
-def wait_until_some_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values, status=None,
+def wait_until_some_vector(heap: Core, ivars: torch.Tensor, cmp: str, values, status=None,
                            timeout: float | None = None) -> list[int]:
     """Wait until at least one included ivars[i] compares `cmp` to values[i]
     (shmem_wait_until_some_vector).
@@ -527,7 +527,7 @@ def wait_until_some_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values
 
 # -- tests (no waiting) -------------------------------------------------------------
 @_documented
-def test_all(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=None) -> bool:
+def test_all(heap: Core, ivars: torch.Tensor, cmp: str, value: int, status=None) -> bool:
     """Whether every included element of this PE's `ivars` compares `cmp` to
     `value` now (shmem_test_all).
 
@@ -545,7 +545,7 @@ def test_all(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=N
 
 
 @_documented
-def test_any(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=None) -> int | None:
+def test_any(heap: Core, ivars: torch.Tensor, cmp: str, value: int, status=None) -> int | None:
     """The index of an included element of this PE's `ivars` that compares `cmp`
     to `value` now, or None (shmem_test_any).
 
@@ -563,7 +563,7 @@ def test_any(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=N
 
 
 @_documented
-def test_some(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=None) -> list[int]:
+def test_some(heap: Core, ivars: torch.Tensor, cmp: str, value: int, status=None) -> list[int]:
     """The indices of the included elements of this PE's `ivars` that compare
     `cmp` to `value` now (shmem_test_some).
 
@@ -580,7 +580,7 @@ def test_some(heap: HeapCore, ivars: torch.Tensor, cmp: str, value: int, status=
 
 
 @_documented
-def test_all_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values, status=None) -> bool:
+def test_all_vector(heap: Core, ivars: torch.Tensor, cmp: str, values, status=None) -> bool:
     """Whether every included ivars[i] compares `cmp` to values[i] now
     (shmem_test_all_vector).
 
@@ -598,7 +598,7 @@ def test_all_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values, statu
 
 
 @_documented
-def test_any_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
+def test_any_vector(heap: Core, ivars: torch.Tensor, cmp: str, values,
                     status=None) -> int | None:
     """The index of an included ivars[i] that compares `cmp` to values[i] now, or
     None (shmem_test_any_vector).
@@ -617,7 +617,7 @@ def test_any_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
 
 
 @_documented
-def test_some_vector(heap: HeapCore, ivars: torch.Tensor, cmp: str, values,
+def test_some_vector(heap: Core, ivars: torch.Tensor, cmp: str, values,
                      status=None) -> list[int]:
     """The indices of the included ivars[i] that compare `cmp` to values[i] now
     (shmem_test_some_vector).

@@ -207,3 +207,70 @@ def test_no_library_file_is_over_1000_lines(module):
     """(C files too: the compiled piece is to stay small.)"""
     lines = MODULES[module].read_text().count("\n")
     assert lines <= 1000, f"{MODULES[module]} has {lines} lines: split it by concept"
+
+
+# -- the core behind one door (issue 29) -------------------------------------------------------
+#: the core's parts (core/state.py's HeapCore): what no routine reaches through
+CORE_PARTS = {"local", "peers", "exchange", "window", "channel", "liveness", "agreement",
+              "routes", "completion", "backend", "anchor", "comm", "node", "locator"}
+#: where the routines and the faces above them live (everything outside core/ that holds a core)
+ROUTINE_LAYERS = {"openshmem", "shmem", "heap", "api", "device"}
+
+
+def _core_receiver(node: ast.expr, names=("heap", "core", "h")) -> bool:
+    """Whether `node` names a heap's core as the routines hold it: `heap`, `core`,
+    `h` (in openshmem/; above it `heap` is the SymmetricHeap), `x.core`,
+    `x._core`, `core_of(...)`, `arrays.core()`."""
+    if isinstance(node, ast.Name):
+        return node.id in names
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("core", "_core")
+    if isinstance(node, ast.Call):
+        func = node.func
+        return (isinstance(func, ast.Name) and func.id == "core_of") or \
+            (isinstance(func, ast.Attribute) and func.attr == "core")
+    return False
+
+
+def _door_members() -> set[str]:
+    """The members of core/state.py's Core Protocol: all a routine may use of the core."""
+    tree = ast.parse((PACKAGE / "core" / "state.py").read_text())
+    door = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Core")
+    names = set()
+    for node in door.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+    return names
+
+
+def test_no_reach_through_a_part_of_the_core():
+    """No `heap.<part>.<x>` chain outside core/: what a routine needs of a part is a
+    member of the Core Protocol."""
+    chains = []
+    for module, path in MODULES.items():
+        if path.suffix != ".py" or _layer(module) not in ROUTINE_LAYERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr in CORE_PARTS and _core_receiver(node.value.value)):
+                chains.append(f"{module}:{node.lineno}: .{node.value.attr}.{node.attr}")
+    assert not chains, "\n".join(chains)
+
+
+def test_the_routines_use_the_core_through_its_door_only():
+    """Every attribute of a core that openshmem/ and the faces above it use is a
+    member of the Core Protocol (core/state.py), the one typed door."""
+    door = _door_members()
+    assert {"lock", "agree", "check_usable", "allocate", "tensor_for", "locate"} <= door
+    outside = []
+    for module, path in MODULES.items():
+        if path.suffix != ".py" or _layer(module) not in ROUTINE_LAYERS - {"heap"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ("heap", "core", "h") if _layer(module) == "openshmem" else ("core",)
+            if isinstance(node, ast.Attribute) and _core_receiver(node.value, names) and \
+                    not node.attr.startswith("__") and node.attr not in door:
+                outside.append(f"{module}:{node.lineno}: .{node.attr}")
+    assert not outside, "\n".join(outside)
