@@ -29,24 +29,14 @@ from ..errors import ShmemError
 from ..memory.buddy import Block
 from .info import HeapInfo
 
-#: malloc_with_hints' hints (OpenSHMEM 1.5 values): accepted and recorded, no effect yet
+#: malloc_with_hints' hints (OpenSHMEM 1.5 values): checked and agreed on, no effect yet
 MALLOC_ATOMICS_REMOTE = 1
 MALLOC_SIGNAL_REMOTE = 2
 
 
-def _hints(heap: Core) -> dict[int, int]:
-    """malloc_with_hints' hints of this heap's blocks: block offset -> hints."""
-    return heap.feature("alloc.hints", dict)
-
-
 def _allocate(heap: Core, nbytes: int, call: Call) -> Block:
-    """The block every PE agreed on for `call` (core/sharing.py), without the
-    hints a former block at its offset had."""
-    block = heap.allocate(nbytes, call)
-    hints = heap.made_feature("alloc.hints")
-    if hints:
-        hints.pop(block.offset, None)
-    return block
+    """The block every PE agreed on for `call` (core/sharing.py)."""
+    return heap.allocate(nbytes, call)
 
 
 @dataclass
@@ -56,7 +46,7 @@ class Request:
     nbytes: int
     #: None, or a power of two the address must be a multiple of
     alignment: int | None = None
-    #: malloc_with_hints' hints, recorded with the block (None: no hints given)
+    #: malloc_with_hints' hints, checked and agreed on (None: no hints given)
     hints: int | None = None
     #: fills this PE's copy (a uint8 tensor of `nbytes`) before any PE returns, or None
     fill: Callable[[torch.Tensor], None] | None = None
@@ -116,10 +106,8 @@ def allocate(heap: Core, request: Callable[[], Request], text: str, *,
         call.error = exc
     with heap.lock:
         heap.agree(call)
-        nbytes, alignment, hints = call.args[:3]
+        nbytes, alignment = call.args[:2]   # (hints: checked and agreed; no effect yet)
         block = _allocate(heap, max(nbytes, alignment), call)
-        if made.hints is not None:
-            _hints(heap)[block.offset] = hints
         tensor = heap.tensor_for(block, (nbytes,), torch.uint8)
     if made.fill is not None:
         made.fill(tensor)

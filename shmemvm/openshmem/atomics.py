@@ -1,14 +1,17 @@
 """Atomics on symmetric memory: fetch, set, add, inc, swap, compare-and-swap
 and the bitwise ones, blocking and non-blocking (_nbi).
 
-Every atomic, wait, signal and lock of both faces goes through one function,
-apply(): "apply this operation to this word on PE pe". It is written over
+Every atomic, wait, signal and lock of both faces goes through one located
+Target (the core's locate(), transport/target.py) and apply(): "apply this
+operation to this word on PE pe", or apply()'s CPU path in two calls on the
+same target's atomic_address (cpu_word(), at_address()). It is written over
 words (words.py: int8..uint64, float32, float64), not over a face's dtypes:
 the element is given as its bytes (a uint8 tensor over symmetric memory) and
 its Word. The torch functions below map a tensor's dtype to its word
 (words.of_torch); the NumPy face (shmem/) maps a NumPy dtype; both call
 atomic(), atomic_nbi() or apply() itself. A new way to reach a word (CPU
-atomics on node memory, a compiled fast path) is a change to apply() alone.
+atomics on node memory, a compiled fast path) is a change to the Target
+(transport/target.py) and apply().
 
 One path per heap (transport/route.py, AtomicPath), so that every atomic on a
 word is atomic with respect to every other, from every PE:
@@ -118,7 +121,6 @@ def prepare(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, what:
     return target
 
 
-# -- the one function ---------------------------------------------------------------------
 #: apply()'s operation -> the kernel's (transport/kernels.py)
 _KERNEL_OPS = {"fetch": "fetch", "set": "xchg", "swap": "xchg", "add": "add", "and": "and",
                "or": "or", "xor": "xor", "cas": "cas"}

@@ -18,7 +18,6 @@ from .. import native
 from ..core.state import Context, Core
 from ..errors import NotSymmetricError
 from ..transport.completion import CompletionTracker
-from ..transport.route import Route
 
 
 def ptr(heap: Core, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
@@ -41,9 +40,9 @@ def ptr(heap: Core, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
             (its subclass FreedTensorError: of one that was freed).
     """
     target = heap.locate(tensor, heap.check_pe(pe), "tensor")
-    if target.route is Route.SELF:
+    if target.own:
         return tensor
-    if target.route is Route.MPI:
+    if target.address is None:   # a PE only MPI reaches
         return None
     # A live block cannot be released by a collective in another thread
     # (nothing here is dead), and hold() checks it is still live.
@@ -221,7 +220,7 @@ def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
             dest.copy_(staged.view(dest.shape))
             return
         remote = source
-    if target.route is Route.MPI:
+    if target.address is None:   # a PE only MPI reaches: through the window
         window = heap.window_for(f"{'put to' if writing else 'get from'} PE {pe} on another node")
         if writing:
             window.put(remote, local, pe, target.block, tracker)

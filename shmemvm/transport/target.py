@@ -54,6 +54,11 @@ class Target:
         self.window = window
         self._peers = peers
 
+    @property
+    def own(self) -> bool:
+        """These are this PE's own bytes (route SELF)."""
+        return self.route is Route.SELF
+
     def copy_view(self, like: torch.Tensor) -> torch.Tensor:
         """`like` (a view of these bytes on this PE) as the tensor a copy to or
         from PE `pe` goes through: `like` itself for this PE, a cached view of

