@@ -163,12 +163,28 @@ def test_bad_arguments_are_refused_before_any_kernel(heap):
 
 
 @pytest.mark.mpi
-def test_empty_tensors_need_no_kernel(heap):
+def test_empty_tensors_need_no_kernel(heap, monkeypatch):
+    """An all-reduce of no elements launches nothing (and so waits for no PE):
+    the kernel is replaced by one that fails the test if it is ever indexed."""
+    import shmemvm.device.allreduce as module
+
     reduce = DeviceAllReduce(heap)
     e = heap.empty(0, torch.float32)
     f = heap.empty(0, torch.float32)
-    reduce(f, e)
+
+    class Refused:
+        def __getitem__(self, grid):
+            raise AssertionError(f"a kernel was launched for no elements (grid {grid})")
+
+    monkeypatch.setattr(module, "_all_reduce", Refused())
+    assert reduce(f, e) is None
     reduce.synchronize()
+    assert f.numel() == 0 and not reduce._graph_cache   # nothing run, nothing recorded
+    monkeypatch.undo()
+    a = heap.zeros(4, torch.float32)   # the kernel itself still runs where there is work
+    with pytest.raises(AssertionError, match="no elements"):
+        monkeypatch.setattr(module, "_all_reduce", Refused())
+        reduce(a, heap.zeros(4, torch.float32))
 
 
 @pytest.mark.mpi
