@@ -121,50 +121,7 @@ def prepare(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, what:
     return target
 
 
-#: apply()'s operation -> the kernel's (transport/kernels.py)
-_KERNEL_OPS = {"fetch": "fetch", "set": "xchg", "swap": "xchg", "add": "add", "and": "and",
-               "or": "or", "xor": "xor", "cas": "cas"}
-
-
-# -- checks -------------------------------------------------------------------------------
-def check_op(word: Word, op: str, what: str) -> None:
-    """TypeError unless `op` applies to `word` (floats: fetch, set and swap only)."""
-    if op not in OPERATIONS:
-        raise ValueError(f"{what}: unknown atomic operation {op!r}; one of "
-                         f"{', '.join(OPERATIONS)}")
-    if not word.integer and op not in EXTENDED:
-        raise TypeError(f"{what}: this operation works on {words.INTEGER_TEXT} targets; "
-                        f"{words.FLOAT_TEXT} only with {', '.join(FLOAT_OPERATIONS)}; the "
-                        f"target is {word.name}")
-
-
-def prepare(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, what: str,
-            count: int = 1, role: str = "target") -> Target:
-    """Every check of apply() before anything moves: `op` applies to `word`,
-    `where` is `count` words of live symmetric memory of this heap, aligned to
-    the word's size, and PE `pe` (a checked PE number) is reachable by this
-    heap's atomics. The located Target (transport/target.py); a clear error
-    otherwise."""
-    check_op(word, op, what)
-    target = heap.locate(where, pe, f"{role} of {what} (a view of memory from this heap's "
-                                    f"malloc/empty/zeros)")
-    if where.numel() != word.size * count:
-        raise ValueError(f"{what}: the {role} has {where.numel()} bytes, not {count} {word.name}")
-    if where.data_ptr() % word.size:
-        raise ValueError(f"{what}: the {role} at {where.data_ptr():#x} is not aligned to its "
-                         f"{word.size}-byte element size; use an element of memory allocated "
-                         f"with that element type")
-    if target.atomic_address is None:
-        if not target.by_kernel or target.address is None:
-            heap.atomics_window(what, pe)
-        elif word.size not in (4, 8):
-            raise UnsupportedError(f"{what}: on a {heap.backend_name} heap atomics run as "
-                                   f"Triton kernels, whose atomics are 32- and 64-bit; the "
-                                   f"target is {word.name}. Use a 32- or 64-bit type")
-    return target
-
-
-# -- the one function ---------------------------------------------------------------------
+# -- the general path: apply() ----------------------------------------------------------------
 def apply(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, value=0, cond=0,
           *, what: str, count: int = 1, into: torch.Tensor | None = None,
           tracker: CompletionTracker | None = None):
@@ -192,20 +149,20 @@ def apply(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, value=0
         As prepare(); TypeError/ValueError for a value that is not of the
         word's kind or does not fit it; PeerTimeoutError at the heap's deadline.
     """
-    target = prepare(heap, word, where, pe, op, what, count)
+    located = prepare(heap, word, where, pe, op, what, count)
     if count != 1 and op != "fetch":
         raise ValueError(f"{what}: only reads ('fetch') take several words at once, got {op!r} "
                          f"of {count}")
     value = word.value(value, what)
     if op == "cas":
         cond = word.value(cond, what, "cond")
-    if target.atomic_address is not None:
-        old = _by_cpu(target.atomic_address, word, op, value, cond, count)
+    if located.atomic_address is not None:
+        old = _by_cpu(located.atomic_address, word, op, value, cond, count)
         if into is not None:
             into.copy_(torch.frombuffer(word.buffer([old]), dtype=torch.uint8))
             return None
         return old
-    if target.by_kernel and target.address is not None:
+    if located.by_kernel and located.address is not None:
         old = _by_kernel(heap, word, where, pe, op, value, cond, count, what)
         if into is not None:
             into.copy_(torch.frombuffer(word.buffer([old]), dtype=torch.uint8))
