@@ -538,7 +538,7 @@ def team_split_strided(parent: Team, start: int, stride: int, size: int,
 
 @_documented_by(teams.team_split_2d)
 def team_split_2d(parent: Team, xrange: int, xaxis_config=None,
-                  yaxis_config=None) -> tuple[Team, Team]:
+                  yaxis_config=None) -> tuple[Team | None, Team | None]:
     return default_heap().team_split_2d(parent, xrange, xaxis_config, yaxis_config)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from typing import Any
 
 from mpi4py import MPI
 
@@ -121,7 +122,10 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
         except Exception as exc:
             call.error = exc
     core.agreement.collective(call)
-    mine = json.dumps([core.my_pe, os.getpid(), core.channel.path]).encode()
+    # (made on every PE: the agreed step raised every PE's error otherwise)
+    channel, liveness = core.channel, core.liveness
+    assert channel is not None and liveness is not None
+    mine = json.dumps([core.my_pe, os.getpid(), channel.path]).encode()
     node_info = [json.loads(info) for info in core.agreement.allgather_bytes(
         Phase.INIT_NODE, mine, "init (the PEs of the node)", comm=core.node)]
     core.node_pes = [pe for pe, _, _ in node_info]
@@ -131,10 +135,10 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
     try:
         # every PE maps its node's records (over several nodes: the window of every
         # PE's, a blocking collective, right after the agreed step above)
-        core.liveness.connect(core.comm, {pe: (pid, os.path.dirname(path))
+        liveness.connect(core.comm, {pe: (pid, os.path.dirname(path))
                                           for pe, pid, path in node_info})
-        core.agreement.liveness = core.liveness
-        core.liveness.on_verdict = core.agreement.mark_broken
+        core.agreement.liveness = liveness
+        liveness.on_verdict = core.agreement.mark_broken
     except Exception as exc:  # noqa: BLE001 - voted on below: init fails everywhere
         failure = exc
     try:
@@ -149,7 +153,7 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
         if core.native:
             board.use_native()
         core.agreement.use_board(board)
-    core.exchange = Exchange(core.channel, core.my_pe, core.peer_paths, core.peer_pids,
+    core.exchange = Exchange(channel, core.my_pe, core.peer_paths, core.peer_pids,
                              core.timeout)
     core.local.release_listeners.append(core.peers.drop)
     core.local.close_listeners.append(core.peers.close)
@@ -312,12 +316,14 @@ def teardown(core: HeapCore) -> None:
     still view stays mapped until they die."""
     core.closed = True
     core.close_features()
-    for part in (core.window, core.liveness, core.channel, core.anchor,
-                 getattr(core, "local", None)):
+    liveness = core.liveness
+    parts: list[Any] = [core.window, liveness, core.channel, core.anchor,
+                        getattr(core, "local", None)]
+    for part in parts:
         if part is not None:
             try:
-                if part is core.liveness:   # its record says so first; its window goes
-                    part.close(healthy=not core.broken)
+                if part is liveness:   # its record says so first; its window goes
+                    liveness.close(healthy=not core.broken)
                 else:
                     part.close()
             except Exception:  # keep releasing the rest

@@ -26,7 +26,7 @@ from ..backends.base import VMMBackend
 from ..errors import (HeapExhaustedError, PeerTimeoutError, ResourceLimitError, ShmemError,
                       SymmetryError, clip)
 from ..memory.buddy import Block, Segment
-from ..memory.vmm import VMemPow2Allocator
+from ..memory.heapmem import HeapMemory
 from ..node.exchange import Exchange
 from ..node.peers import PeerTable
 
@@ -35,7 +35,7 @@ class Sharing(Protocol):
     """What sharing new memory needs of a heap's core (state.HeapCore has it;
     typed here, so that the core can call these steps without a circle)."""
 
-    local: VMemPow2Allocator
+    local: HeapMemory
     peers: PeerTable
     exchange: Exchange
     agreement: Agreement
@@ -58,6 +58,7 @@ def allocate_collectively(core: Sharing, nbytes: int, call: Call) -> Block:
     # Segment creation is the same on every PE; only where segments were
     # created can a PE fail alone, so only then is it agreed on.
     if failure is None and not created:
+        assert block is not None   # (allocate_unmapped made it)
         return block
     step_failure = exchange(core, call, created, core.local.export, core.peers.map,
                             local=lambda: core.map_new(created), failed=failure)
@@ -67,10 +68,12 @@ def allocate_collectively(core: Sharing, nbytes: int, call: Call) -> Block:
     if not core.agreement.all_ok(step_failure is None,
                                  call.step(Phase.SHARING, "sharing the new memory")):
         if failure is None:
+            assert block is not None
             core.local.undo_allocation(block, created)
         raise_undone(core, call, step_failure, (
             f"{call.text} failed while PEs shared the new memory "
             f"({step_failure or 'see the other PEs'}); undone on every PE"))
+    assert block is not None
     return block
 
 

@@ -38,6 +38,7 @@ from ..backends.base import VMMBackend
 from ..errors import NotSymmetricError, ShmemError, UnsupportedError
 from ..memory.buddy import Block, Segment
 from ..memory.heapmem import HeapMemory
+from ..memory.vmm import HeapStats
 from ..node.anchor import Anchor
 from ..node.exchange import Exchange
 from ..node.fdpass import FdChannel
@@ -161,7 +162,7 @@ class Core(Protocol):
     def size_class(self, nbytes: int) -> int: ...
     def resize(self, retirement: Any, nbytes: int, shape: Any,
                dtype: torch.dtype) -> torch.Tensor: ...
-    def stats(self) -> Any: ...
+    def stats(self) -> HeapStats: ...
     def trim(self) -> int: ...
     def undo_allocation(self, block: Block, created: list) -> None: ...
     def import_pieces(self, tensor: torch.Tensor) -> list: ...
@@ -420,7 +421,7 @@ class HeapCore:
         the address, CPU address, window or kernel path (Target)."""
         block = self.symmetric(tensor, role)
         # = offset_of(tensor): symmetric() found its storage at storage_start
-        offset = self.local.storage_start(block) + tensor.storage_offset() * tensor.element_size()
+        offset = self.local.storage_start(block) + int(tensor.storage_offset()) * tensor.element_size()
         return self.locator.locate(block, offset, pe)
 
     def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None:
@@ -518,7 +519,7 @@ class HeapCore:
         """A retired block as a tensor of `nbytes` in place (realloc within its class)."""
         return self.local.resize(retirement, nbytes, shape, dtype)
 
-    def stats(self) -> dict:
+    def stats(self) -> HeapStats:
         """The engine's usage figures (heap_info())."""
         return self.local.stats()
 
@@ -638,7 +639,7 @@ class HeapCore:
         if self.closed:
             self.check_usable()  # raises: finalized (its MPI window is gone)
         self.completion.quiet()
-        if self._trackers.data:  # (most programs make no context: skip copying the set)
+        if len(self._trackers):  # (most programs make no context: skip copying the set)
             for tracker in list(self._trackers):
                 tracker.quiet()
 

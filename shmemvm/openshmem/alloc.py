@@ -106,6 +106,7 @@ def allocate(heap: Core, request: Callable[[], Request], text: str, *,
         call.error = exc
     with heap.lock:
         heap.agree(call)
+        assert made is not None   # (else the agreement raised every PE's error)
         nbytes, alignment = call.args[:2]   # (hints: checked and agreed; no effect yet)
         block = _allocate(heap, max(nbytes, alignment), call)
         tensor = heap.tensor_for(block, (nbytes,), torch.uint8)
@@ -360,6 +361,7 @@ def release(heap: Core, find: Callable[[], torch.Tensor], text: str) -> None:
             heap.quiet_all()
             alone_everywhere = heap.agree(
                 call, flag=retirement is not None and retirement.alone).flag_everywhere
+            assert retirement is not None   # (else the agreement raised every PE's error)
             # imported memory is unmapped at once: where that fails on one PE, every PE says so
             imported = alone_everywhere and heap.imported(offset) is not None
             failure = heap.finish_free(retirement, release_now=alone_everywhere)
@@ -415,6 +417,7 @@ def realloc(heap: Core, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
             heap.quiet_all()
             alone_everywhere = heap.agree(
                 call, flag=retirement is not None and retirement.alone).flag_everywhere
+            assert retirement is not None   # (else the agreement raised every PE's error)
             if (alone_everywhere and heap.size_class(new_bytes) == block.size
                     and heap.imported(block.offset) is None):
                 return heap.resize(retirement, new_bytes, (count,), dtype)

@@ -186,13 +186,15 @@ def apply(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, value=0
         # completed, the target is known to have done the swap and to serve our
         # operations, and the flush that delivers the swap's result returns promptly.
         compare, after = word.buffer([cond]), word.buffer([0])
+        displacement = target[0]
+        assert isinstance(displacement, int)
         win.Compare_and_swap([origin, 1, mpi], [compare, 1, mpi], [result, 1, mpi], pe,
-                             target[0])
+                             displacement)
         request = win.Rget_accumulate([origin, 1, mpi], [after, 1, mpi], pe, target, MPI.NO_OP)
-        buffers = (origin, compare, after, result)
+        buffers: tuple = (origin, compare, after, result)
     else:
         request = win.Rget_accumulate([origin, count, mpi], [result, count, mpi], pe, target,
-                                      OPERATIONS[op])
+                                      OPERATIONS[op])   # type: ignore[arg-type]  # (not cas)
         buffers = (origin, result)
     if tracker is not None:
         def done():
@@ -325,7 +327,7 @@ def _on_tensor(ctx: Context, dest, pe, op: str, value=0, cond=0, *, what: str):
     word = (words.of_torch(dest.dtype) if type(dest) is torch.Tensor and dest.numel() == 1
             and not dest.is_neg() else None)
     there = None if word is None else cpu_word(heap, dest, dest.data_ptr(), word, pe)
-    if there is not None:
+    if there is not None and word is not None:
         return at_address(there, word, op, value, cond, what=what)
     word, where = tensor_word(dest, what)
     return apply(heap, word, where, pe, op, value, cond, what=what)

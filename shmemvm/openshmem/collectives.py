@@ -64,7 +64,7 @@ class Operand(NamedTuple):
     dtype: Any
 
     @property
-    def count(self) -> int:
+    def count(self) -> int:   # type: ignore[override]  # (a field, not tuple.count)
         """The number of elements."""
         return self.data.numel() // self.itemsize
 
@@ -134,6 +134,13 @@ def _pair(heap: Core, team: group.Group, what: str, dest: Operand, source: Opera
 
 
 # -- MPI path helpers -------------------------------------------------------------------
+def _mapped(heap: Core, tensor: torch.Tensor, pe: int) -> torch.Tensor:
+    """rma.ptr() on a node path, where every member is mapped (never None)."""
+    view = _mapped(heap, tensor, pe)
+    assert view is not None, pe
+    return view
+
+
 def _host(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor with `tensor`'s data: itself where it already is one."""
     if tensor.device.type == "cpu" and tensor.is_contiguous():
@@ -237,7 +244,7 @@ def broadcast_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
         same = d == s
         if t.on_node:
             if me != r:
-                dest.data.copy_(rma.ptr(heap, source.data, t.pes[r]))
+                dest.data.copy_(_mapped(heap, source.data, t.pes[r]))
             elif not same:
                 dest.data.copy_(source.data)
             t.step(Phase.BROADCAST_COPIED, f"{text} (copied)")
@@ -306,7 +313,7 @@ def fcollect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
         flat = dest.data
         if t.on_node:
             for i, pe in enumerate(t.pes):
-                flat[i * m:(i + 1) * m].copy_(rma.ptr(heap, source.data, pe))
+                flat[i * m:(i + 1) * m].copy_(_mapped(heap, source.data, pe))
             t.step(Phase.FCOLLECT_COPIED, f"{t.label}fcollect (copied)")
             return
         send, receive = _host(source.data), _receive_buffer(flat)
@@ -390,7 +397,7 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
                     # team PE i's source: counts[i] bytes from the same offset, in
                     # a block of the same size on every PE
                     theirs = torch.as_strided(data, (counts[i],), (1,), data.storage_offset())
-                    flat[displs[i]:displs[i] + counts[i]].copy_(rma.ptr(heap, theirs, pe))
+                    flat[displs[i]:displs[i] + counts[i]].copy_(_mapped(heap, theirs, pe))
             t.step(Phase.COLLECT_COPIED, f"{text} (copied)")
             return
         target = flat[:sum(counts)]
@@ -457,7 +464,7 @@ def alltoall_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
         flat = dest.data
         if t.on_node:
             for i, pe in enumerate(t.pes):
-                flat[i * b:(i + 1) * b].copy_(rma.ptr(heap, source.data, pe)[me * b:(me + 1) * b])
+                flat[i * b:(i + 1) * b].copy_(_mapped(heap, source.data, pe)[me * b:(me + 1) * b])
             t.step(Phase.ALLTOALL_COPIED, f"{t.label}alltoall (copied)")
             return
         send, receive = _host(source.data), _receive_buffer(flat)
@@ -544,7 +551,7 @@ def alltoalls_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
         into = dest.data.view(-1, size)[::ds][:m]
         if t.on_node:
             for i, pe in enumerate(t.pes):
-                theirs = rma.ptr(heap, source.data, pe).view(-1, size)[::ss][me * count:(me + 1) * count]
+                theirs = _mapped(heap, source.data, pe).view(-1, size)[::ss][me * count:(me + 1) * count]
                 into[i * count:(i + 1) * count].copy_(theirs)
             t.step(Phase.ALLTOALLS_COPIED, f"{t.label}alltoalls (copied)")
             return
@@ -561,7 +568,7 @@ REDUCE_NAMES = ("sum", "prod", "min", "max", "and", "or", "xor")
 #: (one step after the agreement) instead of a reduce-scatter and gather (two)
 SMALL_REDUCE = 16 << 10
 #: the torch face's combiners: name -> torch function with out=
-REDUCE_OPS = {
+REDUCE_OPS: dict[str, Callable[..., Any]] = {
     "sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum,
     "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
 }
@@ -661,7 +668,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
             # order, so bitwise as below), then one step says every PE has read every
             # source, after which dest (maybe source itself) may change: two steps
             # with the agreement, against three (issue 24: 8 bytes cost 3 round trips)
-            views = [rma.ptr(heap, source.data, pe) for pe in t.pes]
+            views = [_mapped(heap, source.data, pe) for pe in t.pes]
             acc = nodecoll.combined(views, source.dtype, op, heap.native)   # C, if it can
             if acc is None:
                 acc = views[0].clone()
@@ -673,7 +680,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
         if t.on_node:
             # 1) this PE combines its chunk from every member's source, in team order
             if hi > lo:
-                views = [rma.ptr(heap, source.data, pe)[lo:hi] for pe in t.pes]
+                views = [_mapped(heap, source.data, pe)[lo:hi] for pe in t.pes]
                 acc = nodecoll.combined(views, source.dtype, op, heap.native)   # C, if it can
                 if acc is None:
                     acc = views[0].clone()
@@ -685,7 +692,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
             for i, pe in enumerate(t.pes):
                 if i != me and counts[i]:
                     start, stop = displs[i], displs[i] + counts[i]
-                    flat[start:stop].copy_(rma.ptr(heap, dest.data, pe)[start:stop])
+                    flat[start:stop].copy_(_mapped(heap, dest.data, pe)[start:stop])
             t.step(Phase.REDUCE_GATHERED, f"{text} (gathered)")
             return
         # 1) reduce-scatter: this PE receives its chunk of every member's source ...

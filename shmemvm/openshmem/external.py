@@ -72,6 +72,7 @@ def import_external_tensor(heap: Core, tensor: torch.Tensor) -> torch.Tensor:
                 call.error = exc
         try:
             heap.agree(call)
+            assert pieces is not None   # (else the agreement raised every PE's error)
             block, shift, lead = heap.place_imported(tensor, pieces, call)
         except BaseException:
             heap.release_pieces(pieces or [])

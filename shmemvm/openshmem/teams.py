@@ -197,7 +197,7 @@ class Team(Group):
             members = [first + i * step for i in range(count)]
             return self._split([members], dict(made))
 
-    def split_2d(self, xrange: int, xaxis_config=None, yaxis_config=None) -> tuple[Team, Team]:
+    def split_2d(self, xrange: int, xaxis_config=None, yaxis_config=None) -> tuple[Team | None, Team | None]:
         """Arrange this team's PEs in a grid of `xrange` columns, row by row
         (PE i at column i % xrange, row i // xrange), and make a team of each
         row and one of each column (collective over this team).
@@ -482,7 +482,7 @@ def team_split_strided(heap: Core, parent: Team, start: int, stride: int, size: 
 
 
 def team_split_2d(heap: Core, parent: Team, xrange: int, xaxis_config=None,
-                  yaxis_config=None) -> tuple[Team, Team]:
+                  yaxis_config=None) -> tuple[Team | None, Team | None]:
     """parent.split_2d(xrange, xaxis_config, yaxis_config) (collective over `parent`).
 
     Args:

@@ -33,6 +33,8 @@ from __future__ import annotations
 import operator
 import time
 
+from typing import Any
+
 import torch
 
 from .. import _docs
@@ -130,7 +132,7 @@ def check_timeout(timeout, what: str) -> None:
                          f"got {timeout!r}")
 
 
-def poll_until(heap: Core, poll, timeout: float | None, unmet) -> object:
+def poll_until(heap: Core, poll, timeout: float | None, unmet) -> Any:
     """Call poll() until it returns (True, result), then return result: reads back
     to back at first, then sleeps doubling up to a cap, so that a waiting PE still
     enters MPI often (passive-target progress). With `timeout` (seconds, checked
@@ -281,7 +283,7 @@ def _excluded(status, n: int, what: str) -> list[bool]:
     return out
 
 
-def _values(values, word: Word, n: int, what: str) -> list[int]:
+def _values(values, word: Word, n: int, what: str) -> list[int | float]:
     """The vector forms' comparison values, one per element, checked against the word."""
     if isinstance(values, torch.Tensor):
         values = values.tolist() if values.dim() == 1 else values
@@ -636,4 +638,4 @@ def test_some_vector(heap: Core, ivars: torch.Tensor, cmp: str, values,
 
 for _function in (test_all, test_any, test_some, test_all_vector, test_any_vector,
                   test_some_vector):
-    _function.__test__ = False  # not pytest tests when imported into a test module
+    setattr(_function, "__test__", False)  # not pytest tests when imported into a test module

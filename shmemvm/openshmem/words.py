@@ -35,6 +35,9 @@ class Word:
     def __init__(self, name: str, size: int, kind: str, code: str, mpi: MPI.Datatype):
         assert array.array(code).itemsize == size, (name, code)
         self.name, self.size, self.kind, self.code, self.mpi = name, size, kind, code, mpi
+        #: an integer word's range (None for floating point)
+        self.lo: int | None
+        self.hi: int | None
         if kind == "i":
             self.lo, self.hi = -(1 << (8 * size - 1)), (1 << (8 * size - 1)) - 1
         elif kind == "u":
@@ -75,7 +78,8 @@ class Word:
         except TypeError:   # e.g. a NumPy array of more than one element
             raise TypeError(f"{what}: {name} must be an integer, got {type(value).__name__} "
                             f"{value!r}") from None
-        if not self.lo <= value <= self.hi:
+        lo, hi = self.lo, self.hi
+        if lo is None or hi is None or not lo <= value <= hi:
             raise ValueError(f"{what}: {name} {value} does not fit the target's type "
                              f"{self.name} ({self.lo}..{self.hi})")
         return value

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -40,11 +42,11 @@ import torch
 @dataclass
 class _Deferred:
     """One MPI operation issued and not yet complete."""
-    requests: object                # an MPI.Request or a list of them
+    requests: Any                   # an MPI.Request or a list of them
     pe: int
-    window: object                  # the OffNodeWindow it went through
+    window: Any                     # the OffNodeWindow it went through (offnode.py)
     buffers: object = None          # kept alive until the operation is complete
-    done: object = field(default=None)  # called once it is complete (or None)
+    done: Callable[[], None] | None = field(default=None)  # called once it is complete
 
 
 class CompletionTracker:

@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 
 try:
-    import triton
-    import triton.language as tl
+    import triton  # type: ignore[import-untyped]
+    import triton.language as tl  # type: ignore[import-untyped]
 except ImportError as exc:  # atomics.py turns this into UnsupportedError
     raise ImportError("atomics on device heaps run as Triton kernels: pip install triton "
                       "(or pip install shmemvm[triton])") from exc
@@ -96,4 +96,4 @@ def apply(bases: torch.Tensor, me: int, where: torch.Tensor, pe: int, op: str, v
     args = torch.tensor([value, cond], dtype=bits_dtype, device=where.device)
     out = torch.empty(1, dtype=bits_dtype, device=where.device)
     _atomic[(1,)](target, args, out, me, pe, bases, OP=OPERATIONS[op])
-    return out.item()  # .item() waits for the kernel
+    return int(out.item())  # .item() waits for the kernel (the bits: an integer dtype)

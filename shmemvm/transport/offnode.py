@@ -50,6 +50,7 @@ attached, and put/get/atomics to them on other nodes raise UnsupportedError
 from __future__ import annotations
 
 import array
+from collections.abc import Callable
 import logging
 import os
 import time
@@ -79,9 +80,9 @@ class OffNodeWindow:
         self._broken = broken or (lambda text: None)
         self.timeout = timeout
         self.device_memory = not local.backend.mpi_accessible  # a backend property
-        self.win = MPI.Win.Create_dynamic(comm=comm)
+        self.win = MPI.Win.Create_dynamic(comm=comm)   # type: ignore[arg-type]  # an Intracomm
         self.win.Set_errhandler(MPI.ERRORS_RETURN)
-        self._attached: dict[int, memoryview] = {}
+        self._attached: dict[int, MPI.buffer] = {}
         # The probe word (see the module doc): host memory that only probes read.
         self._probe_word = array.array("q", [0])
         self._probe_memory = MPI.memory.frombuffer(self._probe_word)
@@ -125,10 +126,11 @@ class OffNodeWindow:
     def complete(self, requests, pe: int, what: str) -> None:
         """Complete MPI `requests` (one or a list) of an operation on PE `pe`, or at
         the deadline mark the heap broken and raise PeerTimeoutError."""
+        test: Callable[[], bool]
         if isinstance(requests, MPI.Request):
             test = requests.Test      # the common case: one request, a few microseconds
         else:
-            def test():
+            def test() -> bool:
                 return MPI.Request.Testall(requests)
         if test():
             return
@@ -258,7 +260,7 @@ def _strided_type(tensor: torch.Tensor, op: str, writing: bool) -> MPI.Datatype:
     """A committed MPI datatype whose bytes are `tensor`'s elements in order,
     relative to its first element (torch strides are never negative)."""
     itemsize = tensor.element_size()
-    dims = []  # (count, byte stride), innermost first, adjacent contiguous dims merged
+    dims: list[tuple[int, int]] = []  # (count, byte stride), innermost first, adjacent contiguous dims merged
     for size, stride in reversed(list(zip(tensor.shape, tensor.stride()))):
         if size == 1:
             continue
