@@ -79,7 +79,7 @@ class Core(Protocol):
     #: the node's PEs: team_shared() and the node paths of collectives
     node_pes: list[int]
     #: the heap's and the node's communicators: what teams split and run MPI collectives on
-    comm: MPI.Comm
+    comm: MPI.Intracomm
     node: MPI.Comm
     #: the deadline of every wait (teams' agreements, waits)
     timeout: float

@@ -136,7 +136,7 @@ def _pair(heap: Core, team: group.Group, what: str, dest: Operand, source: Opera
 # -- MPI path helpers -------------------------------------------------------------------
 def _mapped(heap: Core, tensor: torch.Tensor, pe: int) -> torch.Tensor:
     """rma.ptr() on a node path, where every member is mapped (never None)."""
-    view = _mapped(heap, tensor, pe)
+    view = rma.ptr(heap, tensor, pe)
     assert view is not None, pe
     return view
 

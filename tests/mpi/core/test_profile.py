@@ -70,7 +70,7 @@ def test_uninstrumented_heap_runs_its_own_methods(heap):
     # after the block, nothing of the wrapper is left on any object
     for obj in (heap._core.agreement, heap._core.local, heap.backend):
         assert not any(hasattr(v, "__shmemvm_profiled__") for v in vars(obj).values())
-    assert profile.of(heap) is None
+    assert profile.of(heap._core) is None
     timed.reset()
     heap.free(heap.malloc(64 * KiB))
     assert timed.totals() == {}

@@ -41,7 +41,7 @@ def heap():
 
 
 def _fuses(h) -> bool:
-    board = h.agreement.board
+    board = h._core.agreement.board
     return board is not None and board.fuses
 
 

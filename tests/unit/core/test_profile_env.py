@@ -18,7 +18,7 @@ WORLD = MPI.COMM_WORLD
 def test_shmemvm_profile_env_times_every_call():
     code = ("from mpi4py import MPI; from shmemvm import SymmetricHeap; from shmemvm.core import profile\n"
             "h = SymmetricHeap(MPI.COMM_WORLD, heap_size='4M', backend='host', timeout=30)\n"
-            "h.free(h.malloc(1024)); t = profile.of(h).totals(); h.finalize()\n"
+            "h.free(h.malloc(1024)); t = profile.of(h._core).totals(); h.finalize()\n"
             "print(sorted(k for k in t if '/' not in k))\n")
     env = clean_env()
     env["SHMEMVM_PROFILE"] = "1"
