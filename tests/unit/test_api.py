@@ -72,6 +72,15 @@ def test_dir_of_a_heap_is_its_api():
         assert internal not in public, internal
 
 
+def test_dir_of_a_heap_object_is_the_same_api(heap):
+    """An instance shows what its class shows (its core is private: `_core`),
+    and each routine on it is bound, with the routine's signature less the core."""
+    assert {name for name in dir(heap) if not name.startswith("_")} == \
+        {name for name in dir(SymmetricHeap) if not name.startswith("_")}
+    assert list(inspect.signature(heap.put).parameters) == ["dest", "source", "pe"]
+    assert heap.put.__doc__ == SymmetricHeap.put.__doc__
+
+
 def test_the_heap_binds_each_routine_as_written():
     """SymmetricHeap's methods are the openshmem functions themselves (or the
     core's), not wrappers: one declaration, one docstring."""
