@@ -114,7 +114,12 @@ class SymmetricHeap:
                  native: int | str | None = None):
         #: this heap's state and services, which the routines are bound to (private:
         #: what users see of it is this class)
-        self._core = HeapCore(self)
+        self._core = core = HeapCore(self)
+        # each routine bound once, here (a plain attribute lookup per call after this,
+        # not a descriptor's __get__: an 8-byte put is a few microseconds)
+        bound = self.__dict__
+        for name in _ROUTINES:
+            bound[name] = types.MethodType(getattr(SymmetricHeap, name), core)
         setup.open_heap(self._core, comm, heap_size, backend, timeout=timeout,
                         node_split=node_split, va_factor=va_factor, thread_level=thread_level,
                         agreement=agreement, anchor=anchor, native=native)
@@ -331,3 +336,8 @@ class SymmetricHeap:
                 if error.__cause__ is None:   # never `from None`: the user's exception shows
                     error.__suppress_context__ = False
             raise
+
+
+#: the names of SymmetricHeap's routines (bound to each heap's core at __init__)
+_ROUTINES = tuple(name for name, value in vars(SymmetricHeap).items()
+                  if isinstance(value, routine))

@@ -227,7 +227,8 @@ def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
         else:
             window.get(local, remote, pe, target.block, tracker)
         return
-    remote = target.copy_view(remote)
+    if target.mapping is not None:   # a node peer's: copied through its mapping
+        remote = target.copy_view(remote)
     dst, src = (remote, local) if writing else (local, remote)
     if tracker is None and target.cpu_address is not None and _copied_by_cpu(dst, src):
         return   # (a memmove: overlap is fine)

@@ -38,7 +38,7 @@ class Target:
     as locate() resolved them (see the module doc)."""
 
     __slots__ = ("pe", "route", "block", "offset", "address", "cpu_address", "atomic_address",
-                 "by_kernel", "window", "_peers")
+                 "by_kernel", "window", "mapping")
 
     def __init__(self, pe: int, route: Route, block: Block, offset: int, address: int | None,
                  cpu_address: int | None, atomic_address: int | None, by_kernel: bool,
@@ -52,7 +52,9 @@ class Target:
         self.atomic_address = atomic_address
         self.by_kernel = by_kernel
         self.window = window
-        self._peers = peers
+        #: the node peer's mapping these bytes are reached through (None: this PE's own
+        #: memory, or a PE only MPI reaches)
+        self.mapping = peers
 
     @property
     def own(self) -> bool:
@@ -63,17 +65,17 @@ class Target:
         """`like` (a view of these bytes on this PE) as the tensor a copy to or
         from PE `pe` goes through: `like` itself for this PE, a cached view of
         the peer's mapping for a node peer (never handed to a user)."""
-        if self._peers is None:
+        if self.mapping is None:
             return like
-        return self._peers.copy_view(self.pe, self.offset, like)
+        return self.mapping.copy_view(self.pe, self.offset, like)
 
     def block_view(self, like: torch.Tensor, start: int) -> torch.Tensor:
         """`like` as it lies on PE `pe` in a storage of its own over exactly the
         bytes like's storage covers (ptr()); `start`: the heap offset where
         like's storage starts. `like` itself for this PE."""
-        if self._peers is None:
+        if self.mapping is None:
             return like
-        return self._peers.block_view(self.pe, start, like)
+        return self.mapping.block_view(self.pe, start, like)
 
 
 class Locator:
