@@ -24,7 +24,8 @@ respect to each other (docs/multinode.md):
 - KERNEL: a device heap (memory MPI is not given): a Triton kernel with
   system-scope atomics on the mapped memory, for this node's PEs only.
 
-A new path (CPU atomics on node memory, a compiled fast path) is a change here.
+A new path (CPU atomics on node memory, a compiled fast path) is a change here and in
+target.py, whose Locator turns a route into the Target of one operation.
 """
 
 from __future__ import annotations
@@ -74,15 +75,7 @@ class Routes:
         """The route to PE `pe` (a valid PE number)."""
         return self._routes[pe]
 
-    def mapped(self, pe: int) -> bool:
-        """PE `pe`'s memory is addressable from here (this PE or a node peer)."""
-        return self._routes[pe] is not Route.MPI
-
     def all_mapped(self, pes: Iterable[int]) -> bool:
         """Every PE of `pes` is addressable from here (a team's node path)."""
         routes = self._routes
         return all(routes[pe] is not Route.MPI for pe in pes)
-
-    def atomic_by_kernel(self, pe: int) -> bool:
-        """An atomic on PE `pe` runs as a kernel on the mapped memory."""
-        return self.atomics is AtomicPath.KERNEL and self._routes[pe] is not Route.MPI
