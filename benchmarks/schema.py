@@ -176,16 +176,17 @@ def heap_paths(heap) -> dict:
     import shmemvm
     from shmemvm import native
 
-    agreement = getattr(heap, "agreement", None)
-    routes = getattr(heap, "routes", None)
+    core = getattr(heap, "_core", heap)   # a SymmetricHeap's parts are its core's (private)
+    agreement = getattr(core, "agreement", None)
+    routes = getattr(core, "routes", None)
     return {"backend": heap.backend.name, "compiled_piece": native.built(),
-            "native": bool(getattr(heap, "native", False)),
+            "native": bool(getattr(core, "native", False)),
             "agreement": "board" if getattr(agreement, "board", None) is not None else "mpi",
             "atomics": getattr(getattr(routes, "atomics", None), "value", None),
             "shmemvm": os.path.dirname(os.path.abspath(shmemvm.__file__)),
             "mpi": mpi_library(),
-            "mpi_window": getattr(heap, "window", None) is not None,
-            "window_error": getattr(heap, "window_error", None)}
+            "mpi_window": getattr(core, "window", None) is not None,
+            "window_error": getattr(core, "window_error", None)}
 
 
 def mpi_library() -> str | None:

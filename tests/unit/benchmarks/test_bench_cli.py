@@ -142,7 +142,7 @@ def test_a_result_says_which_paths_ran():
     assert paths["backend"] == "host" and paths["compiled_piece"] == native.built()
     assert paths["native"] is True and paths["agreement"] == "board" and paths["atomics"] == "cpu"
     assert paths["shmemvm"].endswith("shmemvm")
-    heap._core.agreement.board, heap._core.native = None, False
+    heap.agreement.board, heap.native = None, False
     assert schema.heap_paths(heap)["agreement"] == "mpi"
     built = {"compiled_piece": "/x/_native.so", "native": True}
     assert schema.paths_warning(built) is None
