@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch.profiler import profile
 
+from shmemvm.core.state import core_of
 from shmemvm.core.trace import ranged
 
 from .common import Bench, interleaved
@@ -51,8 +52,9 @@ def run(bench: Bench) -> None:
 def _measure(bench: Bench, heap, dest, source, target: int) -> None:
     options = bench.options
     routine = type(heap).put.__wrapped__
+    core = core_of(heap)   # the routine's first argument: the heap's core
     ops = {"hooked": lambda: heap.put(dest, source, target),
-           "unhooked": lambda: routine(heap, dest, source, target)}
+           "unhooked": lambda: routine(core, dest, source, target)}
     samples = interleaved(ops, options.repeat, options.min_time)
     params = {"bytes": NBYTES, "target": target}
     us = {name: [s * 1e6 for s in values] for name, values in samples.items()}
