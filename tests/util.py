@@ -1,11 +1,13 @@
 """Helpers for tests: what this process holds, to check that nothing leaks, and
 how to start a small MPI job of our own."""
 
+import contextlib
 import gc
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,6 +119,32 @@ def run_jobs(root: Path, jobs: dict, limit: float, n_pes: int) -> dict:
                 os.killpg(job.pid, 9)
                 job.wait()
             log.close()
+
+
+@contextlib.contextmanager
+def job_outcomes(prefix: str, jobs_in, limit: float, n_pes: int, batch: int | None = None):
+    """run_jobs() over a fresh folder named `prefix`...: `jobs_in(root)` gives its
+    jobs (name -> (command, env), each writing into root/<name>), run `batch` at a
+    time side by side (None: all at once); yields their results. Afterwards the
+    folder goes, and so do the heap directories that a killed or dead PE left
+    behind (a record's "directory")."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    results: dict = {}
+    try:
+        jobs = jobs_in(root)
+        names = list(jobs)
+        step = batch or max(1, len(names))
+        for first in range(0, len(names), step):
+            results.update(run_jobs(root, {name: jobs[name] for name in names[first:first + step]},
+                                    limit, n_pes))
+        yield results
+    finally:
+        for result in results.values():
+            for record in result["records"].values():
+                directory = record.get("directory", "")
+                if Path(directory).name.startswith("shmemvm-"):
+                    shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def barrier_interrupted_on_pe_1(heap) -> None:

@@ -13,14 +13,11 @@ compiled piece on (the default where it is built), timeout 3 s.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from util import REPO, clean_env, is_hydra, mpiexec, run_jobs
+from util import REPO, clean_env, is_hydra, mpiexec, job_outcomes
 
 ABANDONED = REPO / "tests" / "helpers" / "abandoned_call.py"
 DEATH = REPO / "tests" / "helpers" / "peer_death.py"
@@ -48,30 +45,21 @@ def outcomes():
     if not is_hydra(launcher):
         pytest.skip(f"{launcher} is not MPICH's hydra; the dead-PE jobs rely on "
                     f"-disable-auto-cleanup")
-    root = Path(tempfile.mkdtemp(prefix="shmemvm-nodecoll-faults-"))
-    results = {}
-    try:
-        names = list(JOBS)
-        for first in range(0, len(names), BATCH):
-            jobs = {}
-            for name in names[first:first + BATCH]:
-                helper, args = JOBS[name]
-                if helper is ABANDONED:
-                    command = [launcher, "-n", str(N_PES), sys.executable, str(helper), *args,
-                               str(root / name), "board"]
-                else:
-                    command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES),
-                               sys.executable, str(helper), *args, str(root / name)]
-                jobs[name] = (command, clean_env())
-            results.update(run_jobs(root, jobs, JOB_LIMIT, N_PES))
+
+    def jobs_in(root):
+        jobs = {}
+        for name, (helper, args) in JOBS.items():
+            if helper is ABANDONED:
+                command = [launcher, "-n", str(N_PES), sys.executable, str(helper), *args,
+                           str(root / name), "board"]
+            else:
+                command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES),
+                           sys.executable, str(helper), *args, str(root / name)]
+            jobs[name] = (command, clean_env())
+        return jobs
+
+    with job_outcomes("shmemvm-nodecoll-faults-", jobs_in, JOB_LIMIT, N_PES, BATCH) as results:
         yield results
-    finally:
-        for result in results.values():
-            for record in result["records"].values():
-                directory = record.get("directory", "")
-                if Path(directory).name.startswith("shmemvm-"):
-                    shutil.rmtree(directory, ignore_errors=True)  # left by the dead PE
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _records(outcomes, name):

@@ -13,14 +13,11 @@ with every PE on a node of its own (the decision then goes through MPI).
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from util import REPO, clean_env, mpiexec, run_jobs
+from util import REPO, clean_env, mpiexec, job_outcomes
 
 HELPER = REPO / "tests" / "helpers" / "abandoned_call.py"
 N_PES = 3
@@ -48,23 +45,19 @@ BATCH = 3
 @pytest.fixture(scope="module")
 def outcomes():
     launcher = mpiexec()
-    root = Path(tempfile.mkdtemp(prefix="shmemvm-abandoned-"))
-    results = {}
-    try:
-        names = list(JOBS)
-        for first in range(0, len(names), BATCH):
-            jobs = {}
-            for name in names[first:first + BATCH]:
-                scenario, stop, agreement, split = JOBS[name]
-                command = [launcher, "-n", str(N_PES), sys.executable, str(HELPER), scenario,
-                           f"{TIMEOUT:g}", f"{stop:g}", str(root / name), agreement]
-                if split is not None:
-                    command.append(str(split))
-                jobs[name] = (command, clean_env())
-            results.update(run_jobs(root, jobs, JOB_LIMIT, N_PES))
+
+    def jobs_in(root):
+        jobs = {}
+        for name, (scenario, stop, agreement, split) in JOBS.items():
+            command = [launcher, "-n", str(N_PES), sys.executable, str(HELPER), scenario,
+                       f"{TIMEOUT:g}", f"{stop:g}", str(root / name), agreement]
+            if split is not None:
+                command.append(str(split))
+            jobs[name] = (command, clean_env())
+        return jobs
+
+    with job_outcomes("shmemvm-abandoned-", jobs_in, JOB_LIMIT, N_PES, BATCH) as results:
         yield results
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _records(outcomes, name):

@@ -12,14 +12,11 @@ and after how long.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from util import REPO, agreement_env, is_hydra, mpiexec, run_jobs
+from util import REPO, agreement_env, is_hydra, mpiexec, job_outcomes
 
 HELPER = REPO / "tests" / "helpers" / "liveness_jobs.py"
 N_PES = 3
@@ -52,28 +49,19 @@ def outcomes():
     launcher = mpiexec()
     if not is_hydra(launcher):
         pytest.skip(f"{launcher} is not MPICH's hydra; these jobs rely on -disable-auto-cleanup")
-    root = Path(tempfile.mkdtemp(prefix="shmemvm-liveness-"))
-    results = {}
-    try:
-        names = list(JOBS)
-        for first in range(0, len(names), BATCH):
-            jobs = {}
-            for name in names[first:first + BATCH]:
-                scenario, split = JOBS[name]
-                command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
-                           str(HELPER), scenario, f"{TIMEOUT:g}", str(root / name)]
-                if split is not None:
-                    command.append(str(split))
-                jobs[name] = (command, agreement_env())
-            results.update(run_jobs(root, jobs, JOB_LIMIT, N_PES))
+
+    def jobs_in(root):
+        jobs = {}
+        for name, (scenario, split) in JOBS.items():
+            command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
+                       str(HELPER), scenario, f"{TIMEOUT:g}", str(root / name)]
+            if split is not None:
+                command.append(str(split))
+            jobs[name] = (command, agreement_env())
+        return jobs
+
+    with job_outcomes("shmemvm-liveness-", jobs_in, JOB_LIMIT, N_PES, BATCH) as results:
         yield results
-    finally:
-        for result in results.values():
-            for record in result["records"].values():
-                directory = record.get("directory", "")
-                if Path(directory).name.startswith("shmemvm-"):
-                    shutil.rmtree(directory, ignore_errors=True)  # left by a dead PE
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _records(outcomes, name, dead=()):

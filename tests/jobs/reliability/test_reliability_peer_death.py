@@ -14,14 +14,11 @@ tests/run_all.sh. The scenarios run side by side to keep the test short.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from util import REPO, clean_env, is_hydra, mpiexec, run_jobs
+from util import REPO, clean_env, is_hydra, mpiexec, job_outcomes
 
 HELPER = REPO / "tests" / "helpers" / "peer_death.py"
 N_PES = 3
@@ -39,24 +36,18 @@ def outcomes():
     launcher = mpiexec()
     if not is_hydra(launcher):
         pytest.skip(f"{launcher} is not MPICH's hydra; this test relies on -disable-auto-cleanup")
-    root = Path(tempfile.mkdtemp(prefix="shmemvm-peer-death-"))
-    results = {}
-    try:
+
+    def jobs_in(root):
         jobs = {}
         for scenario, how in SCENARIOS.items():
             timeout_arg = f"{TIMEOUT:g}" if how == "arg" else "env"
             command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
                        str(HELPER), scenario, timeout_arg, str(root / scenario)]
             jobs[scenario] = (command, clean_env(f"{TIMEOUT:g}" if how == "env" else None))
-        results = run_jobs(root, jobs, JOB_LIMIT, N_PES)
+        return jobs
+
+    with job_outcomes("shmemvm-peer-death-", jobs_in, JOB_LIMIT, N_PES) as results:
         yield results
-    finally:
-        for result in results.values():
-            for record in result["records"].values():
-                directory = record.get("directory", "")
-                if Path(directory).name.startswith("shmemvm-"):
-                    shutil.rmtree(directory, ignore_errors=True)  # left by the dead PE
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
