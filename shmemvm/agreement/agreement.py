@@ -71,6 +71,10 @@ from .protocol import (COUNTED, DEAD_DIGEST_SLOT, DEAD_SLOT, EMPTY_VECTOR, FLAG_
 log = logging.getLogger("shmemvm")
 
 _MAX = MPI.MAX
+#: the words of a step's vector that its outcome does not compare (a bit mask)
+_UNCOMPARED = sum(1 << slot for slot in (FLAG_SLOT, DEAD_SLOT, DEAD_DIGEST_SLOT, TIME_SLOT))
+#: the outcome of a plain step (agreed, the flag everywhere, nothing dead)
+_PLAIN = OUTCOMES[True]
 
 
 class Agreement:
@@ -119,6 +123,9 @@ class Agreement:
         #: where every PE of `comm` shares memory, the heap gives the agreement a
         #: Board (board.py) once every PE has one: steps then go through it, not MPI
         self.board: Board | None = None
+        #: whether steps are logged (DEBUG, asked once: a board step that went as
+        #: planned returns before any other call, logging's included)
+        self._debug = log.isEnabledFor(logging.DEBUG)
 
     # -- state ------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -153,9 +160,23 @@ class Agreement:
         self._sub = 0
         if call.phase in COUNTED:
             self.calls += 1
+        board = self.board
+        if board is not None and not dead and call.error is None:
+            # the whole step in one native call where the board has it (board.step)
+            code = board.step(call.encoded(), seq, flag,
+                              self._prompt if self.liveness is not None else -1)
+            if code is not None:
+                recv = board.out
+                if code == 0 and not self._debug:
+                    self._entered = -recv[TIME_SLOT]
+                    return _PLAIN
+                if code > 0:
+                    board.finish(seq, lambda ready: self.wait_until(
+                        ready, lambda: self.describe(call), 0))
+                self._completed(call, recv)
+                return self._outcome(call, board.send, recv, dead)
         tick = time.time_ns() // self._tick
         # MAX of v and of -v gives the max and minus the min of each word at once
-        board = self.board
         request: MPI.Request | Literal[False] | None = None
         if board is not None:
             send = call.vector()
@@ -260,6 +281,7 @@ class Agreement:
     def use_board(self, board: Board) -> None:
         """Take every later step through `board` (every PE at the same step)."""
         board.freeable = True
+        board.prepare_steps(NEG_SEQ_SLOT, FLAG_SLOT, TIME_SLOT, _UNCOMPARED, self._tick)
         self.board = board
 
     def _persistent_request(self) -> MPI.Prequest | Literal[False]:

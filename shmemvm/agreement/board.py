@@ -70,6 +70,11 @@ PAYLOAD = 4096
 _QUIET_POLLS, _PROGRESS_EVERY = 512, 16
 #: reads of a slot that one call into the compiled piece makes before it returns
 _NATIVE_SPINS = 256
+#: how long step()'s one call goes on reading before the caller's wait (with its
+#: deadline and liveness checks) takes over
+_STEP_BUDGET_NS = 200_000
+#: exchange()'s payload arguments of a step that carries none
+_NO_PAYLOAD = (0, 0, None, 0, 0, 0, -1)
 
 
 class Board:
@@ -105,8 +110,14 @@ class Board:
         #: exchange()'s arguments that never change, its MAX vector and its PEs
         #: read so far (native mode with _collective; see use_native())
         self._head: tuple | None = None
-        self._out = array.array("q", bytes(words * _WORD))
+        #: (out: the MAX vector of the last native step, valid until the next)
+        self._out = self.out = array.array("q", bytes(words * _WORD))
         self._done = bytearray(self.size)
+        #: step()'s constant arguments (prepare_steps()), the vector it sent, and
+        #: the payload of a step whose reading finish() completes
+        self._step_head: tuple | None = None
+        self.send = array.array("q", bytes(words * _WORD))
+        self._waiting: tuple | None = None
         #: the payload of the next step (stage()), and the one the last step carried
         self._staged: tuple | None = None
         self.carried: tuple | None = None
@@ -132,6 +143,51 @@ class Board:
         if _collective is not None:
             self._head = (self._address, self._nbytes, self.size, self.rank, self._slot,
                           self.words, self.seq_word, _NATIVE_SPINS)
+
+    def prepare_steps(self, neg_seq_word: int, flag_word: int, time_word: int, skip: int,
+                      tick_ns: int) -> None:
+        """Let step() take a whole step in one call (native mode with _collective):
+        where the vector holds the negated step number, the flag and the entry
+        time (in ticks of `tick_ns`), and which words (bit mask `skip`) its
+        outcome does not compare."""
+        if self._head is not None:
+            self._step_head = (*self._head, neg_seq_word, flag_word, time_word, skip, tick_ns)
+
+    def step(self, template, seq: int, flag: bool, prompt: int) -> int | None:
+        """One agreed step in one native call (_collective.step): this PE's
+        vector is `template` with the step number, the flag and the entry time
+        filled in (`send` holds it after); `out` the MAX of every PE's. Returns
+        0 where every slot was read and the outcome is plain (every compared
+        word equal, the flag everywhere, no PE entered more than `prompt` ticks
+        ago), -1 where every slot was read but the caller must decide from
+        `send` and `out`, the PEs left (> 0) where finish() must wait for
+        them, or None where this board cannot (allreduce_max() then)."""
+        head = self._step_head
+        if head is None or self._unfinished is not None:
+            return None
+        staged, self._staged = self._staged, None
+        code = _collective.step(*head, prompt, _STEP_BUDGET_NS, seq, template, flag, self.send,
+                                self._out, self._done, *(staged or _NO_PAYLOAD))
+        if code > 0:
+            self._waiting = staged
+        else:
+            self.carried = staged
+        return code
+
+    def finish(self, seq: int, wait) -> None:
+        """Read the slots of step `seq` that step() left, under `wait` (as
+        allreduce_max's)."""
+        staged, self._waiting = self._waiting, None
+        head = self._head
+        assert head is not None, "finish() follows a step() that ran"
+        args = (*head, seq, None, self._out, self._done, 0, 0) + \
+            (_NO_PAYLOAD if staged is None else staged)[2:]
+        try:
+            wait(_Exchange(self, args).ready)
+        except BaseException:
+            self._unfinished = seq
+            raise
+        self.carried = staged
 
     @property
     def fuses(self) -> bool:

@@ -41,6 +41,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
+#include <time.h>
 
 #define MIN_ADDRESS ((unsigned long long)64 * 1024)
 #define MAX_ADDRESS ((unsigned long long)1 << 57)
@@ -222,6 +223,124 @@ end:
     if (vector.obj) PyBuffer_Release(&vector);
     if (scratch.obj) PyBuffer_Release(&scratch);
     if (done.obj) PyBuffer_Release(&done);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
+/* step(board, nbytes, size, rank, slot_words, words, seq_word, spins, neg_seq_word,
+ *      flag_word, time_word, skip, tick_ns, prompt, budget_ns,
+ *      seq, template, flag, send, out, done, payload, payload_len, scratch, part,
+ *      src_offset, dst_stride, only) -> int
+ * A whole agreed step (agreement.py's collective()) where nothing is unusual:
+ * `send` <- `template` (the call's vector) with the step number at seq_word,
+ * its negation at neg_seq_word, -1 at flag_word where `flag`, and minus this
+ * PE's entry time in ticks of `tick_ns` (CLOCK_REALTIME, as time.time_ns())
+ * at time_word; then exchange() as above, its spins repeated while PEs are
+ * left, for at most `budget_ns`. Returns the PEs left (> 0: the caller waits
+ * with the deadline and the liveness checks, as for exchange()), or once
+ * every slot is read, 0 where the outcome is the plain one: every word equal
+ * to this PE's but those in the bit mask `skip` (the flag, dead-block and
+ * time words), the flag on every PE, no dead blocks on every PE, and no PE
+ * entered more than `prompt` ticks ago (prompt < 0: never late); else -1
+ * (the caller then decides the outcome from `send` and `out` itself: a
+ * mismatch, a flag, dead blocks, a late step). */
+static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static long long monotonic_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static PyObject *coll_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 28) {
+        PyErr_SetString(PyExc_TypeError, "step(board, nbytes, size, rank, slot_words, words, "
+                        "seq_word, spins, neg_seq_word, flag_word, time_word, skip, tick_ns, "
+                        "prompt, budget_ns, seq, template, flag, send, out, done, payload, "
+                        "payload_len, scratch, part, src_offset, dst_stride, only)");
+        return NULL;
+    }
+    Py_ssize_t words, seq_word, neg_word, flag_word, time_word;
+    long long tick = PyLong_AsLongLong(args[12]), prompt = PyLong_AsLongLong(args[13]);
+    long long budget = PyLong_AsLongLong(args[14]), seq = PyLong_AsLongLong(args[15]);
+    unsigned long long skip = PyLong_AsUnsignedLongLong(args[11]);
+    int flag = PyObject_IsTrue(args[17]);
+    if (PyErr_Occurred() || flag < 0) return NULL;
+    if (get_ssize(args[5], &words, 1, "step: words") < 0
+        || get_ssize(args[6], &seq_word, 0, "step: seq_word") < 0
+        || get_ssize(args[8], &neg_word, 0, "step: neg_seq_word") < 0
+        || get_ssize(args[9], &flag_word, 0, "step: flag_word") < 0
+        || get_ssize(args[10], &time_word, 0, "step: time_word") < 0)
+        return NULL;
+    if (words > MAX_WORDS || seq_word >= words || neg_word >= words || flag_word >= words
+        || time_word >= words || tick < 1 || budget < 0) {
+        PyErr_Format(PyExc_ValueError, "step: %zd words (at most %d) with the step number at "
+                     "%zd, %zd, the flag at %zd and the time at %zd, ticks of %lld ns, a "
+                     "budget of %lld ns: out of range", words, MAX_WORDS, seq_word, neg_word,
+                     flag_word, time_word, tick, budget);
+        return NULL;
+    }
+    Py_buffer template = {0}, send = {0}, out = {0};
+    PyObject *result = NULL, *left_obj = NULL;
+    if (PyObject_GetBuffer(args[16], &template, PyBUF_SIMPLE) < 0) goto end;
+    if (PyObject_GetBuffer(args[18], &send, PyBUF_WRITABLE) < 0) goto end;
+    if (PyObject_GetBuffer(args[19], &out, PyBUF_WRITABLE) < 0) goto end;
+    if (template.len != words * 8 || send.len != words * 8 || out.len < words * 8) {
+        PyErr_Format(PyExc_ValueError, "step: the template has %zd bytes, send %zd, out %zd: "
+                     "%zd each needed", template.len, send.len, out.len, words * 8);
+        goto end;
+    }
+    Py_buffer done;
+    if (PyObject_GetBuffer(args[20], &done, PyBUF_WRITABLE) < 0) goto end;
+    memset(done.buf, 0, (size_t)done.len);    /* no PE read yet (exchange() checks its length) */
+    PyBuffer_Release(&done);
+    int64_t *mine = (int64_t *)send.buf, *acc = (int64_t *)out.buf;
+    memcpy(mine, template.buf, (size_t)words * 8);
+    mine[seq_word] = seq;
+    mine[neg_word] = -seq;
+    if (flag) mine[flag_word] = -1;
+    mine[time_word] = -(now_ns() / tick);
+    /* exchange()'s arguments: the first 8, then seq, send, out, done and the payload's */
+    PyObject *call[19];
+    for (int i = 0; i < 8; i++) call[i] = args[i];
+    call[8] = args[15];
+    call[9] = args[18];
+    call[10] = args[19];
+    call[11] = args[20];
+    for (int i = 0; i < 7; i++) call[12 + i] = args[21 + i];
+    left_obj = coll_exchange(self, call, 19);
+    if (left_obj == NULL) goto end;
+    Py_ssize_t left = PyLong_AsSsize_t(left_obj);
+    if (left > 0 && budget > 0) {
+        /* go on reading (no write: the vector is None) until the budget is spent */
+        call[9] = Py_None;
+        long long until = monotonic_ns() + budget;
+        while (left > 0 && monotonic_ns() < until) {
+            Py_DECREF(left_obj);
+            left_obj = coll_exchange(self, call, 19);
+            if (left_obj == NULL) goto end;
+            left = PyLong_AsSsize_t(left_obj);
+        }
+    }
+    if (left > 0) {
+        result = PyLong_FromSsize_t(left);
+        goto end;
+    }
+    int plain = acc[flag_word] == -1;
+    for (Py_ssize_t w = 0; w < words && plain; w++)
+        if (!(w < 64 && (skip >> w) & 1) && acc[w] != mine[w]) plain = 0;
+    if (plain && prompt >= 0 && now_ns() / tick + acc[time_word] > prompt) plain = 0;
+    result = PyLong_FromLong(plain ? 0 : -1);
+end:
+    Py_XDECREF(left_obj);
+    if (template.obj) PyBuffer_Release(&template);
+    if (send.obj) PyBuffer_Release(&send);
     if (out.obj) PyBuffer_Release(&out);
     return result;
 }
@@ -428,6 +547,11 @@ static PyMethodDef methods[] = {
     {"exchange", (PyCFunction)(void (*)(void))coll_exchange, METH_FASTCALL,
      "exchange(board, nbytes, size, rank, slot_words, words, seq_word, spins, seq, vector, "
      "out, done, payload, payload_len, scratch, part, src_offset, dst_stride, only) -> PEs left"},
+    {"step", (PyCFunction)(void (*)(void))coll_step, METH_FASTCALL,
+     "step(board, nbytes, size, rank, slot_words, words, seq_word, spins, neg_seq_word, "
+     "flag_word, time_word, skip, tick_ns, prompt, budget_ns, seq, template, flag, send, out, "
+     "done, payload, payload_len, scratch, part, src_offset, dst_stride, only) -> PEs left, "
+     "0 (the plain outcome) or -1"},
     {"combine", (PyCFunction)(void (*)(void))coll_combine, METH_FASTCALL,
      "combine(dst, nbytes, scratch, n, kind, op)"},
     {"combine_from", (PyCFunction)(void (*)(void))coll_combine_from, METH_FASTCALL,

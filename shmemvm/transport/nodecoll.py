@@ -133,7 +133,7 @@ class Fusion:
         staged, board, after = self.staged, self.board, self.after
         if staged is None or board is None or after is None or board.carried is not staged:
             return False
-        board.carried = None
+        board.carried = self.staged = None   # (nothing left for __exit__ to forget)
         if len(after) == 2:
             _collective.deliver(after[0], board.scratch, 0, after[1])
         else:

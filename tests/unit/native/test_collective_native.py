@@ -135,3 +135,66 @@ def test_every_entry_point_refuses_bad_arguments():
             call()
             pytest.fail(f"case {i} was accepted")
     assert memory.sum() == 0     # nothing was written by a refused call
+
+
+# step(): a vector of 6 words: phase, step number, its negation, flag, time, an argument
+STEP_WORDS, SKIP = 6, (1 << 3) | (1 << 4)       # the flag and the time are not compared
+
+
+def _step(board, nbytes, size, rank, seq, template, send, out, done, *, flag=True,
+          prompt=-1, budget=0, tick=10**9):
+    return _collective.step(board, nbytes, size, rank, SLOT, STEP_WORDS, 1, 16, 2, 3, 4, SKIP,
+                            tick, prompt, budget, seq, template, flag, send, out, done,
+                            0, 0, None, 0, 0, 0, -1)
+
+
+def _step_buffers():
+    return array.array("q", bytes(48)), array.array("q", bytes(48)), bytearray(2)
+
+
+def test_step_fills_the_vector_and_says_whether_the_outcome_is_plain():
+    memory, board, nbytes = _board(2)
+    template = array.array("q", [5, 0, 0, 0, 0, 42])
+    (send0, out0, done0), (send1, out1, done1) = _step_buffers(), _step_buffers()
+    assert _step(board, nbytes, 2, 0, 7, template, send0, out0, done0) == 1    # PE 1 not there
+    assert list(send0[:4]) == [5, 7, -7, -1] and send0[4] < 0 and send0[5] == 42
+    assert _step(board, nbytes, 2, 1, 7, template, send1, out1, done1) == 0    # plain
+    assert _exchange_step(board, nbytes, 0, 7, out0, done0) == 0
+    # a different argument (smaller here: the MAX is the other PE's): every slot read,
+    # but not plain (the agreement's vectors hold each word negated too, so some PE sees it)
+    other = array.array("q", [5, 0, 0, 0, 0, 41])
+    assert _step(board, nbytes, 2, 0, 8, template, send0, out0, done0) == 1
+    assert _step(board, nbytes, 2, 1, 8, other, send1, out1, done1) == -1
+    # the flag not set on one PE: not plain either
+    assert _step(board, nbytes, 2, 0, 9, template, send0, out0, done0, flag=False) == 1
+    assert _step(board, nbytes, 2, 1, 9, template, send1, out1, done1) == -1
+    # entered long ago (a tick of 1 ns, no ticks of slack): late, not plain
+    assert _step(board, nbytes, 2, 0, 10, template, send0, out0, done0, tick=1) == 1
+    assert _step(board, nbytes, 2, 1, 10, template, send1, out1, done1, tick=1,
+                 prompt=0) == -1
+
+
+def _exchange_step(board, nbytes, rank, seq, out, done):
+    return _collective.exchange(board, nbytes, 2, rank, SLOT, STEP_WORDS, 1, 16, seq, None, out,
+                                done, 0, 0, None, 0, 0, 0, -1)
+
+
+def test_step_refuses_bad_arguments():
+    memory, board, nbytes = _board(2)
+    template = array.array("q", bytes(48))
+    send, out, done = _step_buffers()
+    bad = [
+        lambda: _step(board, nbytes, 2, 0, 1, array.array("q", [1]), send, out, done),
+        lambda: _step(board, nbytes, 2, 0, 1, template, array.array("q", [1]), out, done),
+        lambda: _step(board, nbytes, 2, 0, 1, template, send, array.array("q", [1]), done),
+        lambda: _step(board, nbytes, 2, 0, 1, template, send, out, done, tick=0),
+        lambda: _step(board, nbytes, 2, 0, 1, template, send, out, done, budget=-1),
+        lambda: _step(board, nbytes, 2, 2, 1, template, send, out, done),         # rank >= size
+        lambda: _step(0, nbytes, 2, 0, 1, template, send, out, done),             # null board
+    ]
+    for i, call in enumerate(bad):
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"case {i} was accepted")
+    with pytest.raises(TypeError):
+        _collective.step(board, nbytes)
