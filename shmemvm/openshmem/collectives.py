@@ -50,7 +50,7 @@ from mpi4py import MPI
 from .. import _args, _docs
 from ..agreement.protocol import Phase
 from ..core.state import Core
-from ..errors import plural
+from ..errors import ShmemError, plural
 from ..transport import nodecoll
 from . import group, rma
 
@@ -135,9 +135,14 @@ def _pair(heap: Core, team: group.Group, what: str, dest: Operand, source: Opera
 
 # -- MPI path helpers -------------------------------------------------------------------
 def _mapped(heap: Core, tensor: torch.Tensor, pe: int) -> torch.Tensor:
-    """rma.ptr() on a node path, where every member is mapped (never None)."""
+    """rma.ptr() on a node path, where every member is mapped: ShmemError, not
+    a None that later fails somewhere else, where PE `pe`'s copy is not."""
     view = rma.ptr(heap, tensor, pe)
-    assert view is not None, pe
+    if view is None:
+        raise ShmemError(f"a collective on the node: PE {pe}'s copy of the tensor at heap "
+                         f"address {tensor.data_ptr():#x} is not mapped in this process, "
+                         f"though the team's node path reads it there (a bug: please report "
+                         f"it with SHMEMVM_DEBUG=1's log)")
     return view
 
 
@@ -681,12 +686,17 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
             # 1) this PE combines its chunk from every member's source, in team order
             if hi > lo:
                 views = [_mapped(heap, source.data, pe)[lo:hi] for pe in t.pes]
-                acc = nodecoll.combined(views, source.dtype, op, heap.native)   # C, if it can
+                # straight into dest's chunk (C, if it can), but where dest is source
+                # and this PE's chunk is not the first folded (it would be overwritten)
+                into = flat[lo:hi] if me == 0 or flat.data_ptr() != source.data.data_ptr() \
+                    else None
+                acc = nodecoll.combined(views, source.dtype, op, heap.native, into)
                 if acc is None:
                     acc = views[0].clone()
                     for view in views[1:]:
                         combine(acc, view)
-                flat[lo:hi].copy_(acc)
+                if acc is not into:
+                    flat[lo:hi].copy_(acc)
             t.step(Phase.REDUCE_COMBINED, f"{text} (chunks combined)")
             # 2) every PE gathers the other chunks from their owners' dest
             for i, pe in enumerate(t.pes):

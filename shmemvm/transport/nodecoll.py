@@ -53,6 +53,15 @@ _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "and": 4, "or": 5, "xor": 6}
 _FLOAT_KINDS = (8, 9)
 
 
+def combinable(dtype, op: str) -> tuple[int, int] | None:
+    """combine()'s (kind, op) numbers for reducing `dtype` (torch or NumPy)
+    with `op`, or None where C does not combine them (the Python combiners do)."""
+    kind, code = element_kind(dtype), _OPS.get(op)
+    if kind is None or code is None or (kind in _FLOAT_KINDS and code > 1):
+        return None
+    return kind, code
+
+
 @functools.lru_cache(maxsize=256)
 def element_kind(dtype) -> int | None:
     """combine()'s kind of a face's dtype (torch or NumPy), or None where C
@@ -118,13 +127,10 @@ class Fusion:
 
     def reduce(self, dest, source, op: str) -> None:
         nbytes = source.data.numel()
-        kind = element_kind(source.dtype)
-        code = _OPS.get(op)
-        if kind is None or code is None or (kind in _FLOAT_KINDS and code > 1):
-            return
-        if 0 < nbytes <= PAYLOAD and self._usable(dest, source):
+        numbers = combinable(source.dtype, op)
+        if numbers is not None and 0 < nbytes <= PAYLOAD and self._usable(dest, source):
             self._stage(source, nbytes, nbytes, 0, nbytes, -1,
-                        (dest.data.data_ptr(), nbytes, kind, code))
+                        (dest.data.data_ptr(), nbytes, *numbers))
 
     # -- after the agreement ------------------------------------------------------------------
     def deliver(self) -> bool:
@@ -142,25 +148,29 @@ class Fusion:
         return True
 
 
-def combined(views: list, dtype, op: str, native: bool) -> torch.Tensor | None:
+def combined(views: list, dtype, op: str, native: bool,
+             into: torch.Tensor | None = None) -> torch.Tensor | None:
     """views[0] op views[1] op ... (uint8 CPU tensors of one length over the
     PEs' copies through the node's mappings, in team PE order: live blocks the
-    heap located) folded in C into a new tensor, as the Python combiners fold
-    them; None where C does not combine `dtype` with `op`, or where the heap
-    does not use the compiled piece (`native`: its vote, SHMEMVM_NATIVE), or
-    the memory is not the CPU's."""
-    kind, code = element_kind(dtype), _OPS.get(op)
-    if not native or _collective is None or kind is None or code is None or \
-            (kind in _FLOAT_KINDS and code > 1) or views[0].device.type != "cpu":
+    heap located) folded in C, as the Python combiners fold them, into `into`
+    (a contiguous uint8 CPU tensor of that length, overlapping no view but
+    views[0] itself) or else a new tensor, which is returned; None where C does
+    not combine `dtype` with `op`, or where the heap does not use the compiled
+    piece (`native`: its vote, SHMEMVM_NATIVE), or the memory is not the CPU's."""
+    numbers = combinable(dtype, op)
+    if not native or _collective is None or numbers is None or views[0].device.type != "cpu":
         return None
     nbytes = views[0].numel()
     if any(view.numel() != nbytes or view.device.type != "cpu" for view in views):
         return None
-    acc = torch.empty(nbytes, dtype=torch.uint8)
+    if into is None:
+        into = torch.empty(nbytes, dtype=torch.uint8)
+    elif into.numel() != nbytes or into.device.type != "cpu" or not into.is_contiguous():
+        return None
     if nbytes:
-        _collective.combine_from(acc.data_ptr(), nbytes, tuple(v.data_ptr() for v in views),
-                                 kind, code)
-    return acc
+        _collective.combine_from(into.data_ptr(), nbytes, tuple(v.data_ptr() for v in views),
+                                 *numbers)
+    return into
 
 
 def fusion(group) -> Fusion:

@@ -65,7 +65,7 @@ def _general(monkeypatch):
     """The general path: no call stages its data."""
     with monkeypatch.context() as m:
         m.setattr(nodecoll, "fusion", lambda group: nodecoll.Fusion(None, len(group.pes)))
-        m.setattr(nodecoll, "combined", lambda views, dtype, op, native: None)
+        m.setattr(nodecoll, "combined", lambda views, dtype, op, native, into=None: None)
         yield
 
 
@@ -229,7 +229,7 @@ def test_larger_reduce_combined_in_c_matches_python_combiners(heap, monkeypatch,
     combined = nodecoll.combined
     monkeypatch.setattr(nodecoll, "combined", lambda *args: in_c.append(combined(*args)) or
                         in_c[-1])
-    for nbytes in (PAYLOAD + 8, 16 << 10, (40 << 10) + 8):
+    for nbytes in (PAYLOAD + 8, 16 << 10, (40 << 10) + 8, (300 << 10) + 24):
         count = nbytes // size
         src, dst = h.zeros(count, dtype), h.zeros(count, dtype)
         src.copy_(_random(dtype, count, 5 * me + count))
@@ -244,6 +244,17 @@ def test_larger_reduce_combined_in_c_matches_python_combiners(heap, monkeypatch,
             fused, general, calls = _run_both(monkeypatch, h, call)
             assert fused == general, (dtype, nbytes, op)
             assert calls == 0     # past the payload: not fused
+
+            def in_place():   # dest is source: a PE's chunk not folded first needs a copy
+                dst.copy_(src)
+                try:
+                    h.reduce(dst, dst, op)
+                except TypeError:
+                    return torch.tensor([-1], dtype=torch.int8)
+                h.barrier_all()
+                return dst.clone()
+            fused, general, calls = _run_both(monkeypatch, h, in_place)
+            assert fused == general, (dtype, nbytes, op, "in place")
         h.free(src), h.free(dst)
     # C combined what it could (not float16, not float min/max, not bitwise on floats)
     assert any(acc is not None for acc in in_c) == (h.native and dtype != torch.float16)

@@ -40,7 +40,7 @@ def world():
 def _general(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(nodecoll, "fusion", lambda group: nodecoll.Fusion(None, len(group.pes)))
-        m.setattr(nodecoll, "combined", lambda views, dtype, op, native: None)
+        m.setattr(nodecoll, "combined", lambda views, dtype, op, native, into=None: None)
         yield
 
 
