@@ -59,6 +59,7 @@ from ..errors import PeerTimeoutError, SymmetryError, UnsupportedError
 from ..core.state import core_of
 from ..heap import SymmetricHeap
 from . import triton as sv
+from .ccl.sync import meet   # the meeting of the collectives' programs, written once
 
 #: reductions (tl.constexpr codes of the kernel)
 OPS = {"sum": 0, "max": 1, "min": 2}
@@ -95,30 +96,6 @@ def _combine(acc, x, OP: tl.constexpr):
     return out
 
 
-@triton.jit
-def _meet(row, value, me, heap_bases, max_polls, N_PES: tl.constexpr, RELEASE: tl.constexpr):
-    """Set this PE's slot of `row` to `value` on every PE and wait until every
-    PE's slot here reached it. False where a wait gave up after max_polls.
-    RELEASE: the stores made before are visible to a peer once it sees the
-    value (a system-scope release, a fence costing ~1 us); without it the
-    signal is relaxed, which is enough where nothing was written for peers."""
-    tl.debug_barrier()   # every thread's earlier loads and stores precede the signal
-    tl.store(row + me, value)   # own slot: read only by this program (and its next call)
-    for pe in tl.static_range(N_PES):
-        if pe != me:
-            target = sv.translate(row + me, me, pe, heap_bases)
-            if RELEASE:
-                tl.atomic_xchg(target, value, sem="release", scope="sys")
-            else:
-                tl.atomic_xchg(target, value, sem="relaxed", scope="sys")
-    arrived = True
-    for pe in tl.static_range(N_PES):
-        if pe != me:
-            seen = sv.signal_wait_until(row + pe, sv.CMP_GE, value, max_polls)
-            arrived = arrived & (seen >= value)
-    return arrived
-
-
 @triton.jit(do_not_specialize=["n", "word", "me", "max_polls"])
 def _all_reduce(src, dst, pads, status, n, word, me, heap_bases, max_polls,
                 N_PES: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
@@ -130,7 +107,7 @@ def _all_reduce(src, dst, pads, status, n, word, me, heap_bases, max_polls,
     for pe in tl.static_range(N_PES):
         sv.store(row + N_PES + me, word, me, pe, heap_bases)
     # released: the peers read my call word once they see my signal
-    arrived = _meet(row, 2 * epoch, me, heap_bases, max_polls, N_PES, True)
+    arrived = meet(row, 2 * epoch, me, heap_bases, max_polls, N_PES, True)
     same = True
     for pe in tl.static_range(N_PES):
         same = same & (tl.load(row + N_PES + pe, volatile=True) == word)
@@ -163,7 +140,7 @@ def _all_reduce(src, dst, pads, status, n, word, me, heap_bases, max_polls,
         # One-shot: this PE's reads of its peers have returned their values
         # (they were stored to dst before the thread barrier), so a relaxed
         # signal will do. Two-shot: the stores into the peers must be released.
-        left = _meet(row, 2 * epoch + 1, me, heap_bases, max_polls, N_PES, TWO_SHOT)
+        left = meet(row, 2 * epoch + 1, me, heap_bases, max_polls, N_PES, TWO_SHOT)
         if left == 0:
             tl.store(status, TIMED_OUT)
 

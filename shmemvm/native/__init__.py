@@ -22,6 +22,10 @@ try:
     from . import _native  # type: ignore[attr-defined]  # built by meson; no stub
 except ImportError:  # not built (a source tree used without meson): the Python paths
     _native = None
+try:   # the board's steps and the node collectives (_collective.c), built with it
+    from . import _collective  # type: ignore[attr-defined]  # built by meson; no stub
+except ImportError:
+    _collective = None
 
 # The numbers _native.c gives word kinds and atomic operations. The C module
 # exports its own (its enums, as WORDS and OPERATIONS); this table is the one
@@ -63,7 +67,8 @@ def built() -> str | None:
 
 
 def wanted(value=None) -> bool:
-    """Whether this PE can and may use the compiled paths: built here, and
+    """Whether this PE can and may use the compiled paths: both pieces built
+    here (_native and _collective: a heap votes once for both), and
     SHMEMVM_NATIVE (or native=) is not 0. Raises ValueError for a bad setting."""
     raw = setting("SHMEMVM_NATIVE", None if value is None else str(value))
     text = str(raw).strip().lower()
@@ -71,7 +76,7 @@ def wanted(value=None) -> bool:
         return False
     if text not in ("auto", "1", "on", "true", "yes"):
         raise ValueError(f"SHMEMVM_NATIVE (the native= argument) must be auto or 0, got {raw!r}")
-    return _native is not None
+    return _native is not None and _collective is not None
 
 
 def atomic(address: int, code: str, op: int, value=0, cond=0):

@@ -35,7 +35,9 @@ def meet(row, value, me, heap_bases, max_polls, N_PES: tl.constexpr, RELEASE: tl
     """Set this PE's slot of `row` to `value` on every PE and wait until every
     PE's slot here reached it; False where a wait gave up. RELEASE: a
     system-scope release (the stores made before are visible to a peer that
-    sees the value); without it the signal is relaxed."""
+    sees the value; a fence costing ~1 us); without it the signal is relaxed,
+    which is enough where nothing was written for peers. (DeviceAllReduce's
+    kernel meets through this one too.)"""
     tl.debug_barrier()   # every thread's earlier loads and stores precede the signal
     tl.store(row + me, value)   # own slot: read only by this program (and its next call)
     for pe in tl.static_range(N_PES):

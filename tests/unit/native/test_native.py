@@ -161,3 +161,17 @@ def test_copies_from_and_into_buffers_check_their_length():
         native.copy_from(0, source, 1)
     with pytest.raises(ValueError):
         native.copy_into(dest, source.ctypes.data, -1)
+
+
+def test_wanted_needs_both_compiled_pieces(monkeypatch):
+    """A heap votes once for the compiled paths: without _collective (the
+    board's steps, the node collectives) it must not say yes."""
+    monkeypatch.setenv("SHMEMVM_NATIVE", "auto")
+    monkeypatch.setattr(native, "_native", object())
+    monkeypatch.setattr(native, "_collective", object())
+    assert native.wanted() is True
+    monkeypatch.setattr(native, "_collective", None)
+    assert native.wanted() is False
+    monkeypatch.setattr(native, "_collective", object())
+    monkeypatch.setattr(native, "_native", None)
+    assert native.wanted() is False
