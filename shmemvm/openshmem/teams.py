@@ -258,8 +258,17 @@ class Team(Group):
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         heap = self.core
         pes = [self.pes[i] for i in groups[mine]]
-        team = Team(heap, comm, pes, agreement(heap, comm, "split", self.agreement.key,
-                                               self.splits, pes), kind="split", config=config)
+        made = agreement(heap, comm, "split", self.agreement.key, self.splits, pes)
+        parent = self.agreement.board
+        if parent is not None and parent.fuses:
+            # The parent's steps run on a board in C (the heap's vote, so on every
+            # member alike, all on this node): the team's do too, and its small
+            # collectives fuse with them (transport/nodecoll.py; issue 30). A
+            # collective over the team's communicator, as the split itself.
+            board = made.make_board()
+            board.use_native()
+            made.use_board(board)
+        team = Team(heap, comm, pes, made, kind="split", config=config)
         _registry(heap).append(team)
         return team
 

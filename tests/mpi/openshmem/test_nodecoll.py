@@ -258,3 +258,59 @@ def test_larger_reduce_combined_in_c_matches_python_combiners(heap, monkeypatch,
         h.free(src), h.free(dst)
     # C combined what it could (not float16, not float min/max, not bitwise on floats)
     assert any(acc is not None for acc in in_c) == (h.native and dtype != torch.float16)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_team_collectives_fuse_on_the_teams_board_and_match_the_general_path(heap, monkeypatch):
+    """A split team (here of every PE) gets a board of its own where the heap's steps run on one
+    in C: its small collectives fuse, its larger reduce combines in C, with the
+    bytes of the general path; a mismatch is a SymmetryError on every member."""
+    h, n, me = heap, heap.n_pes, heap.my_pe
+    team = h.team_world().split_strided(0, 1, n)
+    assert team is not None and team.n_pes() == n
+    board = team.agreement.board
+    assert (board is not None and board.fuses) == _fuses(h)
+    fused_calls = expected = 0
+    for dtype, count in ((torch.int32, 5), (torch.float64, 3), (torch.int8, PAYLOAD + 1),
+                         (torch.float64, (20 << 10) // 8 + 1)):
+        size = torch.empty(0, dtype=dtype).element_size()
+        src, dst = h.zeros(count, dtype), h.zeros(count, dtype)
+        gathered = h.zeros(n * count, dtype)
+        src.copy_(_random(dtype, count, 13 * me + count))
+        small = count * size <= PAYLOAD
+
+        def bcast():
+            dst.zero_()
+            team.broadcast(dst, src, n - 1)
+            team.sync()
+            return dst.clone()
+
+        def fcollect():
+            gathered.zero_()
+            team.fcollect(gathered, src)
+            team.sync()
+            return gathered.clone()
+
+        def reduce():
+            dst.zero_()
+            team.reduce(dst, src, "sum")
+            team.sync()
+            return dst.clone()
+        for call in (bcast, fcollect, reduce):
+            fused, general, calls = _run_both(monkeypatch, h, call)
+            assert fused == general, (dtype, count, call.__name__)
+            fused_calls, expected = fused_calls + calls, expected + small
+        for t in (src, dst, gathered):
+            h.free(t)
+    assert fused_calls == (expected if _fuses(h) else 0)
+    src, dst = h.zeros(2, torch.int64), h.zeros(2, torch.int64)
+    dst.fill_(-5)
+    team.sync()
+    with pytest.raises(SymmetryError):
+        team.reduce(dst, src, "max" if me == n - 1 else "sum")
+    assert torch.all(dst == -5)
+    src.fill_(me + 1)
+    team.reduce(dst, src)
+    assert dst.tolist() == [n * (n + 1) // 2] * 2
+    team.destroy()
+    h.free(src), h.free(dst)
