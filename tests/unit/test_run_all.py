@@ -138,3 +138,39 @@ def test_tests_that_start_mpi_jobs_live_in_jobs():
         found += [f"{path.relative_to(REPO)}: {call}" for call in
                   re.findall(r"\b(?:mpiexec|run_jobs)\(", path.read_text())]
     assert found == []
+
+
+def _n4_tests() -> list[str]:
+    """run_all.sh's N4_TESTS: the files and folders the n4 phase runs."""
+    script = (REPO / "tests" / "run_all.sh").read_text()
+    block = re.search(r"^N4_TESTS=\(\n(.*?)^\)", script, re.MULTILINE | re.DOTALL)
+    assert block, "run_all.sh has no N4_TESTS=( ... ) list"
+    return block.group(1).split()
+
+
+def test_the_n4_phase_runs_what_the_readme_names():
+    """The n4 phase runs only the files where 4 PEs prove more than 2 (issue 33,
+    item 16: CI's time); the README names them, each is there, and the phase
+    runs the list."""
+    paths = _n4_tests()
+    assert paths and all((REPO / path).exists() for path in paths), paths
+    readme = (REPO / "README.md").read_text()
+    paragraph = readme[readme.index("At 4 PEs run the files"):]
+    paragraph = paragraph[:paragraph.index("Every other file runs")]
+    named = set(re.findall(r"`(tests/mpi/[\w/.]+?)/?`", paragraph))
+    assert named == {path.rstrip("/") for path in paths}
+    script = (REPO / "tests" / "run_all.sh").read_text()
+    assert re.search(r'phase n4 4 "\$\{MPI_PYTEST\[@\]\}" "\$\{N4_TESTS\[@\]\}"', script)
+
+
+def test_every_test_that_needs_more_than_2_pes_runs_at_4():
+    """A test that needs 3 or more PEs (mpi min_size) skips at 1 and 2: the n4
+    phase must run its file, or it would run nowhere."""
+    covered = [REPO / path for path in _n4_tests()]
+    missing = []
+    for path in sorted((REPO / "tests" / "mpi").rglob("test_*.py")):
+        sizes = [int(n) for n in re.findall(r"min_size\s*=\s*(\d+)", path.read_text())]
+        if any(n > 2 for n in sizes) and not any(
+                path == place or place in path.parents for place in covered):
+            missing.append(str(path.relative_to(REPO)))
+    assert missing == []
