@@ -1,6 +1,6 @@
 """Run by tests/jobs/reliability/test_reliability_liveness.py as its own small MPI job:
 
-    mpiexec -disable-auto-cleanup -n N python liveness_jobs.py SCENARIO TIMEOUT OUTDIR [SPLIT]
+    mpiexec -disable-auto-cleanup -n N python liveness_jobs.py SCENARIO[+SCENARIO...] TIMEOUT OUTDIR [SPLIT]
 
 Waits that cannot end (issue 25, items 1 and 5): every PE writes, to
 OUTDIR/pe<N>.json, what its wait raised (or returned) and after how long. A PE
@@ -9,7 +9,10 @@ the others leave with os._exit too, since MPI_Finalize would wait for it,
 once every PE has reported (until then they serve MPI: a PE that left would
 make another's pending MPI operation on it wait for the timeout).
 SPLIT, where given, is node_split= (1: every PE on a node of its own, so the
-PEs see each other only through MPI).
+PEs see each other only through MPI). Scenarios joined by "+" (only those whose
+waits all return: RETURNING) run one after another in one job, on fresh
+variables of one heap, each recording into OUTDIR/<scenario>/pe<N>.json: one
+job's start-up instead of one each (issue 33, item 16: CI's time).
 
 Scenarios (the wait each PE makes, none with a timeout of its own):
   dead-holder     PE 2 takes the lock and dies holding it; PEs 0 and 1 set_lock
@@ -62,6 +65,8 @@ from job_records import finish, record
 from shmemvm import PeerTimeoutError, SymmetricHeap
 
 DEATH = 3  # os._exit status of the dying PE
+#: the scenarios whose waits all return (no error, no dead PE): several may share a job
+RETURNING = ("legit-long-wait", "timed-wait", "start-new-thread", "stopped-satisfied")
 
 
 def die(outdir: str, heap: SymmetricHeap) -> None:
@@ -73,10 +78,26 @@ def die(outdir: str, heap: SymmetricHeap) -> None:
 
 def main() -> None:
     faulthandler.dump_traceback_later(float(os.environ.get("DUMP_AFTER", 100)), exit=True)  # a hang shows where, in the job's log
-    scenario, timeout, outdir = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    scenarios, timeout, outdir = sys.argv[1].split("+"), float(sys.argv[2]), sys.argv[3]
     split = int(sys.argv[4]) if len(sys.argv) > 4 else None
     heap = SymmetricHeap(MPI.COMM_WORLD, heap_size="4M", backend="host", timeout=timeout,
                          node_split=split)
+    me, n = heap.my_pe, heap.n_pes
+    if len(scenarios) == 1:
+        finish(heap, outdir, me, n, run(heap, scenarios[0], timeout, outdir, split))
+    if not set(scenarios) <= set(RETURNING):
+        raise ValueError(f"only {RETURNING} may share a job, not {scenarios}")
+    for scenario in scenarios:
+        os.makedirs(os.path.join(outdir, scenario), exist_ok=True)
+        fields = run(heap, scenario, timeout, outdir, split)
+        record(os.path.join(outdir, scenario), me, **fields)
+    finish(heap, outdir, me, n, {"pe": me, "scenarios": scenarios})
+
+
+def run(heap: SymmetricHeap, scenario: str, timeout: float, outdir: str,
+        split: int | None) -> dict:
+    """One scenario's waits on fresh variables of `heap`: what this PE's raised
+    or returned, after how long."""
     me, n = heap.my_pe, heap.n_pes
     locks = heap.zeros(2, torch.int64)
     flags = heap.zeros(4, torch.int64)
@@ -218,7 +239,7 @@ def main() -> None:
             and fields["error"] is None:
         heap.barrier_all()   # the heap still works after a long wait
         fields["barrier"] = True
-    finish(heap, outdir, me, n, fields)
+    return fields
 
 
 if __name__ == "__main__":
