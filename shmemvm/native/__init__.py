@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from ..config import setting
 
+from .. import vocabulary
+
 try:
     from . import _native  # type: ignore[attr-defined]  # built by meson; no stub
 except ImportError:  # not built (a source tree used without meson): the Python paths
@@ -27,35 +29,38 @@ try:   # the board's steps and the node collectives (_collective.c), built with 
 except ImportError:
     _collective = None
 
-# The numbers _native.c gives word kinds and atomic operations. The C module
-# exports its own (its enums, as WORDS and OPERATIONS); this table is the one
-# the Python side writes, because the names must exist where C is not built
-# (the pure Python paths use them as codes). _numbering() holds the two equal
-# at import: a build of another _native.c would otherwise turn an ADD into an
-# AND without a word.
-_WORDS = {"b": 0, "B": 1, "h": 2, "H": 3, "i": 4, "I": 5, "q": 6, "Q": 7, "f": 8, "d": 9}
-_OPERATIONS = {"fetch": 0, "set": 1, "add": 2, "and": 3, "or": 4, "xor": 5, "cas": 6}
+# The numbers the compiled pieces give word kinds, atomic operations and reduce
+# operations. Each C module exports its own (its enums: _native's WORDS and
+# OPERATIONS, _collective's KINDS and REDUCE_OPS); these are the Python side's,
+# from vocabulary.py (the names must exist where C is not built: the pure Python
+# paths use them as codes). _numbering() holds them equal at import: a build of
+# another C file would otherwise turn an ADD into an AND without a word.
+_WORDS = vocabulary.numbering(vocabulary.WORD_CODES)
+_OPERATIONS = vocabulary.numbering(vocabulary.NATIVE_ATOMIC_OPS)
+_REDUCE_OPS = vocabulary.numbering(vocabulary.REDUCE_OPS)
 
 
-def _numbering(module) -> tuple[dict[str, int], dict[str, int]]:
-    """(WORDS, OPERATIONS) of the compiled `module` (None: not built, the
-    Python table); ImportError where its numbers are not this file's."""
+def _numbering(module, tables=(("WORDS", _WORDS), ("OPERATIONS", _OPERATIONS))) -> tuple:
+    """The tables (name, ours) of the compiled `module` (None: not built, ours),
+    each as a dict; ImportError where its numbers are not this file's."""
     if module is None:
-        return dict(_WORDS), dict(_OPERATIONS)
-    for name, ours in (("WORDS", _WORDS), ("OPERATIONS", _OPERATIONS)):
+        return tuple(dict(ours) for _, ours in tables)
+    for name, ours in tables:
         theirs = getattr(module, name, None)
         if theirs != ours:
             raise ImportError(
                 f"the compiled piece {getattr(module, '__file__', module)} numbers its {name} "
-                f"{theirs}, shmemvm/native/__init__.py expects {ours}: it was built from "
-                f"another version of _native.c. Rebuild it (pip install -e . again, or "
-                f"remove the stale _native*.so), or make the two tables equal")
-    return dict(module.WORDS), dict(module.OPERATIONS)
+                f"{theirs}, shmemvm/vocabulary.py (through native/__init__.py) expects {ours}: "
+                f"it was built from another version of its C file. Rebuild it (pip install "
+                f"-e . again, or remove the stale .so), or make the two tables equal")
+    return tuple(dict(getattr(module, name)) for name, _ in tables)
 
 
 #: word kinds of _native.c, by the array/struct typecode of their bits
 #: (OPERATIONS: its atomic() operations, by name)
 WORDS, OPERATIONS = _numbering(_native)
+#: the element kinds of _collective.c's combine() (WORDS' numbering) and its reduce ops
+KINDS, REDUCE_OPS = _numbering(_collective, (("KINDS", _WORDS), ("REDUCE_OPS", _REDUCE_OPS)))
 #: operations of _native.c's atomic()
 FETCH, SET, ADD, AND, OR, XOR, CAS = (OPERATIONS[name] for name in
                                       ("fetch", "set", "add", "and", "or", "xor", "cas"))

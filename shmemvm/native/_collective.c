@@ -345,9 +345,13 @@ end:
     return result;
 }
 
-/* element kinds, as nodecoll.py numbers them, and ops */
+/* element kinds, exported as KINDS by the array/struct typecode of their bits (the
+ * same numbering as _native.c's WORDS), and reduce's ops, exported as REDUCE_OPS by
+ * name: native/__init__.py checks both against shmemvm/vocabulary.py at import */
 enum { K_I8, K_U8, K_I16, K_U16, K_I32, K_U32, K_I64, K_U64, K_F32, K_F64, K_COUNT };
+static const char *const kind_codes[K_COUNT] = {"b", "B", "h", "H", "i", "I", "q", "Q", "f", "d"};
 enum { O_SUM, O_PROD, O_MIN, O_MAX, O_AND, O_OR, O_XOR, O_COUNT };
+static const char *const op_names[O_COUNT] = {"sum", "prod", "min", "max", "and", "or", "xor"};
 
 static const int kind_sizes[K_COUNT] = {1, 1, 2, 2, 4, 4, 8, 8, 4, 8};
 
@@ -561,7 +565,28 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* {names[i]: i} as the module attribute `attr`; 0, or -1 with an error set. */
+static int add_numbering(PyObject *module, const char *attr, const char *const *names, int n) {
+    PyObject *table = PyDict_New();
+    if (table == NULL) return -1;
+    for (int i = 0; i < n; i++) {
+        PyObject *code = PyLong_FromLong(i);
+        int failed = code == NULL || PyDict_SetItemString(table, names[i], code) < 0;
+        Py_XDECREF(code);
+        if (failed) { Py_DECREF(table); return -1; }
+    }
+    int result = PyModule_AddObjectRef(module, attr, table);
+    Py_DECREF(table);
+    return result;
+}
+
+static int exec_module(PyObject *module) {
+    if (add_numbering(module, "KINDS", kind_codes, K_COUNT) < 0) return -1;
+    return add_numbering(module, "REDUCE_OPS", op_names, O_COUNT);
+}
+
 static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
     {0, NULL},
 };
 

@@ -62,7 +62,7 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
-from .. import _docs, native
+from .. import _docs, native, vocabulary
 from ..core.state import Context, Core
 from ..errors import UnsupportedError
 from ..transport.completion import CompletionTracker
@@ -71,16 +71,16 @@ from . import words
 from .words import Word
 
 #: the operations of apply(), with the MPI operation of each (compare-and-swap: its own call)
-OPERATIONS = {"fetch": MPI.NO_OP, "set": MPI.REPLACE, "swap": MPI.REPLACE, "add": MPI.SUM,
-              "and": MPI.BAND, "or": MPI.BOR, "xor": MPI.BXOR, "cas": None}
+OPERATIONS = dict(zip(vocabulary.ATOMIC_OPS, (MPI.NO_OP, MPI.REPLACE, MPI.REPLACE, MPI.SUM,
+                                               MPI.BAND, MPI.BOR, MPI.BXOR, None), strict=True))
 #: the operations that also take float words (OpenSHMEM 1.5's extended AMO types)
 EXTENDED = frozenset({"fetch", "set", "swap"})
 #: the operations that take float32/float64 targets, for error messages
 FLOAT_OPERATIONS = ("atomic_fetch", "atomic_set", "atomic_swap", "atomic_fetch_nbi",
                     "atomic_swap_nbi")
 #: apply()'s operation -> the kernel's (transport/kernels.py)
-_KERNEL_OPS = {"fetch": "fetch", "set": "xchg", "swap": "xchg", "add": "add", "and": "and",
-               "or": "or", "xor": "xor", "cas": "cas"}
+_KERNEL_OPS = dict(zip(vocabulary.ATOMIC_OPS, ("fetch", "xchg", "xchg", "add", "and", "or",
+                                                "xor", "cas"), strict=True))
 
 
 # -- checks -------------------------------------------------------------------------------
@@ -207,8 +207,8 @@ def apply(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, value=0
 
 
 #: apply()'s operation -> the compiled piece's (native/)
-_NATIVE_OPS = {"fetch": native.FETCH, "set": native.SET, "swap": native.SET, "add": native.ADD,
-               "and": native.AND, "or": native.OR, "xor": native.XOR, "cas": native.CAS}
+_NATIVE_OPS = {name: native.OPERATIONS["set" if name == "swap" else name]
+               for name in vocabulary.ATOMIC_OPS}
 
 
 def _by_cpu(address: int, word: Word, op: str, value, cond, count: int):

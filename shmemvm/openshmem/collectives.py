@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import torch
 from mpi4py import MPI
 
-from .. import _args, _docs
+from .. import _args, _docs, vocabulary
 from ..agreement.protocol import Phase
 from ..core.state import Core
 from ..errors import ShmemError, plural
@@ -568,15 +568,14 @@ def alltoalls_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
 
 # -- reduce -------------------------------------------------------------------------------------
 #: the operations of reduce()
-REDUCE_NAMES = ("sum", "prod", "min", "max", "and", "or", "xor")
+REDUCE_NAMES = vocabulary.REDUCE_OPS
 #: bytes up to which a reduce on the node reads all of every source on every PE
 #: (one step after the agreement) instead of a reduce-scatter and gather (two)
 SMALL_REDUCE = 16 << 10
 #: the torch face's combiners: name -> torch function with out=
-REDUCE_OPS: dict[str, Callable[..., Any]] = {
-    "sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum,
-    "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
-}
+REDUCE_OPS: dict[str, Callable[..., Any]] = dict(zip(REDUCE_NAMES, (
+    torch.add, torch.mul, torch.minimum, torch.maximum,
+    torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor), strict=True))
 
 
 @functools.lru_cache(maxsize=None)

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .. import _docs
+from .. import _docs, vocabulary
 from ..agreement import liveness
 from ..core.state import Core
 from ..errors import PeerTimeoutError
@@ -45,10 +45,11 @@ from . import atomics, words
 from .words import Word
 
 #: comparisons of wait_until / test / signal_wait_until
-COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt,
-               "ge": operator.ge, "lt": operator.lt, "le": operator.le}
+COMPARISONS = dict(zip(vocabulary.COMPARISONS, (operator.eq, operator.ne, operator.gt,
+                                                operator.le, operator.lt, operator.ge),
+                       strict=True))
 #: the same as Python writes them (both faces take either)
-SYMBOLS = {"==": "eq", "!=": "ne", ">": "gt", ">=": "ge", "<": "lt", "<=": "le"}
+SYMBOLS = vocabulary.COMPARISON_SYMBOLS
 
 # Polling: this many reads back to back, then sleeps doubling up to the cap.
 _SPIN_POLLS = 32

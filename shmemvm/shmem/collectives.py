@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .. import _args
+from ..vocabulary import REDUCE_OPS
 from ..openshmem import collectives
 from ..openshmem.collectives import Operand
 from . import arrays
@@ -219,8 +220,8 @@ def alltoalls(target: np.ndarray, source: np.ndarray, tst: int = 1, sst: int = 1
 
 
 #: reduce's operations as NumPy ufuncs
-UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
-          "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
+UFUNCS = dict(zip(REDUCE_OPS, (np.add, np.multiply, np.minimum, np.maximum,
+                               np.bitwise_and, np.bitwise_or, np.bitwise_xor), strict=True))
 
 
 @functools.lru_cache(maxsize=256)

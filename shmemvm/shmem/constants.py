@@ -10,6 +10,7 @@ from typing import Union
 
 import numpy as np
 
+from .. import vocabulary
 from ..openshmem import info, waits
 
 #: a value of shmem4py's calls
@@ -117,7 +118,7 @@ class CMP(enum.IntEnum):
 
 CMP_EQ, CMP_NE, CMP_GT, CMP_LE, CMP_LT, CMP_GE = CMP.EQ, CMP.NE, CMP.GT, CMP.LE, CMP.LT, CMP.GE
 
-_CMP_NAMES = {CMP.EQ: "eq", CMP.NE: "ne", CMP.GT: "gt", CMP.LE: "le", CMP.LT: "lt", CMP.GE: "ge"}
+_CMP_NAMES = {CMP(code): name for code, name in enumerate(vocabulary.COMPARISONS)}
 _CMP_SYMBOLS = waits.SYMBOLS
 
 

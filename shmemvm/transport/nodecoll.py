@@ -31,33 +31,37 @@ the peers' mappings (combined()), where it applies.
 from __future__ import annotations
 
 import functools
+import struct
 
 import torch
 
 from ..agreement.board import PAYLOAD, Board
+from ..native import KINDS, REDUCE_OPS as REDUCE_CODES
+from ..vocabulary import WORD_KINDS
 
 try:   # where it is missing, no board fuses (Board.fuses) and nothing here runs
     from ..native import _collective  # type: ignore[attr-defined]  # built by meson; no stub
 except ImportError:
     _collective = None
 
-#: element kinds of _collective.c's combine(), by torch dtype
-_TORCH_KINDS = {torch.int8: 0, torch.uint8: 1, torch.int16: 2, torch.uint16: 3,
-                torch.int32: 4, torch.uint32: 5, torch.int64: 6, torch.uint64: 7,
-                torch.float32: 8, torch.float64: 9}
+#: element kinds of _collective.c's combine() (vocabulary.WORD_KINDS, as native.KINDS
+#: numbers them), by torch dtype
+_TORCH_KINDS = {getattr(torch, name): KINDS[code] for code, name in WORD_KINDS}
 #: the same by NumPy's (kind, itemsize), for native byte order
-_NUMPY_KINDS = {("i", 1): 0, ("u", 1): 1, ("i", 2): 2, ("u", 2): 3, ("i", 4): 4, ("u", 4): 5,
-                ("i", 8): 6, ("u", 8): 7, ("f", 4): 8, ("f", 8): 9}
-#: reduce's ops as combine() numbers them (collectives.REDUCE_NAMES' order)
-_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "and": 4, "or": 5, "xor": 6}
-_FLOAT_KINDS = (8, 9)
+_NUMPY_KINDS = {("f" if code in "fd" else "u" if code.isupper() else "i", struct.calcsize(code)):
+                KINDS[code] for code, _ in WORD_KINDS}
+#: reduce's ops as combine() numbers them (vocabulary.REDUCE_OPS' order)
+_OPS = REDUCE_CODES
+_FLOAT_KINDS = (KINDS["f"], KINDS["d"])
+#: the ops combine() applies to floats (min and max stay with the Python combiners)
+_FLOAT_OPS = (_OPS["sum"], _OPS["prod"])
 
 
 def combinable(dtype, op: str) -> tuple[int, int] | None:
     """combine()'s (kind, op) numbers for reducing `dtype` (torch or NumPy)
     with `op`, or None where C does not combine them (the Python combiners do)."""
     kind, code = element_kind(dtype), _OPS.get(op)
-    if kind is None or code is None or (kind in _FLOAT_KINDS and code > 1):
+    if kind is None or code is None or (kind in _FLOAT_KINDS and code not in _FLOAT_OPS):
         return None
     return kind, code
 

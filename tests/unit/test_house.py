@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "shmemvm"
 
 #: the layers, lowest first: a module may import from its own layer and below
 LAYERS = [
-    {"errors", "config", "_version", "_docs"},
+    {"errors", "config", "_version", "_docs", "vocabulary"},
     {"backends"},
     {"_args", "thread_levels", "native"},
     {"memory"},

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: reduction ops, by name (the kernels' constexpr codes)
-REDUCE_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
+from ...vocabulary import REDUCE_OPS as REDUCE_NAMES, numbering
+
+#: reduction ops, by name (the kernels' constexpr codes: the first four of the
+#: vocabulary's, numbered in its order)
+REDUCE_OPS = numbering(REDUCE_NAMES[:4])
 ALL_GATHER_VARIANTS = ("auto", "persistent", "partitioned")
 ALL_REDUCE_VARIANTS = ("auto", "atomic", "ring", "two_shot", "one_shot", "spinlock")
 REDUCE_SCATTER_VARIANTS = ("two_shot", "ring_chunked")
