@@ -363,6 +363,7 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
     what = "collect"
     t = group.resolve(heap, team, what)
     made: list = []
+    fused = nodecoll.fusion(t)   # the sizes and data in the agreed step, where they fit
 
     def check():
         dest, source = operands()
@@ -370,18 +371,23 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
         s = _offset(heap, source, "source", what)
         _same_dtype(what, dest, source)
         made[:] = dest, source
+        fused.collect(dest, source)
         return (d, s, source.dtype, dest.count), (
             f"{t.label}collect(dest at heap offset {d:#x} of {dest.count} x {dest.dtype}, "
             f"source at {s:#x})")
 
-    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
+    with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.synchronize()
         d, s, _, dest_count = t.agree_checked(Phase.COLLECT, f"{t.label}collect(dest, source)",
                                               check)
         dest, source = made
         text = f"{t.label}collect"
-        counts = [int.from_bytes(data, "little") for data in t.allgather(
-            Phase.COLLECT_SIZES, source.count.to_bytes(8, "little"), f"{text} (the sizes)")]
+        carried = fused.collected()   # every PE's byte count, where the step carried them
+        if carried is not None:
+            counts = [count // source.itemsize for count in carried]
+        else:
+            counts = [int.from_bytes(data, "little") for data in t.allgather(
+                Phase.COLLECT_SIZES, source.count.to_bytes(8, "little"), f"{text} (the sizes)")]
         total, size = sum(counts), source.itemsize
         # The same inputs on every PE (agreed or gathered): every PE raises alike.
         if total > dest_count:
@@ -391,6 +397,9 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
                              f"least {total} elements")
         _disjoint(what, d, total * size, s, max(counts) * size)
         if total == 0:
+            return
+        if carried is not None:
+            fused.deliver_collected(carried, dest.data.data_ptr())
             return
         counts = [c * size for c in counts]           # in bytes from here on
         displs = [sum(counts[:i]) for i in range(len(counts))]

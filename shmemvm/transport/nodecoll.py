@@ -83,12 +83,14 @@ class Fusion:
     manager that forgets a payload whose step never came (the call raised
     before it)."""
 
-    __slots__ = ("board", "n", "staged", "after")
+    __slots__ = ("board", "n", "staged", "after", "held")
 
     def __init__(self, board: Board | None, n: int):
         self.board, self.n = board, n
         self.staged: tuple | None = None
         self.after: tuple | None = None
+        #: a payload assembled here (collect's), alive until its step
+        self.held: torch.Tensor | None = None
 
     def __enter__(self) -> Fusion:
         return self
@@ -136,7 +138,45 @@ class Fusion:
             self._stage(source, nbytes, nbytes, 0, nbytes, -1,
                         (dest.data.data_ptr(), nbytes, *numbers))
 
+    def collect(self, dest, source) -> None:
+        """collect's payload: this PE's byte count (8 bytes), then its bytes,
+        where dest's bytes and the count fit a slot (dest's size is agreed:
+        every PE alike). A source longer than dest sends its count alone:
+        every PE then finds the total too large and raises."""
+        room = dest.data.numel()
+        if 0 < room <= PAYLOAD - 8 and self._usable(dest, source):
+            m = source.data.numel()
+            sent = m if m <= room else 0
+            self.held = held = torch.empty(8 + sent, dtype=torch.uint8)
+            held[:8].view(torch.int64)[0] = m
+            held[8:].copy_(source.data[:sent])
+            board = self.board
+            assert board is not None   # (_usable() said so)
+            self.staged = board.stage(held.data_ptr(), 8 + sent, 8 + room, 0, PAYLOAD, -1)
+            self.after = ()
+
     # -- after the agreement ------------------------------------------------------------------
+    def collected(self) -> list[int] | None:
+        """collect's byte count of every PE, in team order, where the agreed
+        step carried them (deliver_collected() then writes dest); else None."""
+        staged, board = self.staged, self.board
+        if staged is None or board is None or board.carried is not staged:
+            return None
+        words, stride = board.scratch, PAYLOAD // 8
+        return [words[pe * stride] for pe in range(self.n)]
+
+    def deliver_collected(self, counts: list[int], dest: int) -> None:
+        """Write the carried bytes into dest (its address; counts: collected(),
+        whose total the caller checked to fit dest), in team order."""
+        board = self.board
+        assert board is not None and board.carried is self.staged
+        board.carried = self.staged = self.held = None
+        offset = 0
+        for pe, count in enumerate(counts):
+            if count:
+                _collective.deliver(dest + offset, board.scratch, pe * PAYLOAD + 8, count)
+            offset += count
+
     def deliver(self) -> bool:
         """Write dest from the payloads the agreed step carried; False where it
         carried none (the general path then runs)."""

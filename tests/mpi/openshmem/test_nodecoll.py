@@ -58,6 +58,13 @@ class _Counted:
             return done
 
         monkeypatch.setattr(nodecoll.Fusion, "deliver", counted)
+        deliver_collected = nodecoll.Fusion.deliver_collected
+
+        def counted_collect(fusion, counts, dest):
+            deliver_collected(fusion, counts, dest)
+            self.count += 1
+
+        monkeypatch.setattr(nodecoll.Fusion, "deliver_collected", counted_collect)
 
 
 @contextlib.contextmanager
@@ -188,7 +195,7 @@ def test_fused_data_movers_match_general_path(heap, monkeypatch, dtype):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("case", ["reduce-count", "reduce-op", "broadcast-root",
-                                  "fcollect-count", "alltoall-dtype"])
+                                  "fcollect-count", "alltoall-dtype", "collect-dest"])
 def test_fused_mismatch_is_a_symmetry_error_everywhere(heap, case):
     """One PE passes something else: every PE raises at this call, dest untouched,
     and the heap goes on (the next fused call is right)."""
@@ -206,6 +213,8 @@ def test_fused_mismatch_is_a_symmetry_error_everywhere(heap, case):
             h.reduce(dst[:2], src[:2], "max" if odd else "sum")
         elif case == "broadcast-root":
             h.broadcast(dst[:2], src[:2], 1 if odd else 0)
+        elif case == "collect-dest":
+            h.collect(dst[:2 * n + (1 if odd else 0)], src[:2])
         elif case == "fcollect-count":
             h.fcollect(dst[:n * (2 if odd else 1)], src[:2 if odd else 1])
         else:
@@ -313,4 +322,46 @@ def test_team_collectives_fuse_on_the_teams_board_and_match_the_general_path(hea
     team.reduce(dst, src)
     assert dst.tolist() == [n * (n + 1) // 2] * 2
     team.destroy()
+    h.free(src), h.free(dst)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float64, torch.complex64], ids=str)
+def test_fused_collect_of_different_sizes_matches_the_general_path(heap, monkeypatch, dtype):
+    """collect (each PE its own count, random with a fixed seed) fuses its sizes
+    and data into the agreed step where dest fits a slot: the bytes of the
+    general path (a step, an allgather of the sizes and a copy step); dest
+    too small for the total is a ValueError on every PE, on both paths."""
+    h, n, me = heap, heap.n_pes, heap.my_pe
+    size = torch.empty(0, dtype=dtype).element_size()
+    rng = torch.Generator().manual_seed(33)
+    fused_calls = expected = 0
+    for room in (1, 7, (PAYLOAD - 8) // size, (PAYLOAD - 8) // size + 1, 3 * PAYLOAD // size):
+        counts = torch.randint(0, max(1, room // n) + 1, (n,), generator=rng).tolist()
+        src, dst = h.zeros(max(1, room), dtype), h.zeros(room, dtype)
+        src.copy_(_random(dtype, max(1, room), 17 * me + room))
+        mine = src[:counts[me]]
+
+        def collect():
+            dst.fill_(7)
+            h.collect(dst, mine)
+            h.barrier_all()
+            return dst.clone()
+        fused, general, calls = _run_both(monkeypatch, h, collect)
+        assert fused == general, (room, counts)
+        want = torch.cat([_random(dtype, max(1, room), 17 * pe + room)[:counts[pe]]
+                          for pe in range(n)])
+        assert torch.equal(torch.frombuffer(bytearray(fused), dtype=dtype)[:len(want)].view(
+            torch.uint8), want.view(torch.uint8))
+        fused_calls += calls
+        expected += 0 < room * size <= PAYLOAD - 8 and sum(counts) > 0
+        h.free(src), h.free(dst)
+    assert fused_calls == (expected if _fuses(h) else 0)
+    src, dst = h.zeros(4, dtype), h.zeros(4, dtype)
+    dst.fill_(7)
+    for general in (False, True):
+        with _general(monkeypatch) if general else contextlib.nullcontext():
+            with pytest.raises(ValueError, match="contribute"):
+                h.collect(dst, src[:4 if me == 0 else 1])    # 4 + (n - 1) > 4 elements
+    assert torch.all(dst == 7)
     h.free(src), h.free(dst)
