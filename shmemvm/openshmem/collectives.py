@@ -526,6 +526,7 @@ def alltoalls_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
     t = group.resolve(heap, team, what)
     n = len(t.pes)
     made: list = []
+    fused = nodecoll.fusion(t)   # the data in the agreed step, where it fits (issue 30)
 
     def check():
         dest, source = operands()
@@ -547,11 +548,12 @@ def alltoalls_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
         size = dest.itemsize
         _disjoint(what, d, spans[0] * size, s, spans[1] * size)
         made[:] = dest, source
+        fused.alltoalls(dest, source, ds, ss, count, size, t.me)
         return (d, s, source.dtype, count, (ds, ss)), (
             f"{t.label}alltoalls(dest at heap offset {d:#x}, source at {s:#x}, dst={ds}, "
             f"sst={ss}, nelems={count} x {source.dtype})")
 
-    with t.lock:   # the group's own: one heap-wide lock would hold other teams up
+    with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.synchronize()
         _, _, _, count, (ds, ss) = t.agree_checked(
             Phase.ALLTOALLS, f"{t.label}alltoalls(dest, source, dst={dst!r}, sst={sst!r}, "
@@ -563,6 +565,8 @@ def alltoalls_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
         me, m = t.me, n * count
         # the elements dest receives, in order: rows of `size` bytes
         into = dest.data.view(-1, size)[::ds][:m]
+        if fused.deliver_strided(into):
+            return
         if t.on_node:
             for i, pe in enumerate(t.pes):
                 theirs = _mapped(heap, source.data, pe).view(-1, size)[::ss][me * count:(me + 1) * count]

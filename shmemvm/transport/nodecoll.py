@@ -155,6 +155,31 @@ class Fusion:
             self.staged = board.stage(held.data_ptr(), 8 + sent, 8 + room, 0, PAYLOAD, -1)
             self.after = ()
 
+    def alltoalls(self, dest, source, ds: int, ss: int, count: int, size: int, me: int) -> None:
+        """alltoalls' payload: this PE's n * count elements of `size` bytes
+        (every ss-th of source), gathered here; each PE copies its block of
+        every PE's. Where they fit a slot (count, size and n are agreed)."""
+        m = self.n * count
+        if 0 < m * size <= PAYLOAD and self._usable(dest, source):
+            self.held = held = source.data.view(-1, size)[::ss][:m].contiguous()
+            block = count * size
+            board = self.board
+            assert board is not None   # (_usable() said so)
+            self.staged = board.stage(held.data_ptr(), m * size, block, me * block, block, -1)
+            self.after = (ds, size, m)
+
+    def deliver_strided(self, into) -> bool:
+        """Write alltoalls' carried blocks, in team order, into `into` (dest's
+        rows of `size` bytes that receive, every ds-th); False where the step
+        carried none."""
+        staged, board, after = self.staged, self.board, self.after
+        if staged is None or board is None or after is None or board.carried is not staged:
+            return False
+        board.carried = self.staged = self.held = None
+        _, size, m = after
+        into.copy_(torch.frombuffer(board.scratch, dtype=torch.uint8)[:m * size].view(m, size))
+        return True
+
     # -- after the agreement ------------------------------------------------------------------
     def collected(self) -> list[int] | None:
         """collect's byte count of every PE, in team order, where the agreed

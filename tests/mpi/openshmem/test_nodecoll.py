@@ -65,6 +65,14 @@ class _Counted:
             self.count += 1
 
         monkeypatch.setattr(nodecoll.Fusion, "deliver_collected", counted_collect)
+        deliver_strided = nodecoll.Fusion.deliver_strided
+
+        def counted_strided(fusion, into):
+            done = deliver_strided(fusion, into)
+            self.count += done
+            return done
+
+        monkeypatch.setattr(nodecoll.Fusion, "deliver_strided", counted_strided)
 
 
 @contextlib.contextmanager
@@ -365,3 +373,32 @@ def test_fused_collect_of_different_sizes_matches_the_general_path(heap, monkeyp
                 h.collect(dst, src[:4 if me == 0 else 1])    # 4 + (n - 1) > 4 elements
     assert torch.all(dst == 7)
     h.free(src), h.free(dst)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", [torch.int16, torch.float64], ids=str)
+def test_fused_alltoalls_matches_the_general_path(heap, monkeypatch, dtype):
+    """alltoalls (strides and counts from a fixed seed) fuses its data into the
+    agreed step where n * nelems elements fit a slot: the general path's bytes,
+    the elements of dest between the strided ones left as they were."""
+    h, n, me = heap, heap.n_pes, heap.my_pe
+    size = torch.empty(0, dtype=dtype).element_size()
+    rng = torch.Generator().manual_seed(34)
+    fused_calls = expected = 0
+    for nelems in (1, 3, PAYLOAD // (size * n), PAYLOAD // (size * n) + 1):
+        ds, ss = torch.randint(1, 4, (2,), generator=rng).tolist()
+        src = h.zeros(ss * (n * nelems - 1) + 1, dtype)
+        dst = h.zeros(ds * (n * nelems - 1) + 1, dtype)
+        src.copy_(_random(dtype, src.numel(), 19 * me + nelems))
+
+        def alltoalls():
+            dst.fill_(3)
+            h.alltoalls(dst, src, ds, ss, nelems)
+            h.barrier_all()
+            return dst.clone()
+        fused, general, calls = _run_both(monkeypatch, h, alltoalls, same=False)
+        assert fused == general, (nelems, ds, ss)
+        fused_calls += calls
+        expected += n * nelems * size <= PAYLOAD
+        h.free(src), h.free(dst)
+    assert fused_calls == (expected if _fuses(h) else 0)
