@@ -309,7 +309,7 @@ def _label(key: str) -> tuple[str, dict]:
         return "sum_reduce", {"elements": int(words[1]), "dtype": "float64"}
     if words[0] == "malloc+free":
         return "malloc+free", {"bytes": 1024, "cached": True}
-    if words[0] in ("broadcast", "fcollect", "alltoall"):
+    if words[0] in ("broadcast", "fcollect", "alltoall", "collect"):
         return words[0], {"bytes": int(words[1])}
     return key, {}
 

@@ -95,6 +95,14 @@ class ShmemOps:
         self.a2a_src, self.a2a_dst = zeros(n, dtype=np.int64), zeros(n, dtype=np.int64)
         for pe in range(n):   # element by element: a NumPy array or a torch tensor
             self.a2a_src[pe] = me * n + pe
+        self.col_dst = zeros(n, dtype=np.int64)
+        self.red8_src, self.red8_dst = zeros(1, dtype=np.float64), zeros(1, dtype=np.float64)
+        self.red8_src[0] = me + 1
+        self.team = self._split()
+
+    def _split(self):
+        """A team of every PE split from the world (its own agreement: a team row)."""
+        return self.shmem.TEAM_WORLD.split_strided(0, 1, self.n)
 
     def barrier(self):
         return self.shmem.barrier_all
@@ -150,6 +158,18 @@ class ShmemOps:
         shmem, dst, src = self.shmem, self.a2a_dst, self.a2a_src
         return lambda: shmem.alltoall(dst, src)
 
+    def collect(self):
+        shmem, dst, src = self.shmem, self.col_dst, self.fc_src
+        return lambda: shmem.collect(dst, src)
+
+    def team_sync(self):
+        shmem, team = self.shmem, self.team
+        return lambda: shmem.sync(team)
+
+    def team_sum_reduce(self):
+        shmem, dst, src, team = self.shmem, self.red8_dst, self.red8_src, self.team
+        return lambda: shmem.sum_reduce(dst, src, team=team)
+
     # -- the results, checked once -------------------------------------------------------
     def counter_value(self) -> int:
         return int(self.counter[0])
@@ -176,6 +196,10 @@ class ShmemOps:
             return None if me == 0 else int(self.bcast_dst[0]) == 42
         if what == "fcollect":
             return [int(x) for x in self.fc_dst] == [100 + pe for pe in range(n)]
+        if what == "collect":
+            return [int(x) for x in self.col_dst] == [100 + pe for pe in range(n)]
+        if what == "team sum_reduce":
+            return float(self.red8_dst[0]) == n * (n + 1) / 2
         return [int(x) for x in self.a2a_dst] == [pe * n + me for pe in range(n)]
 
     def finalize(self) -> None:
@@ -200,7 +224,8 @@ class TorchOps(ShmemOps):
         self.red_dst = shmemvm.zeros(64 * KiB, torch.float64)
         self.red_src.fill_(self.me + 1)
         self.iters = shmemvm.zeros(1, torch.int64)
-        self._small_collectives(lambda count, dtype: shmemvm.zeros(count, torch.int64))
+        self._small_collectives(lambda count, dtype: shmemvm.zeros(
+            count, torch.float64 if dtype == np.float64 else torch.int64))
         shmemvm.barrier_all()
 
     def barrier(self):
@@ -258,6 +283,22 @@ class TorchOps(ShmemOps):
     def alltoall(self):
         sv, dst, src = self.sv, self.a2a_dst, self.a2a_src
         return lambda: sv.alltoall(dst, src)
+
+    def _split(self):
+        sv = self.sv
+        return sv.team_split_strided(sv.team_world(), 0, 1, self.n)
+
+    def collect(self):
+        sv, dst, src = self.sv, self.col_dst, self.fc_src
+        return lambda: sv.collect(dst, src)
+
+    def team_sync(self):
+        sv, team = self.sv, self.team
+        return lambda: sv.team_sync(team)
+
+    def team_sum_reduce(self):
+        sv, dst, src, team = self.sv, self.red8_dst, self.red8_src, self.team
+        return lambda: sv.reduce(dst, src, "sum", team=team)
 
     def counter_value(self) -> int:
         return int(self.counter[0])
@@ -382,6 +423,15 @@ class Measure:
             self.collective(f"{what} 8 B", getattr(ops, what)(), 8, self.mpi(base))
             ops.barrier()()
             checks[what] = ops.small_collected(what)
+        if not goal:   # (rows beyond issue 30's: collect, a split team's sync and reduce)
+            self.collective("collect 8 B", ops.collect(), 8, self.mpi("allgather"))
+            ops.barrier()()
+            checks["collect"] = ops.small_collected("collect")
+            self.collective("team sync", ops.team_sync(), 0, self.mpi("barrier"))
+            self.collective("team sum_reduce 1 float64", ops.team_sum_reduce(), 8,
+                            self.mpi("allreduce", 1))
+            ops.barrier()()
+            checks["team sum_reduce"] = ops.small_collected("team sum_reduce")
         self.one_sided("put 8 B", ops.put(8, quiet=False), 8, self.copy(8))
         if not goal:
             self.one_sided("put 8 B + quiet", ops.put(8, quiet=True), 8, self.copy(8))

@@ -62,11 +62,13 @@ class Operand(NamedTuple):
     data: torch.Tensor
     itemsize: int
     dtype: Any
+    #: the number of elements (made once: a collective reads it several times)
+    count: int   # type: ignore[assignment]  # (a field, not tuple.count)
 
-    @property
-    def count(self) -> int:   # type: ignore[override]  # (a field, not tuple.count)
-        """The number of elements."""
-        return self.data.numel() // self.itemsize
+    @classmethod
+    def of(cls, data: torch.Tensor, itemsize: int, dtype) -> Operand:
+        """The Operand of `data` (bytes), its elements of `itemsize` bytes."""
+        return cls(data, itemsize, dtype, data.numel() // itemsize)
 
 
 #: a combiner: acc <- acc (op) other, elementwise, both uint8 tensors of whole elements
@@ -91,7 +93,7 @@ def tensor_operand(tensor, role: str, what: str) -> Operand:
                          f"pass the tensor itself and conjugate or negate the result "
                          f"(dest.conj_physical_()), or make the values in a symmetric tensor "
                          f"first (x.copy_(y.conj()))")
-    return Operand(tensor.reshape(-1).view(torch.uint8), tensor.element_size(), tensor.dtype)
+    return Operand.of(tensor.reshape(-1).view(torch.uint8), tensor.element_size(), tensor.dtype)
 
 
 def _tensors(dest, source, what: str):

@@ -75,7 +75,7 @@ def sync(team: Optional[Team] = None) -> None:
 def _operand(a: np.ndarray, role: str, count: int | None = None, *,
              writable: bool = True) -> Operand:
     """The Operand of symmetric array `a` (its first `count` elements)."""
-    return Operand(arrays.symmetric_bytes(a, role, writable, count), a.itemsize, a.dtype)
+    return Operand.of(arrays.symmetric_bytes(a, role, writable, count), a.itemsize, a.dtype)
 
 
 def _checked(target, source) -> None:
