@@ -163,7 +163,7 @@ class Agreement:
         board = self.board
         if board is not None and not dead and call.error is None:
             # the whole step in one native call where the board has it (board.step)
-            code = board.step(call.encoded(), seq, flag,
+            code = board.step(call.template or call.encoded(), seq, flag,
                               self._prompt if self.liveness is not None else -1)
             if code is not None:
                 recv = board.out

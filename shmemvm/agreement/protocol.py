@@ -105,7 +105,7 @@ class Call:
     str.format, only when something reads it (a message), not on every call
     of a cached malloc/free that succeeds."""
 
-    __slots__ = ("phase", "args", "_text", "error", "exact")
+    __slots__ = ("phase", "args", "_text", "error", "exact", "template")
 
     def __init__(self, phase: Phase, args: tuple = (), text: str | tuple = "",
                  error: BaseException | None = None, exact: bool = False):
@@ -117,6 +117,15 @@ class Call:
         #: of ints, as the heap makes them: values that are equal only when their
         #: encodings are, so vector() need not key its cache by the types too
         self.exact = exact
+        #: its encoded() vector made once, where the call is fixed (fixed()), else None
+        self.template: array.array | None = None
+
+    def fixed(self) -> Call:
+        """This call, marked as never to change (a module's constant call: a
+        barrier's, an internal step's): its vector is encoded once, here, and
+        the agreement takes it without asking encoded() at every step."""
+        self.template = self.encoded()
+        return self
 
     @property
     def text(self) -> str:

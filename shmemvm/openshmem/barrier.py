@@ -14,8 +14,8 @@ from . import rma
 
 #: the calls of the two barriers, made once: they have no arguments, and the
 #: agreement never changes a Call it is given (its vector: protocol's cache; issue 30)
-_BARRIER_ALL = Call(Phase.BARRIER_ALL, text="barrier_all()", exact=True)
-_SYNC_ALL = Call(Phase.SYNC_ALL, text="sync_all()", exact=True)
+_BARRIER_ALL = Call(Phase.BARRIER_ALL, text="barrier_all()", exact=True).fixed()
+_SYNC_ALL = Call(Phase.SYNC_ALL, text="sync_all()", exact=True).fixed()
 
 
 def barrier_all(heap: Core) -> None:

@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .. import _args
+from .. import _args, api
 from ..vocabulary import REDUCE_OPS
 from ..openshmem import collectives
 from ..openshmem.collectives import Operand
@@ -38,7 +38,7 @@ def barrier_all() -> None:
     Raises:
         SymmetryError, PeerTimeoutError: as shmemvm.barrier_all.
     """
-    arrays.heap().barrier_all()
+    api.default_heap().barrier_all()   # (arrays.heap(), less a call)
 
 
 def sync_all() -> None:
@@ -50,7 +50,7 @@ def sync_all() -> None:
     Raises:
         SymmetryError, PeerTimeoutError: as shmemvm.sync_all.
     """
-    arrays.heap().sync_all()
+    api.default_heap().sync_all()
 
 
 def sync(team: Optional[Team] = None) -> None:
