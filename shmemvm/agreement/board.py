@@ -26,7 +26,12 @@ few hundred nanoseconds a step instead of microseconds of Python. A whole
 step is then one call into native/_collective.c per spin budget (exchange():
 this PE's slot written, every other PE's read and folded with MAX, no Python
 loop over the PEs); between calls the caller's wait checks the deadline and
-the PEs' liveness as before. It neither writes nor checks the CRC: its
+the PEs' liveness as before. A plain step is one call in all (step(),
+_collective.step: the vector filled from the call's template and stamped
+with the step number, flag and entry time, the slots read for up to
+_STEP_BUDGET_NS, and the outcome compared in C); only a step that is not
+plain (a mismatch, a flag, dead blocks, a late step) or not complete within
+that budget goes back to Python (finish(), agreement.py's outcome). It neither writes nor checks the CRC: its
 readers trust the step word's acquire, every writer being the same C code
 storing it last with release (all PEs or none run the board in C: voted at
 init; the PEs of one node run one installation). Measured in one process with

@@ -10,6 +10,11 @@ agreed step, one native call per spin budget, instead of the agreement, the
 copies through the peer mappings and a second step (collectives.py's node
 path, which stays for larger data, teams and the pure Python paths).
 
+collect carries each PE's byte count with its data (one step instead of a
+step, an allgather of the sizes and a copy step), alltoalls each PE's strided
+elements gathered once. A split team whose parent's steps run on a board in
+C gets a board of its own (openshmem/teams.py), so its calls fuse the same way.
+
 A collective makes a Fusion for its call (fusion()), stages its data from
 inside its check (once the operands are checked: a live, contiguous block of
 the heap's CPU memory, so the addresses passed to C are sound), and after
