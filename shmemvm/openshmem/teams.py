@@ -77,6 +77,8 @@ class Team(Group):
         super().__init__(heap, comm, pes, agreement, kind=kind)
         self._config = dict(config) if config is not None else _config(None)
         self._contexts: list = []   # the live contexts made from it (a destroyed one leaves)
+        #: sync()'s call, made and encoded once (a board step takes its vector as it is)
+        self._sync = Call(Phase.TEAM_SYNC, text=f"{self.label}sync()").fixed()
 
     def __repr__(self) -> str:
         state = ", destroyed" if self.destroyed else ""
@@ -291,7 +293,8 @@ class Team(Group):
             self.check_usable()
             return barrier.sync_all(self.core)
         with self.lock:
-            self.step(Phase.TEAM_SYNC, f"{self.label}sync()")
+            self.core.synchronize()   # (step() with the team's one call)
+            self.agree(self._sync)
 
     def destroy(self) -> None:
         """Destroy the team (collective over the team): contexts made from it
