@@ -67,6 +67,10 @@ from shmemvm import PeerTimeoutError, SymmetricHeap
 DEATH = 3  # os._exit status of the dying PE
 #: the scenarios whose waits all return (no error, no dead PE): several may share a job
 RETURNING = ("legit-long-wait", "timed-wait", "start-new-thread", "stopped-satisfied")
+#: each scenario's tensors, alive until the PE leaves, as when each job ran one
+#: scenario: dropped before finalize() on a heap a dead PE broke, off the node, one
+#: of them made PE 1 die of a segmentation fault (dead-holder-off-node, 9005ab0)
+KEPT: list = []
 
 
 def die(outdir: str, heap: SymmetricHeap) -> None:
@@ -102,6 +106,7 @@ def run(heap: SymmetricHeap, scenario: str, timeout: float, outdir: str,
     locks = heap.zeros(2, torch.int64)
     flags = heap.zeros(4, torch.int64)
     sig = heap.zeros(1, torch.uint64)
+    KEPT.append((locks, flags, sig))
     heap.barrier_all()
     lock_a, lock_b = locks[0:1], locks[1:2]
     result = None
