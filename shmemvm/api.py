@@ -25,7 +25,7 @@ import torch
 from mpi4py import MPI
 
 from .core import trace
-from .core.state import HeapCore
+from .core.state import HeapCore, core_of
 from .errors import ShmemError
 from .heap import SymmetricHeap
 from .openshmem import (alloc, atomics, barrier, collectives, contexts, external, locks, rma,
@@ -35,6 +35,8 @@ from .openshmem.info import HeapInfo, global_exit, info_get_name, info_get_versi
 from .openshmem.teams import Team
 
 _heap: SymmetricHeap | None = None
+#: its core (default_core()): the NumPy face's one-pass paths take it in one call
+_core: HeapCore | None = None
 
 Function = TypeVar("Function", bound=Callable)
 
@@ -65,10 +67,11 @@ def init(comm: MPI.Comm | None = None, heap_size: int | str | None = None, backe
         ShmemError: init() was called already (finalize() first).
         As SymmetricHeap(...).
     """
-    global _heap
+    global _heap, _core
     if _heap is not None and not _heap.closed:
         raise ShmemError("shmemvm.init() was already called; call finalize() first")
     _heap = SymmetricHeap(comm, heap_size, backend, **options)
+    _core = core_of(_heap)
     return _heap
 
 
@@ -81,7 +84,7 @@ def finalize() -> None:
     Raises:
         As SymmetricHeap.finalize().
     """
-    global _heap
+    global _heap, _core
     if _heap is not None:
         heap, _heap = _heap, None
         try:
@@ -89,6 +92,8 @@ def finalize() -> None:
         finally:
             if not heap.closed:  # a mismatched finalize (SymmetryError) did nothing
                 _heap = heap
+            else:
+                _core = None
 
 
 def default_heap() -> SymmetricHeap:
@@ -104,6 +109,20 @@ def default_heap() -> SymmetricHeap:
         raise ShmemError("no symmetric heap: call shmemvm.init() first (after finalize(), "
                          "init() again)")
     return _heap
+
+
+def default_core() -> HeapCore:
+    """The default heap's core (what the routines take), for the NumPy face's
+    one-pass paths: default_heap() and core_of() in one call. Not a module
+    function of the API (not in __all__).
+
+    Raises:
+        ShmemError: as default_heap().
+    """
+    core = _core
+    if core is None or core.closed:
+        return core_of(default_heap())   # (raises: no heap)
+    return core
 
 
 def current_heap() -> SymmetricHeap | None:

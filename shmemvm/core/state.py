@@ -61,6 +61,10 @@ HOST_BASES_HINT = (
     "TRITON_INTERPRET=1 before importing triton; to use the table without Triton, ignore this")
 
 
+#: locate_in()'s memo holds at most this many targets
+_LOCATED_MAX = 4096
+
+
 def _triton_interprets() -> bool:
     """Whether TRITON_INTERPRET turns Triton's interpreter on (Triton's own reading)."""
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y")
@@ -264,6 +268,10 @@ class HeapCore:
         #: per-heap state of the routines, by key, in the order made (feature())
         self._features: dict[str, Any] = {}
         self._bases: torch.Tensor | None = None   # heap_bases(), made once
+        #: locate_in()'s memo, (address, pe) -> Target: what locate() resolved for a
+        #: live block, kept until a block stops being live here (retire(), release_dead()),
+        #: so that a repeated one-pass put or atomic resolves in one dict lookup
+        self._located: dict[tuple[int, int], Target] = {}
         #: every PE uses the compiled fast paths (native/; voted on at init)
         self.native = False
 
@@ -357,6 +365,7 @@ class HeapCore:
     def release_dead(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more (the
         agreement calls this inside a step, on every PE alike)."""
+        self._located.clear()   # (their targets with them)
         for offset in sorted(offsets):
             # An unmap failure of imported memory (logged, returned) is not raised:
             # this runs inside whichever collective call came next, and raising on
@@ -423,14 +432,25 @@ class HeapCore:
         """locate() for the byte at `address` inside `allocation` (a whole
         block's tensor, as the NumPy face keeps it); None where the heap is
         unusable or the block is not live here, so that the caller takes the
-        general path, which names what is wrong."""
-        if self.closed or self.broken:
+        general path, which names what is wrong. The Target is locate()'s own,
+        remembered while its block stays live (a free or a release forgets
+        every one): no second resolution, only a memo of the first."""
+        agreement = self.agreement
+        if self.closed or agreement is None or agreement.broken:
             return None
+        try:
+            return self._located[address, pe]
+        except KeyError:
+            pass
         try:
             block = self.local.block_of(allocation)
         except NotSymmetricError:
             return None
-        return self.locator.locate(block, address - self.local.base, pe)
+        target = self.locator.locate(block, address - self.local.base, pe)
+        if len(self._located) >= _LOCATED_MAX:   # (many addresses: start again)
+            self._located.clear()
+        self._located[address, pe] = target
+        return target
 
     def storage_offset(self, tensor: torch.Tensor) -> int:
         """Heap offset where symmetric `tensor`'s storage starts (ptr()'s views)."""
@@ -496,6 +516,7 @@ class HeapCore:
 
     def retire(self, tensor: torch.Tensor):
         """Start freeing `tensor`'s block (undone unless finish_free() follows)."""
+        self._located.clear()   # its block is live no more: nor its targets
         return self.local.retire(tensor)
 
     def finish_free(self, retirement, *, release_now: bool):

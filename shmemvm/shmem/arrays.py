@@ -27,7 +27,7 @@ import torch
 
 from .. import _args, api, native
 from ..errors import NotSymmetricError
-from ..core.state import HeapCore, core_of
+from ..core.state import HeapCore
 from ..heap import SymmetricHeap
 
 
@@ -38,7 +38,7 @@ def heap() -> SymmetricHeap:
 
 def core() -> HeapCore:
     """The default heap's core: what the routines of openshmem/ take."""
-    return core_of(api.default_heap())
+    return api.default_core()
 
 
 class HeapMemory:
@@ -76,6 +76,12 @@ def shaped(tensor: torch.Tensor, shape: tuple, dtype: np.dtype, order: str) -> n
 def owner(obj) -> HeapMemory | None:
     """The HeapMemory at the end of `obj`'s base chain, or None (not heap memory)."""
     while obj is not None:
+        kind = type(obj)   # (exact types first: no call for the common chain)
+        if kind is np.ndarray:
+            obj = obj.base
+            continue
+        if kind is HeapMemory:
+            return obj
         if isinstance(obj, HeapMemory):
             return obj
         if isinstance(obj, np.ndarray):
@@ -157,7 +163,7 @@ def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[HeapCore, HeapMemory, int]
     memory = owner(a)
     if memory is None or type(pe) is not int:
         return None
-    h = core()
+    h = api.default_core()
     if not h.native or not 0 <= pe < h.n_pes:   # (native: every PE has the compiled piece)
         return None
     start = native.address(a)

@@ -268,6 +268,37 @@ def test_errors_are_clear(world):
 
 
 @pytest.mark.mpi
+def test_a_remembered_target_is_forgotten_when_its_block_goes(world):
+    """The one-pass put and atomic remember where they landed (HeapCore.locate_in's
+    memo): after a free they raise as before, and an array allocated at the same
+    address after a release gets the put, not the old block."""
+    me, n = shmem.my_pe(), shmem.n_pes()
+    right = (me + 1) % n
+    a = shmem.zeros(4, dtype=np.int64)
+    for _ in range(3):   # resolved, then remembered
+        shmem.put(a, np.full(4, 7, dtype=np.int64), right)
+        shmem.atomic_fetch_add(a[1:2], 1, right)
+    shmem.barrier_all()
+    assert a.tolist() == [7, 8, 7, 7]   # (each put rewrote the 8 before)
+    address = a.__array_interface__["data"][0]
+    shmem.free(a)
+    with pytest.raises(FreedTensorError):
+        shmem.put(a, np.zeros(4, dtype=np.int64), right)
+    with pytest.raises(FreedTensorError):
+        shmem.atomic_fetch_add(a[1:2], 1, right)
+    del a   # its last view: the block is released at the next call, on every PE
+    gc.collect()
+    b = shmem.zeros(4, dtype=np.int64)   # the freed block again (the same size class)
+    assert b.__array_interface__["data"][0] == address
+    shmem.put(b, np.full(4, 5, dtype=np.int64), right)
+    shmem.atomic_fetch_add(b[2:3], 2, right)
+    shmem.barrier_all()
+    assert b.tolist() == [5, 5, 7, 5]
+    shmem.free(b)
+    shmem.barrier_all()
+
+
+@pytest.mark.mpi
 def test_init_again_is_a_no_op_and_thread_level(world):
     heap = shmemvm.default_heap()
     shmem.init()
