@@ -20,6 +20,7 @@ state lives in this class. The core is built by setup.py; SymmetricHeap
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import warnings
@@ -33,9 +34,9 @@ from mpi4py import MPI
 from .. import _args
 from ..agreement.agreement import Agreement
 from ..agreement.liveness import Liveness
-from ..agreement.protocol import Call, Outcome
+from ..agreement.protocol import Call, Outcome, Phase
 from ..backends.base import VMMBackend
-from ..errors import NotSymmetricError, ShmemError, UnsupportedError
+from ..errors import HeapExhaustedError, NotSymmetricError, ShmemError, UnsupportedError
 from ..memory.buddy import Block, Segment
 from ..memory.heapmem import HeapMemory
 from ..memory.vmm import HeapStats
@@ -155,7 +156,9 @@ class Core(Protocol):
     def heap_bases(self) -> torch.Tensor: ...
 
     # -- memory (alloc.py, external.py) ----------------------------------------------------
-    def allocate(self, nbytes: int, call: Call) -> Block: ...
+    def allocate(self, call: Call, nbytes: int, dims: tuple[int, ...], dtype: torch.dtype,
+                 fill: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor: ...
+    def allocate_agreed(self, nbytes: int, call: Call) -> Block: ...
     def tensor_for(self, block: Block, shape: Any, dtype: torch.dtype) -> torch.Tensor: ...
     def block_of(self, tensor: torch.Tensor) -> Block: ...
     def retire(self, tensor: torch.Tensor) -> Any: ...
@@ -272,6 +275,9 @@ class HeapCore:
         #: live block, kept until a block stops being live here (retire(), release_dead()),
         #: so that a repeated one-pass put or atomic resolves in one dict lookup
         self._located: dict[tuple[int, int], Target] = {}
+        #: the releases of allocate()'s one step, held until its block is taken
+        #: (release_dead()); None outside it
+        self._held: set[int] | None = None
         #: every PE uses the compiled fast paths (native/; voted on at init)
         self.native = False
 
@@ -364,7 +370,11 @@ class HeapCore:
 
     def release_dead(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more (the
-        agreement calls this inside a step, on every PE alike)."""
+        agreement calls this inside a step, on every PE alike; during
+        allocate()'s one step, right after its allocation instead)."""
+        if self._held is not None:
+            self._held |= offsets
+            return
         self._located.clear()   # (their targets with them)
         for offset in sorted(offsets):
             # An unmap failure of imported memory (logged, returned) is not raised:
@@ -557,9 +567,64 @@ class HeapCore:
         self.local.undo_allocation(block, created)
 
     # -- collective steps of memory (core/sharing.py) ------------------------------------
-    def allocate(self, nbytes: int, call: Call) -> Block:
-        """The block every PE agreed on for `call`, its new segments created,
-        shared and mapped (sharing.allocate_collectively)."""
+    def allocate(self, call: Call, nbytes: int, dims: tuple[int, ...], dtype: torch.dtype,
+                 fill: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
+        """One collective allocation: the agreement on `call` (SymmetryError on
+        every PE where the PEs differ; call.error where every PE made it), a
+        block of `nbytes` (HeapExhaustedError on every PE where none fits), and
+        its tensor of `dims` and `dtype`, filled on every PE before any PE
+        returns by `fill` (given the tensor's bytes as a uint8 tensor).
+
+        One agreed step where the block is a cached one (a small block of its
+        size released on every PE, the common case: the allocator is the same
+        on every PE, so each PE fills the block it will take before the
+        agreement). Otherwise (a new segment, a first block of its size) a
+        second step, after the fill. A fill that raises before the agreement
+        makes every PE raise at this call."""
+        local = self.local
+        size = math.prod(dims) * dtype.itemsize
+        with self.lock:
+            filled = None
+            # A small block with a fill: the step's releases of dropped blocks wait
+            # until the block is taken, so that a block released by the last such
+            # step is the cached one the next takes, and is filled before its step
+            # (it was released on every PE: nothing views it anywhere).
+            holding = (fill is not None and call.error is None and size > 0
+                       and local.is_small(nbytes))
+            if holding:
+                filled = local.cached_block(nbytes)
+                if filled is not None and fill is not None:   # (fill: holding says so)
+                    try:
+                        fill(local.scratch(filled, size))
+                        self.backend.synchronize()
+                    except Exception as exc:  # noqa: BLE001 - agreed on: every PE raises
+                        call.error = exc
+                self._held = set()
+            try:
+                self.agree(call)
+                try:
+                    block = sharing.allocate_collectively(self, nbytes, call)
+                except HeapExhaustedError:
+                    held, self._held = self._held, None
+                    if not held:
+                        raise
+                    self.release_dead(held)   # (room, maybe: as on every PE)
+                    block = sharing.allocate_collectively(self, nbytes, call)
+            finally:
+                if holding:
+                    held, self._held = self._held, None
+                    if held:
+                        self.release_dead(held)
+            tensor = local.tensor_for(block, dims, dtype)
+        if fill is not None and size and block.offset != filled:   # (the same on every PE)
+            fill(local.scratch(block.offset, size))
+            self.backend.synchronize()
+            self.agree(call.step(Phase.FILLED, "filled"))
+        return tensor
+
+    def allocate_agreed(self, nbytes: int, call: Call) -> Block:
+        """The block every PE agreed on for `call` (agreed already: realloc),
+        its new segments created, shared and mapped (sharing.allocate_collectively)."""
         return sharing.allocate_collectively(self, nbytes, call)
 
     def agree_on_unmapping(self, call: Call, failure: Exception | None, what: str) -> None:

@@ -78,6 +78,21 @@ class HeapMemory(VMemPow2Allocator):
         """The block's own tensor; its storage's life decides the block's."""
         return self._tensor_for(block, dims, dtype)
 
+    def cached_block(self, nbytes: int) -> int | None:
+        """The offset of the cached block an allocation of `nbytes` takes now,
+        or None (Pow2Allocator.cached_block)."""
+        return self._core.cached_block(nbytes)
+
+    def is_small(self, nbytes: int) -> bool:
+        """An allocation of `nbytes` is carved from a chunk (below SHMEMVM_CHUNK_SIZE)."""
+        return self.size_class(nbytes) < self.chunk
+
+    def scratch(self, offset: int, nbytes: int) -> torch.Tensor:
+        """A uint8 tensor over `nbytes` at heap offset `offset` of this PE's
+        mapped memory, owning nothing (a fill of a cached block before its
+        allocation is agreed: HeapCore.allocate)."""
+        return self.backend.tensor(self.base + offset, (nbytes,), torch.uint8)
+
     def resize(self, retirement: Retirement, nbytes: int, dims, dtype) -> torch.Tensor:
         """A new tensor over the retired block, which now holds `nbytes` (same
         size class, same place); only when nothing viewed the old tensor anywhere."""

@@ -26,17 +26,11 @@ from .. import _args
 from ..agreement.protocol import Call, Phase
 from ..core.state import Core
 from ..errors import ShmemError
-from ..memory.buddy import Block
 from .info import HeapInfo
 
 #: malloc_with_hints' hints (OpenSHMEM 1.5 values): checked and agreed on, no effect yet
 MALLOC_ATOMICS_REMOTE = 1
 MALLOC_SIGNAL_REMOTE = 2
-
-
-def _allocate(heap: Core, nbytes: int, call: Call) -> Block:
-    """The block every PE agreed on for `call` (core/sharing.py)."""
-    return heap.allocate(nbytes, call)
 
 
 @dataclass
@@ -104,17 +98,11 @@ def allocate(heap: Core, request: Callable[[], Request], text: str, *,
         call.args = _checked(heap, made, what)
     except (TypeError, ValueError) as exc:
         call.error = exc
-    with heap.lock:
-        heap.agree(call)
-        assert made is not None   # (else the agreement raised every PE's error)
-        nbytes, alignment = call.args[:2]   # (hints: checked and agreed; no effect yet)
-        block = _allocate(heap, max(nbytes, alignment), call)
-        tensor = heap.tensor_for(block, (nbytes,), torch.uint8)
-    if made.fill is not None:
-        made.fill(tensor)
-        heap.synchronize()
-        heap.agree(Call(Phase.FILLED, (), f"{text} (filled)"))
-    return tensor
+    if call.error is not None:
+        return heap.allocate(call, 0, (0,), torch.uint8)   # (raises every PE's error)
+    assert made is not None
+    nbytes, alignment = call.args[:2]   # (hints: checked and agreed; no effect yet)
+    return heap.allocate(call, max(nbytes, alignment), (nbytes,), torch.uint8, made.fill)
 
 
 def malloc(heap: Core, nbytes: int) -> torch.Tensor:
@@ -144,10 +132,7 @@ def malloc(heap: Core, nbytes: int) -> torch.Tensor:
     # empty((nbytes,), torch.uint8) with tensor_nbytes' answer for a plain int, inline
     dims = (nbytes,)
     call = Call(Phase.MALLOC, (nbytes, torch.uint8, dims), text, None, True)
-    with heap.lock:
-        heap.agree(call)
-        block = _allocate(heap, nbytes, call)
-        return heap.tensor_for(block, dims, torch.uint8)
+    return heap.allocate(call, nbytes, dims, torch.uint8)
 
 
 def empty(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -176,18 +161,16 @@ def empty(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor
     return _empty(heap, shape, dtype, ("empty({!r}, {})", shape, dtype), Phase.MALLOC)
 
 
-def _empty(heap: Core, shape, dtype, text, phase: Phase) -> torch.Tensor:
-    """empty() as the call `phase` with the message text `text` (malloc, zeros)."""
+def _empty(heap: Core, shape, dtype, text, phase: Phase,
+           fill: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
+    """empty() as the call `phase` with the message text `text` (malloc, zeros),
+    filled by `fill` on every PE before any returns (Core.allocate)."""
     try:
         dims, nbytes = _args.tensor_nbytes(shape, dtype)
     except (TypeError, ValueError) as exc:
-        call = Call(phase, (), text, exc)
-    else:
-        call = Call(phase, (nbytes, dtype, dims), text, None, True)  # exact: ints, a dtype
-    with heap.lock:
-        heap.agree(call)
-        block = _allocate(heap, nbytes, call)
-        return heap.tensor_for(block, dims, dtype)
+        return heap.allocate(Call(phase, (), text, exc), 0, (0,), torch.uint8)  # (raises)
+    call = Call(phase, (nbytes, dtype, dims), text, None, True)  # exact: ints, a dtype
+    return heap.allocate(call, nbytes, dims, dtype, fill)
 
 
 def zeros(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -213,12 +196,13 @@ def zeros(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor
         TypeError, ValueError: a bad shape or a dtype symmetric memory
             does not support.
     """
-    # the texts are made only if a message needs them (Call)
-    tensor = _empty(heap, shape, dtype, ("zeros({!r}, {})", shape, dtype), Phase.ZEROS)
-    tensor.zero_()
-    heap.synchronize()
-    heap.agree(Call(Phase.ZEROS_FILLED, (), ("zeros({!r}, {}) (filled)", shape, dtype)))
-    return tensor
+    # the text is made only if a message needs it (Call)
+    return _empty(heap, shape, dtype, ("zeros({!r}, {})", shape, dtype), Phase.ZEROS, _zero)
+
+
+def _zero(raw: torch.Tensor) -> None:
+    """zeros()' fill (Core.allocate: the tensor's bytes)."""
+    raw.zero_()
 
 
 def align(heap: Core, alignment: int, nbytes: int) -> torch.Tensor:
@@ -421,7 +405,7 @@ def realloc(heap: Core, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
             if (alone_everywhere and heap.size_class(new_bytes) == block.size
                     and heap.imported(block.offset) is None):
                 return heap.resize(retirement, new_bytes, (count,), dtype)
-            new_block = _allocate(heap, new_bytes, call)
+            new_block = heap.allocate_agreed(new_bytes, call)
             result = heap.tensor_for(new_block, (count,), dtype)
             keep = min(block.nbytes, new_bytes)
             if keep:

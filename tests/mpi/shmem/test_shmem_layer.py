@@ -286,8 +286,9 @@ def test_a_remembered_target_is_forgotten_when_its_block_goes(world):
         shmem.put(a, np.zeros(4, dtype=np.int64), right)
     with pytest.raises(FreedTensorError):
         shmem.atomic_fetch_add(a[1:2], 1, right)
-    del a   # its last view: the block is released at the next call, on every PE
+    del a   # its last view: the block is released at the next step, on every PE
     gc.collect()
+    shmem.barrier_all()
     b = shmem.zeros(4, dtype=np.int64)   # the freed block again (the same size class)
     assert b.__array_interface__["data"][0] == address
     shmem.put(b, np.full(4, 5, dtype=np.int64), right)
