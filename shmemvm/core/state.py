@@ -148,6 +148,7 @@ class Core(Protocol):
     # -- where an operation lands (rma, atomics, waits, signals, locks, collectives) ------
     def locate(self, tensor: torch.Tensor, pe: int, role: str) -> Target: ...
     def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None: ...
+    def array_address(self, array: Any) -> int | None: ...   # the NumPy face's one pass
     def storage_offset(self, tensor: torch.Tensor) -> int: ...
     def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor: ...
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None: ...
@@ -461,6 +462,12 @@ class HeapCore:
             self._located.clear()
         self._located[address, pe] = target
         return target
+
+    def array_address(self, array: Any) -> int | None:
+        """Where C-contiguous NumPy `array`'s data starts, where the NumPy face's
+        one-pass put, get and atomics apply on this heap, else None (the
+        Locator decides: every branch on the compiled piece is in transport/)."""
+        return self.locator.array_address(array)
 
     def storage_offset(self, tensor: torch.Tensor) -> int:
         """Heap offset where symmetric `tensor`'s storage starts (ptr()'s views)."""

@@ -25,7 +25,8 @@ import operator
 import numpy as np
 import torch
 
-from .. import _args, api, native
+from .. import _args, api
+from ..transport import target
 from ..errors import NotSymmetricError
 from ..core.state import HeapCore
 from ..heap import SymmetricHeap
@@ -99,9 +100,7 @@ def owner(obj) -> HeapMemory | None:
 def address(a: np.ndarray) -> int:
     """Where `a`'s data starts (the compiled piece's buffer address is 0.1 us
     against 0.8 for __array_interface__, and takes C-contiguous arrays)."""
-    if a.flags.c_contiguous and native.built():
-        return native.address(a)
-    return a.__array_interface__["data"][0]
+    return target.data_address(a)   # (the compiled piece's where built: transport/ decides)
 
 
 def dtype_of(dtype) -> np.dtype:
@@ -164,10 +163,10 @@ def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[HeapCore, HeapMemory, int]
     if memory is None or type(pe) is not int:
         return None
     h = api.default_core()
-    if not h.native or not 0 <= pe < h.n_pes:   # (native: every PE has the compiled piece)
+    if not 0 <= pe < h.n_pes:
         return None
-    start = native.address(a)
-    if not memory.address <= start <= memory.address + memory.nbytes - nbytes:
+    start = h.array_address(a)   # (None: no one-pass path on this heap; transport/ decides)
+    if start is None or not memory.address <= start <= memory.address + memory.nbytes - nbytes:
         return None
     return h, memory, start
 

@@ -274,3 +274,48 @@ def test_the_routines_use_the_core_through_its_door_only():
                     not node.attr.startswith("__") and node.attr not in door:
                 outside.append(f"{module}:{node.lineno}: .{node.attr}")
     assert not outside, "\n".join(outside)
+
+
+# -- where an operation goes is decided in transport/ (issue 29) -----------------------------
+#: what a branch on the route, the compiled piece or the backend's kind names
+BRANCH_NAMES = {"Route", "native", "built", "cpu_copies", "cpu_atomics", "kernel_atomics",
+                "backend_name", "AtomicPath"}
+#: the layers whose operations are routed: the routines, the faces and the transport
+ROUTED_LAYERS = {"openshmem", "shmem", "transport", "api", "heap"}
+#: where the route is decided, once per heap (what the others consult)
+ROUTE_DECIDED = {"shmemvm.transport.route"}
+
+
+def _branching_files() -> dict[str, list[int]]:
+    """module -> lines of its branches (if, while, a conditional expression, a
+    boolean operation) whose test names the route, the compiled piece or the
+    backend's kind."""
+    found: dict[str, list[int]] = {}
+    for module, path in MODULES.items():
+        if path.suffix != ".py" or _layer(module) not in ROUTED_LAYERS or \
+                module in ROUTE_DECIDED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+                tests = [node.test]
+            elif isinstance(node, ast.BoolOp):
+                tests = node.values
+            else:
+                continue
+            for test in tests:
+                names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} | \
+                        {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
+                if names & BRANCH_NAMES:
+                    found.setdefault(module, []).append(node.lineno)
+    return found
+
+
+def test_route_native_and_backend_branching_is_in_at_most_two_files():
+    """How an operation reaches a PE (the route, the compiled piece, the
+    backend's kind) is decided in transport/route.py and consulted in at most 2
+    files of the routines, the faces and the transport (issue 29): today
+    transport/target.py (locate()) and transport/nodecoll.py (the compiled
+    node collectives)."""
+    found = _branching_files()
+    assert len(found) <= 2, "\n".join(f"{module}: lines {lines}"
+                                      for module, lines in sorted(found.items()))
