@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from .core import setup, trace
 from .backends.base import VMMBackend
-from .core.state import HeapCore
+from .core.state import FeatureKey, HeapCore
 from .errors import UnsupportedError
 from .openshmem import (alloc, barrier, collectives, contexts, external, locks, rma, signals,
                         teams, waits)
@@ -38,6 +38,9 @@ from .openshmem import (alloc, barrier, collectives, contexts, external, locks, 
 #: "ccl" (heap.ccl, shmemvm.device.ccl.Ccl) is set by shmemvm/__init__.py, since the
 #: device layer sits above the heap and needs Triton, an optional dependency
 FACTORIES: dict[str, Callable[[Any], Any]] = {}
+
+#: heap.ccl's per-heap state (HeapCore.feature)
+CCL: FeatureKey[Any] = FeatureKey("ccl")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -293,7 +296,7 @@ class SymmetricHeap:
         if make is None:
             raise UnsupportedError("heap.ccl is made by shmemvm's device layer, which "
                                    "`import shmemvm` registers; it was not registered")
-        return self._core.feature("ccl", lambda: make(self))
+        return self._core.feature(CCL, lambda: make(self))
 
     # -- lifetime -------------------------------------------------------------------------
     def finalize(self) -> None:

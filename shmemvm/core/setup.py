@@ -43,7 +43,7 @@ from ..transport.offnode import OffNodeWindow
 from ..transport.route import Routes
 from ..transport.target import Locator
 from . import profile, sharing
-from .state import HeapCore
+from .state import HeapCore, Identity
 
 log = logging.getLogger("shmemvm")
 
@@ -164,6 +164,9 @@ def _build(core: HeapCore, comm, heap_size, backend, timeout, node_split, va_fac
                          mpi_memory=core.backend.mpi_accessible, native=core.native)
     core.locator = Locator(core.routes, core.peers, core.local.base, core.backend, core.window,
                            native=core.native)
+    core.identity = Identity(core.my_pe, core.n_pes, tuple(core.node_pes), core.comm, core.node,
+                             core.timeout, core.backend.device, core.backend.name,
+                             core.backend.granularity, core.anchor_size, core.native)
     core.agreement.collective(call.step(Phase.INIT_READY, "peers ready"))
     core.agreement.initialized = True
     if profile.enabled():   # SHMEMVM_PROFILE=1: time every step (profile.py)

@@ -8,7 +8,10 @@ the default context's completion tracker, and the heap's lock.
 
 The services: agree() (one agreed step of a collective, which also releases
 the blocks that every PE has dropped), symmetric() (the live block a tensor
-views), check_pe(), window_for() and quiet_all().
+views), check_pe(), window_for() and quiet_all(); the memory calls of the
+routines, each one core call: allocate() (here), free(), reallocate(),
+trim() and import_external() (core/steps.py). What the heap is, the routines
+read from `identity` (a frozen Identity).
 
 The routines (openshmem/) are functions over a HeapCore; each keeps its own
 per-heap state in a `feature` of the heap (locks held, teams made, hints), an
@@ -26,7 +29,8 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from mpi4py import MPI
@@ -48,7 +52,7 @@ from ..transport.completion import CompletionTracker
 from ..transport.offnode import OffNodeWindow
 from ..transport.route import Routes
 from ..transport.target import Locator, Target
-from . import sharing
+from . import sharing, steps
 
 log = logging.getLogger("shmemvm")
 
@@ -71,6 +75,47 @@ def _triton_interprets() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y")
 
 
+class FeatureKey(Generic[Feature]):
+    """A routine module's key for its per-heap state (HeapCore.feature): one
+    object per module, typed with the state's type, so that feature() returns
+    that type (no string keys, no casts)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        #: for messages and logs
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"FeatureKey({self.name!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What a heap is, fixed at init: the read-only facts routines need for PE
+    arithmetic, messages, teams and heap_info() (Core.identity)."""
+    #: this PE and the PE count: every routine's PE arithmetic
+    my_pe: int
+    n_pes: int
+    #: the node's PEs: team_shared() and the node paths of collectives
+    node_pes: tuple[int, ...]
+    #: the heap's and the node's communicators: what teams split and run MPI collectives on
+    comm: MPI.Intracomm
+    node: MPI.Comm
+    #: the deadline of every wait (teams' agreements, waits)
+    timeout: float
+    #: where tensors the routines make go
+    device: torch.device
+    #: the backend's name ("host", "cuda", "hip"): messages and heap_info()
+    backend_name: str
+    #: the backend's granularity: align()'s limit, heap_info()
+    granularity: int
+    #: bytes of this PE's anchor (heap_info())
+    anchor_size: int
+    #: every PE has the compiled piece (the native collective paths)
+    native: bool
+
+
 class Core(Protocol):
     """The one typed door the routines (openshmem/, and through them shmem/,
     api.py, device/) see of a heap's core: nothing else of HeapCore is theirs,
@@ -78,22 +123,13 @@ class Core(Protocol):
     tests/unit/test_house.py). Each member says why a routine needs it."""
 
     # -- what the heap is (messages, PE numbers, teams, the faces' objects) --------------
-    #: this PE and the PE count: every routine's PE arithmetic
-    my_pe: int
-    n_pes: int
-    #: the node's PEs: team_shared() and the node paths of collectives
-    node_pes: list[int]
-    #: the heap's and the node's communicators: what teams split and run MPI collectives on
-    comm: MPI.Intracomm
-    node: MPI.Comm
-    #: the deadline of every wait (teams' agreements, waits)
-    timeout: float
+    #: my_pe, n_pes, node_pes, comm, node, timeout, device, backend_name, granularity,
+    #: anchor_size, native: read-only facts (Identity), one member
+    identity: Identity
     #: the heap's lock: every collective call holds it
     lock: threading.RLock
     #: finalized: contexts and quiet() check it before touching the window
     closed: bool
-    #: every PE has the compiled piece (the native collective paths)
-    native: bool
     #: the world group's agreement and this PE's liveness record (teams make theirs alike,
     #: waits and locks watch the others through it)
     agreement: Agreement
@@ -106,18 +142,6 @@ class Core(Protocol):
     def core(self) -> Core: ...   # itself: the heap is its own default context (Context)
 
     @property
-    def device(self) -> torch.device: ...   # where tensors the routines make go
-
-    @property
-    def backend_name(self) -> str: ...   # messages and heap_info()
-
-    @property
-    def granularity(self) -> int: ...   # align()'s limit, heap_info()
-
-    @property
-    def anchor_size(self) -> int: ...   # heap_info()
-
-    @property
     def broken(self) -> str | None: ...   # why the heap is unusable (a timed-out step)
 
     @property
@@ -126,13 +150,9 @@ class Core(Protocol):
     # -- state and agreement (every collective) -------------------------------------------
     def check_usable(self) -> None: ...
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
-    def all_ok(self, ok: bool, call: Call) -> bool: ...
-    def allgather_bytes(self, phase: Any, data: bytes, text: str) -> list[bytes]: ...
     def mark_broken(self, why: str) -> None: ...
-    def feature(self, key: str, make: Callable[[], Feature]) -> Feature: ...
-    def quiet_all(self) -> None: ...
+    def feature(self, key: FeatureKey[Feature], make: Callable[[], Feature]) -> Feature: ...
     def new_tracker(self) -> CompletionTracker: ...   # a Ctx's own (its own stream)
-    def add_tracker(self, tracker: CompletionTracker) -> None: ...
     def drop_tracker(self, tracker: CompletionTracker) -> None: ...
     def synchronize(self) -> None: ...   # the device's work before a collective step
     def publish_lock(self, offset: int, ticket: int | None, how: str | None) -> None: ...
@@ -156,30 +176,20 @@ class Core(Protocol):
     def atomics_window(self, what: str, pe: int) -> OffNodeWindow: ...
     def heap_bases(self) -> torch.Tensor: ...
 
-    # -- memory (alloc.py, external.py) ----------------------------------------------------
+    # -- memory (alloc.py, external.py): each routine one core call -----------------------
+    #: malloc, empty, zeros, align, ...: the agreement, the block and its tensor (filled)
     def allocate(self, call: Call, nbytes: int, dims: tuple[int, ...], dtype: torch.dtype,
                  fill: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor: ...
-    def allocate_agreed(self, nbytes: int, call: Call) -> Block: ...
-    def tensor_for(self, block: Block, shape: Any, dtype: torch.dtype) -> torch.Tensor: ...
-    def block_of(self, tensor: torch.Tensor) -> Block: ...
-    def retire(self, tensor: torch.Tensor) -> Any: ...
-    def finish_free(self, retirement: Any, *, release_now: bool) -> Any: ...
-    def agree_on_unmapping(self, call: Call, failure: Exception | None, what: str) -> None: ...
-    def imported(self, offset: int) -> Any: ...
-    def size_class(self, nbytes: int) -> int: ...
-    def resize(self, retirement: Any, nbytes: int, shape: Any,
-               dtype: torch.dtype) -> torch.Tensor: ...
-    def stats(self) -> HeapStats: ...
+    #: free (both faces): the agreed free of the tensor find() gives
+    def free(self, find: Callable[[], torch.Tensor], text: str) -> None: ...
+    #: realloc
+    def reallocate(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor: ...
+    #: trim (collective): the bytes released here
     def trim(self) -> int: ...
-    def undo_allocation(self, block: Block, created: list) -> None: ...
-    def import_pieces(self, tensor: torch.Tensor) -> list: ...
-    def release_pieces(self, pieces: list) -> None: ...
-    def place_imported(self, tensor: torch.Tensor, pieces: list, call: Call) -> Any: ...
-    def place_external(self, block: Block, tensor: torch.Tensor, pieces: list,
-                       shift: int) -> None: ...
-    def share_imported(self, block: Block, shift: int, pieces: list, call: Call) -> None: ...
-    def external_tensor_for(self, block: Block, start: int,
-                            like: torch.Tensor) -> torch.Tensor: ...
+    #: import_external_tensor
+    def import_external(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    #: heap_info's figures
+    def stats(self) -> HeapStats: ...
 
 
 class Context(Protocol):
@@ -243,6 +253,8 @@ class HeapCore:
     liveness: Liveness | None
     peer_pids: dict[int, int]
     peer_paths: dict[int, str]
+    #: what the heap is, for the routines (Core.identity): made once the core is built
+    identity: Identity
 
     def __init__(self, face: Any = None) -> None:
         """`face`: the SymmetricHeap that holds this core (what Ctx.heap and
@@ -270,7 +282,7 @@ class HeapCore:
         #: the trackers of live contexts other than the default one (contexts.py)
         self._trackers: weakref.WeakSet = weakref.WeakSet()
         #: per-heap state of the routines, by key, in the order made (feature())
-        self._features: dict[str, Any] = {}
+        self._features: dict[FeatureKey[Any], Any] = {}
         self._bases: torch.Tensor | None = None   # heap_bases(), made once
         #: locate_in()'s memo, (address, pe) -> Target: what locate() resolved for a
         #: live block, kept until a block stops being live here (retire(), release_dead()),
@@ -335,7 +347,7 @@ class HeapCore:
         if self.agreement is not None:
             self.agreement.check_usable()
 
-    def feature(self, key: str, make: Callable[[], Feature]) -> Feature:
+    def feature(self, key: FeatureKey[Feature], make: Callable[[], Feature]) -> Feature:
         """The per-heap state of a routine module, made by `make()` at its first
         use; an object with a close() method is closed at teardown, the last
         made first (teams before the communicators they were split from)."""
@@ -486,15 +498,6 @@ class HeapCore:
         """The MPI window an atomic on PE `pe` goes through, or UnsupportedError."""
         return self.locator.atomics_window(what, pe, self.window_error)
 
-    def import_pieces(self, tensor: torch.Tensor) -> list:
-        """The backend's pieces of another allocator's `tensor` (import_external_tensor)."""
-        return self.backend.import_external(tensor)
-
-    def release_pieces(self, pieces: list) -> None:
-        """Release pieces from import_pieces() that no block owns."""
-        for piece in pieces:
-            self.backend.release(piece.handle)
-
     def publish_lock(self, offset: int, ticket: int | None, how: str | None) -> None:
         """Tell the other PEs through this PE's liveness record what it does with
         the lock at `offset` (openshmem/locks.py); nothing without a record."""
@@ -504,10 +507,6 @@ class HeapCore:
     def all_mapped(self, pes) -> bool:
         """Every PE of `pes` is addressable from here (a team's node path)."""
         return self.routes.all_mapped(pes)
-
-    def all_ok(self, ok: bool, call: Call) -> bool:
-        """One agreed vote (the agreement's): whether `ok` holds on every PE."""
-        return self.agreement.all_ok(ok, call)
 
     def allgather_bytes(self, phase, data: bytes, text: str) -> list[bytes]:
         """Every PE's `data`, in PE order (the agreement's, on the heap's PEs)."""
@@ -523,55 +522,14 @@ class HeapCore:
         return self.anchor.size if self.anchor is not None else 0
 
     # -- the heap's engine (memory/vmm.py), for alloc.py ---------------------------------
-    def tensor_for(self, block: Block, shape, dtype: torch.dtype) -> torch.Tensor:
-        """A tensor over `block` (the heap's allocation's result)."""
-        return self.local.tensor_for(block, shape, dtype)
-
-    def block_of(self, tensor: torch.Tensor) -> Block:
-        """The live block `tensor` views (NotSymmetricError/FreedTensorError otherwise)."""
-        return self.local.block_of(tensor)
-
     def retire(self, tensor: torch.Tensor):
         """Start freeing `tensor`'s block (undone unless finish_free() follows)."""
         self._located.clear()   # its block is live no more: nor its targets
         return self.local.retire(tensor)
 
-    def finish_free(self, retirement, *, release_now: bool):
-        """Finish freeing a retired block: a failure of unmapping, or None."""
-        return self.local.finish_free(retirement, release_now=release_now)
-
-    def imported(self, offset: int):
-        """The imported memory of the block at `offset`, if it holds any."""
-        return self.local.imported(offset)
-
-    def size_class(self, nbytes: int) -> int:
-        """The block size `nbytes` rounds up to."""
-        return self.local.size_class(nbytes)
-
-    def resize(self, retirement, nbytes: int, shape, dtype: torch.dtype) -> torch.Tensor:
-        """A retired block as a tensor of `nbytes` in place (realloc within its class)."""
-        return self.local.resize(retirement, nbytes, shape, dtype)
-
     def stats(self) -> HeapStats:
         """The engine's usage figures (heap_info())."""
         return self.local.stats()
-
-    def trim(self) -> int:
-        """Release cached free segments; the bytes released."""
-        return self.local.trim()
-
-    def place_external(self, block: Block, tensor: torch.Tensor, pieces: list,
-                       shift: int) -> None:
-        """Map an imported tensor's pieces into `block`."""
-        self.local.place_external(block, tensor, pieces, shift)
-
-    def external_tensor_for(self, block: Block, start: int, like: torch.Tensor) -> torch.Tensor:
-        """The imported tensor's view in `block` at `start`, shaped like `like`."""
-        return self.local.external_tensor_for(block, start, like)
-
-    def undo_allocation(self, block: Block, created: list) -> None:
-        """Undo an allocation every PE undoes alike (a failed collective)."""
-        self.local.undo_allocation(block, created)
 
     # -- collective steps of memory (core/sharing.py) ------------------------------------
     def allocate(self, call: Call, nbytes: int, dims: tuple[int, ...], dtype: torch.dtype,
@@ -629,23 +587,22 @@ class HeapCore:
             self.agree(call.step(Phase.FILLED, "filled"))
         return tensor
 
-    def allocate_agreed(self, nbytes: int, call: Call) -> Block:
-        """The block every PE agreed on for `call` (agreed already: realloc),
-        its new segments created, shared and mapped (sharing.allocate_collectively)."""
-        return sharing.allocate_collectively(self, nbytes, call)
+    def free(self, find: Callable[[], torch.Tensor], text: str) -> None:
+        """Free the tensor find() gives, in one agreed step (core/steps.py;
+        openshmem/alloc.py's release() says what find() may raise)."""
+        steps.free(self, find, text)
 
-    def agree_on_unmapping(self, call: Call, failure: Exception | None, what: str) -> None:
-        """After a release on every PE: the same ShmemError everywhere where
-        unmapping failed on some PE (sharing.agree_on_unmapping)."""
-        sharing.agree_on_unmapping(self, call, failure, what)
+    def reallocate(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
+        """realloc() as one core call (core/steps.py)."""
+        return steps.reallocate(self, tensor, nbytes)
 
-    def place_imported(self, tensor: torch.Tensor, pieces: list, call: Call):
-        """The block for imported memory (sharing.place_imported)."""
-        return sharing.place_imported(self, tensor, pieces, call)
+    def trim(self) -> int:
+        """trim() (collective) as one core call: the bytes released here (core/steps.py)."""
+        return steps.trim(self)
 
-    def share_imported(self, block: Block, shift: int, pieces: list, call: Call) -> None:
-        """Share imported pieces with the node's PEs (sharing.share_imported)."""
-        sharing.share_imported(self, block, shift, pieces, call)
+    def import_external(self, tensor: torch.Tensor) -> torch.Tensor:
+        """import_external_tensor() as one core call (core/steps.py)."""
+        return steps.import_external(self, tensor)
 
     def synchronize(self) -> None:
         """Wait for the device's work so far (the backend's; nothing on the host)."""
@@ -710,12 +667,11 @@ class HeapCore:
 
     # -- completion of every context ---------------------------------------------------
     def new_tracker(self) -> CompletionTracker:
-        """A tracker for a Ctx: its non-blocking copies on a stream of its own."""
-        return CompletionTracker(self.backend, current_stream=False)
-
-    def add_tracker(self, tracker: CompletionTracker) -> None:
-        """Count a context's tracker in quiet_all() while it lives."""
+        """A tracker for a Ctx: its non-blocking copies on a stream of its own,
+        counted in quiet_all() while it lives (or until drop_tracker())."""
+        tracker = CompletionTracker(self.backend, current_stream=False)
         self._trackers.add(tracker)
+        return tracker
 
     def drop_tracker(self, tracker: CompletionTracker) -> None:
         self._trackers.discard(tracker)

@@ -56,9 +56,10 @@ def _checked(heap: Core, request: Request, what: str) -> tuple:
         alignment = _args.integer(alignment, f"{what}: alignment")
         if alignment < 1 or alignment & (alignment - 1):
             raise ValueError(f"{what}: alignment must be a power of two, got {alignment}")
-        if alignment > heap.granularity:  # the same limit on every PE
-            raise ValueError(f"{what}: alignment {alignment} exceeds the {heap.backend_name} "
-                             f"backend's granularity {heap.granularity}, the "
+        if alignment > heap.identity.granularity:  # the same limit on every PE
+            raise ValueError(f"{what}: alignment {alignment} exceeds the "
+                             f"{heap.identity.backend_name} "
+                             f"backend's granularity {heap.identity.granularity}, the "
                              f"alignment of the heap's base on every PE and so the largest "
                              f"this heap can give")
     hints = _args.flags(request.hints or 0, {"MALLOC_ATOMICS_REMOTE": MALLOC_ATOMICS_REMOTE,
@@ -267,35 +268,6 @@ def malloc_with_hints(heap: Core, nbytes: int, hints: int = 0) -> torch.Tensor:
                     what="malloc_with_hints")
 
 
-def _whole(heap: Core, tensor, what: str) -> None:
-    """ValueError where `tensor` is a view of part of its block (a slice, a
-    strided view): free() and realloc() take an allocation, and a view of all of
-    it (another shape or dtype) is one; a part is not. Checked before anything
-    is done, so the call fails on every PE (the agreement) and frees nothing."""
-    if not isinstance(tensor, torch.Tensor):
-        return   # retire() says what it must be
-    itemsize = tensor.element_size()
-    nbytes = tensor.numel() * itemsize
-    if tensor.storage_offset() == 0 and nbytes == tensor.untyped_storage().nbytes() and (
-            tensor.is_contiguous() or _dense(tensor)):
-        return   # the common case, without a lookup: all of its storage, which is the block's
-    block = heap.block_of(tensor)   # (NotSymmetricError for a tensor of no live block)
-    start = tensor.storage_offset() * itemsize
-    raise ValueError(f"{what}: the tensor is a view of part of a symmetric tensor ({nbytes} "
-                     f"bytes at byte {start} of the {block.nbytes}-byte allocation at heap "
-                     f"offset {block.offset:#x}, shape {tuple(tensor.shape)}, strides "
-                     f"{tuple(tensor.stride())}); a view is not an allocation: pass the tensor "
-                     f"that malloc/empty/zeros/realloc returned (or a view of all of it)")
-
-
-def _dense(tensor: torch.Tensor) -> bool:
-    """Its elements fill the span from its first to its last element exactly once."""
-    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())
-                   if size > 0)
-    return span == tensor.numel() and all(stride for size, stride in
-                                          zip(tensor.shape, tensor.stride()) if size > 1)
-
-
 def free(heap: Core, tensor: torch.Tensor) -> None:
     """Free a symmetric tensor (collective). `tensor` itself becomes empty;
     views of it made before (slices, ptr() views, on any PE) keep the old
@@ -329,32 +301,7 @@ def release(heap: Core, find: Callable[[], torch.Tensor], text: str) -> None:
     ValueError or NotSymmetricError (not something this heap allocated, a slice
     that does not start an allocation, freed already: FreedTensorError), every
     PE raises at this call and nothing is freed."""
-    retirement = None
-    try:
-        with heap.lock:
-            try:
-                tensor = find()
-                _whole(heap, tensor, "free")
-                retirement = heap.retire(tensor)
-            except (TypeError, ValueError) as exc:   # (NotSymmetricError is a ValueError)
-                call = Call(Phase.FREE, (), text, exc)
-            else:
-                offset = retirement.block.offset
-                call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset),
-                            None, True)
-            heap.quiet_all()
-            alone_everywhere = heap.agree(
-                call, flag=retirement is not None and retirement.alone).flag_everywhere
-            assert retirement is not None   # (else the agreement raised every PE's error)
-            # imported memory is unmapped at once: where that fails on one PE, every PE says so
-            imported = alone_everywhere and heap.imported(offset) is not None
-            failure = heap.finish_free(retirement, release_now=alone_everywhere)
-            if imported:
-                heap.agree_on_unmapping(call, failure, "the imported memory")
-    except BaseException:
-        if retirement is not None and retirement.storage is not None:
-            retirement.restore()  # nothing was done: the tensor stays usable
-        raise
+    heap.free(find, text)
 
 
 def realloc(heap: Core, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
@@ -384,41 +331,7 @@ def realloc(heap: Core, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         TypeError, ValueError: `nbytes` is not an integer, is negative or
             not a multiple of the element size.
     """
-    call = Call(Phase.REALLOC, text=f"realloc(tensor, {nbytes!r})")
-    retirement = None
-    try:
-        with heap.lock:
-            try:
-                _whole(heap, tensor, "realloc")
-                retirement = heap.retire(tensor)  # undone below if anything fails
-                block = retirement.block
-                dtype = tensor.dtype
-                (count,), new_bytes = _args.tensor_nbytes(_args.elements_of(nbytes, dtype), dtype)
-                call.args = (block.offset, new_bytes, dtype)
-                call.text = f"realloc(tensor at heap offset {block.offset:#x}, {new_bytes})"
-            except (TypeError, ValueError) as exc:   # (NotSymmetricError is a ValueError)
-                call.error = exc
-            heap.quiet_all()
-            alone_everywhere = heap.agree(
-                call, flag=retirement is not None and retirement.alone).flag_everywhere
-            assert retirement is not None   # (else the agreement raised every PE's error)
-            if (alone_everywhere and heap.size_class(new_bytes) == block.size
-                    and heap.imported(block.offset) is None):
-                return heap.resize(retirement, new_bytes, (count,), dtype)
-            new_block = heap.allocate_agreed(new_bytes, call)
-            result = heap.tensor_for(new_block, (count,), dtype)
-            keep = min(block.nbytes, new_bytes)
-            if keep:
-                result.view(torch.uint8)[:keep].copy_(retirement.old_bytes()[:keep])
-            heap.synchronize()
-            # (imported memory: a failed unmap is logged and not raised, as when
-            # released later; free() agrees on it)
-            heap.finish_free(retirement, release_now=alone_everywhere)
-            return result
-    except BaseException:
-        if retirement is not None and retirement.storage is not None:
-            retirement.restore()
-        raise
+    return heap.reallocate(tensor, nbytes)
 
 
 def heap_info(heap: Core) -> HeapInfo:
@@ -441,10 +354,10 @@ def heap_info(heap: Core) -> HeapInfo:
     """
     if heap.closed:  # stats of released memory would mislead; a broken heap still reports
         raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
-    return HeapInfo(**heap.stats(), pe=heap.my_pe, n_pes=heap.n_pes,
-                    backend=heap.backend_name, device=str(heap.device),
-                    node_pes=list(heap.node_pes),
-                    anchor=heap.anchor_size)
+    return HeapInfo(**heap.stats(), pe=heap.identity.my_pe, n_pes=heap.identity.n_pes,
+                    backend=heap.identity.backend_name, device=str(heap.identity.device),
+                    node_pes=list(heap.identity.node_pes),
+                    anchor=heap.identity.anchor_size)
 
 
 def trim(heap: Core) -> int:
@@ -463,16 +376,7 @@ def trim(heap: Core) -> int:
             (every PE raises it; the segments are released everywhere,
             and the heap stays usable).
     """
-    with heap.lock:
-        call = Call(Phase.TRIM, text="trim()")
-        heap.agree(call)
-        failure = None
-        try:
-            freed = heap.trim()
-        except Exception as exc:  # noqa: BLE001 - an unmap here; every segment was tried
-            failure = exc
-        heap.agree_on_unmapping(call, failure, "the cached memory")
-        return freed
+    return heap.trim()
 
 
 

@@ -115,7 +115,7 @@ def prepare(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, what:
         if not target.by_kernel or target.address is None:
             heap.atomics_window(what, pe)
         elif word.size not in (4, 8):
-            raise UnsupportedError(f"{what}: on a {heap.backend_name} heap atomics run as "
+            raise UnsupportedError(f"{what}: on a {heap.identity.backend_name} heap atomics run as "
                                    f"Triton kernels, whose atomics are 32- and 64-bit; the "
                                    f"target is {word.name}. Use a 32- or 64-bit type")
     return target
@@ -258,9 +258,10 @@ def _by_kernel(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, va
     try:   # Triton is optional: imported where a device heap's atomic needs it
         from ..transport import kernels
     except ImportError as exc:
-        raise UnsupportedError(f"{what}: on a {heap.backend_name} heap atomics run as Triton "
+        raise UnsupportedError(f"{what}: on a {heap.identity.backend_name} heap atomics run "
+                               f"as Triton "
                                f"kernels, and Triton is not installed: pip install triton") from exc
-    bits = kernels.apply(heap.heap_bases(), heap.my_pe, where, pe, _KERNEL_OPS[op],
+    bits = kernels.apply(heap.heap_bases(), heap.identity.my_pe, where, pe, _KERNEL_OPS[op],
                          word.bits(value), word.bits(cond))
     return word.from_bits(bits)
 
@@ -284,7 +285,7 @@ def atomic_nbi(ctx: Context, word: Word, into: torch.Tensor, where: torch.Tensor
 def read(heap: Core, word: Word, where: torch.Tensor, what: str, count: int | None = None):
     """This PE's value of the word at `where`, read atomically; with `count`, a
     list of the values of `count` words there."""
-    values = apply(heap, word, where, heap.my_pe, "fetch", what=what,
+    values = apply(heap, word, where, heap.identity.my_pe, "fetch", what=what,
                    count=1 if count is None else count)
     return [values] if count == 1 else values
 

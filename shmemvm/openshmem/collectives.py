@@ -607,7 +607,7 @@ def _reducible(op: str, dtype: torch.dtype, device: str) -> str | None:
 def torch_combiner(heap: Core, op: str, dtype: torch.dtype) -> Combine:
     """The torch face's combiner of `dtype` for `op` (torch ops on the heap's
     device), or TypeError where torch cannot combine them."""
-    why = _reducible(op, dtype, str(heap.device))
+    why = _reducible(op, dtype, str(heap.identity.device))
     if why:
         raise TypeError(f"reduce: op {op!r} does not apply to dtype {dtype} ({why}); "
                         f"use another op or reduce a copy in another dtype")
@@ -688,7 +688,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
             # source, after which dest (maybe source itself) may change: two steps
             # with the agreement, against three (issue 24: 8 bytes cost 3 round trips)
             views = [_mapped(heap, source.data, pe) for pe in t.pes]
-            acc = nodecoll.combined(views, source.dtype, op, heap.native)   # C, if it can
+            acc = nodecoll.combined(views, source.dtype, op, heap.identity.native)   # C, if it can
             if acc is None:
                 acc = views[0].clone()
                 for view in views[1:]:
@@ -704,7 +704,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
                 # and this PE's chunk is not the first folded (it would be overwritten)
                 into = flat[lo:hi] if me == 0 or flat.data_ptr() != source.data.data_ptr() \
                     else None
-                acc = nodecoll.combined(views, source.dtype, op, heap.native, into)
+                acc = nodecoll.combined(views, source.dtype, op, heap.identity.native, into)
                 if acc is None:
                     acc = views[0].clone()
                     for view in views[1:]:

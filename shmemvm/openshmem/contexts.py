@@ -118,9 +118,8 @@ class Ctx(ContextOperations):
         self._core = core
         self.options = options
         self.team = team
-        self.completion = core.new_tracker()
+        self.completion = core.new_tracker()   # (counted in the heap's quiet_all())
         self._destroyed = False
-        core.add_tracker(self.completion)
 
     @property
     def heap(self):
@@ -212,7 +211,8 @@ class Ctx(ContextOperations):
 
     def __repr__(self) -> str:
         state = "destroyed" if self._destroyed else f"{self.completion.outstanding} outstanding"
-        return f"<Ctx options={self.options} team={self.team!r} on PE {self._core.my_pe}: {state}>"
+        me = self._core.identity.my_pe
+        return f"<Ctx options={self.options} team={self.team!r} on PE {me}: {state}>"
 
 
 def ctx_create(heap: Core, options: int = 0) -> Ctx:

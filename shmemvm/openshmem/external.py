@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..agreement.protocol import Call, Phase
 from ..core.state import Core
-from ..errors import ShmemError
 
 
 def import_external_tensor(heap: Core, tensor: torch.Tensor) -> torch.Tensor:
@@ -55,38 +53,4 @@ def import_external_tensor(heap: Core, tensor: torch.Tensor) -> torch.Tensor:
         ShmemError: the heap is finalized, or mapping/sharing failed on a PE
             (undone on every PE).
     """
-    call = Call(Phase.IMPORT_EXTERNAL, text="import_external_tensor(tensor)")
-    pieces = None
-    if not isinstance(tensor, torch.Tensor):
-        call.error = TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    else:
-        call.args = (tensor.untyped_storage().nbytes(), tensor.dtype, tuple(tensor.shape),
-                     tuple(tensor.stride()), tensor.storage_offset())
-        call.text = (f"import_external_tensor(tensor of shape {tuple(tensor.shape)}, "
-                     f"{tensor.dtype})")
-    with heap.lock:
-        if call.error is None:
-            try:
-                pieces = heap.import_pieces(tensor)
-            except ShmemError as exc:
-                call.error = exc
-        try:
-            heap.agree(call)
-            assert pieces is not None   # (else the agreement raised every PE's error)
-            block, shift, lead = heap.place_imported(tensor, pieces, call)
-        except BaseException:
-            heap.release_pieces(pieces or [])
-            raise
-        failure = None
-        try:  # from here on the block owns the pieces
-            heap.place_external(block, tensor, pieces, shift)
-        except Exception as exc:  # noqa: BLE001 - agreed on below
-            failure = exc
-        if not heap.all_ok(failure is None,
-                           call.step(Phase.BACKING, "mapping the imported memory")):
-            heap.undo_allocation(block, [])
-            raise ShmemError(f"{call.text} failed: a PE could not map the imported memory "
-                             f"({failure or 'see the error on the other PEs'}); undone on "
-                             f"every PE") from failure
-        heap.share_imported(block, shift, pieces, call)
-        return heap.external_tensor_for(block, shift + lead, tensor)
+    return heap.import_external(tensor)

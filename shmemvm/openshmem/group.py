@@ -28,7 +28,7 @@ from mpi4py import MPI
 from .. import _args
 from ..agreement.agreement import Agreement
 from ..agreement.protocol import Call, Outcome, Phase
-from ..core.state import Core
+from ..core.state import Core, FeatureKey
 from ..errors import ShmemError, plural
 
 
@@ -60,7 +60,7 @@ class Group:
         #: heap PE number -> group PE number, for the members
         self.index = {pe: i for i, pe in enumerate(self.pes)}
         #: this PE's group PE number
-        self.me = self.index[heap.my_pe]
+        self.me = self.index[heap.identity.my_pe]
         #: every member is mapped here: the same answer on every member (collectives.py)
         self.on_node = heap.all_mapped(self.pes)
         self.name = {"world": "the world team", "shared": f"the shared team (PEs "
@@ -155,15 +155,21 @@ def agreement(heap: Core, comm: MPI.Comm, *identity) -> Agreement:
     from `identity`: the same on every member, different from the heap's 0)."""
     digest = hashlib.blake2b(repr(identity).encode(), digest_size=8).digest()
     key = 1 + int.from_bytes(digest, "little") % ((1 << 62) - 1)
-    made = Agreement(comm, heap.timeout, heap.my_pe, key=key, liveness=heap.liveness)
+    made = Agreement(comm, heap.identity.timeout, heap.identity.my_pe, key=key,
+                     liveness=heap.liveness)
     made.initialized = True
     return made
 
 
+#: this module's per-heap state: the world group (HeapCore.feature)
+WORLD: FeatureKey[Group] = FeatureKey("group.world")
+
+
 def world(heap: Core) -> Group:
     """The group of every PE of the heap: its communicator and agreement."""
-    return heap.feature("group.world", lambda: Group(heap, heap.comm, range(heap.n_pes),
-                                                     heap.agreement, kind="world"))
+    identity = heap.identity
+    return heap.feature(WORLD, lambda: Group(heap, identity.comm, range(identity.n_pes),
+                                             heap.agreement, kind="world"))
 
 
 def resolve(heap: Core, team, what: str) -> Group:

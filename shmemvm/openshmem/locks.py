@@ -40,7 +40,7 @@ import torch
 
 from .. import _args
 from ..agreement import liveness
-from ..core.state import Core
+from ..core.state import Core, FeatureKey
 from ..errors import ShmemError
 from . import atomics, rma
 from .words import INT64
@@ -57,9 +57,13 @@ _SLEEP_PER_WAITER = 20e-6
 _MAX_SLEEP = 2e-3
 
 
+#: this module's per-heap state: the locks held (HeapCore.feature)
+HELD: FeatureKey[dict[int, int]] = FeatureKey("locks.held")
+
+
 def _held(heap: Core) -> dict[int, int]:
     """The locks this PE holds on `heap`: lock offset -> its ticket."""
-    return heap.feature("locks.held", dict)
+    return heap.feature(HELD, dict)
 
 
 def _publish(heap: Core, offset: int, ticket: int | None, how: str | None) -> None:
@@ -133,7 +137,7 @@ def acquire(heap: Core, word: torch.Tensor, what: str = "set_lock") -> None:
     """set_lock on the lock word whose 8 bytes `word` views (either face's)."""
     offset = _offset(heap, word, what)
     if offset in _held(heap):
-        raise ShmemError(f"set_lock: PE {heap.my_pe} already holds this lock (heap offset "
+        raise ShmemError(f"set_lock: PE {heap.identity.my_pe} already holds this lock (heap offset "
                          f"{offset:#x}); locks are not recursive: clear_lock it first")
     _publish(heap, offset, None, "taking")   # (a PE that dies here is still known)
     ticket = (_atomic(heap, word, "add", _TICKET, what=what) & _MASK64) >> 32
@@ -227,7 +231,8 @@ def release(heap: Core, word: torch.Tensor, what: str = "clear_lock") -> None:
     offset = _offset(heap, word, what)
     ticket = _held(heap).get(offset)
     if ticket is None:
-        raise ShmemError(f"clear_lock: PE {heap.my_pe} does not hold this lock (heap offset "
+        raise ShmemError(f"clear_lock: PE {heap.identity.my_pe} does not hold this lock "
+                         f"(heap offset "
                          f"{offset:#x}); only the PE that acquired it with set_lock or "
                          f"test_lock may release it")
     rma.quiet(heap)

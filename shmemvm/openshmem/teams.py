@@ -32,7 +32,7 @@ from mpi4py import MPI
 from .. import _args
 from ..agreement.agreement import Agreement
 from ..agreement.protocol import Call, Phase
-from ..core.state import Core
+from ..core.state import Core, FeatureKey
 from ..errors import ShmemError, plural
 from . import barrier, collectives, contexts
 from .group import Group, agreement, same_heap
@@ -424,9 +424,13 @@ class TeamRegistry(list):
         self.clear()
 
 
+#: this module's per-heap state: the teams made (HeapCore.feature)
+TEAMS: FeatureKey[TeamRegistry] = FeatureKey("teams")
+
+
 def _registry(heap: Core) -> TeamRegistry:
     """This heap's teams (a feature of the heap, closed at its finalize)."""
-    return heap.feature("teams", TeamRegistry)
+    return heap.feature(TEAMS, TeamRegistry)
 
 
 # -- the heap's team functions -----------------------------------------------------------------
@@ -443,7 +447,8 @@ def team_world(heap: Core) -> Team:
     heap.check_usable()
     registry = _registry(heap)
     if registry.world is None:
-        registry.world = Team(heap, heap.comm, range(heap.n_pes), heap.agreement, kind="world")
+        registry.world = Team(heap, heap.identity.comm, range(heap.identity.n_pes),
+                              heap.agreement, kind="world")
     return registry.world
 
 
@@ -461,8 +466,9 @@ def team_shared(heap: Core) -> Team:
     heap.check_usable()
     registry = _registry(heap)
     if registry.shared is None:
-        registry.shared = Team(heap, heap.node, heap.node_pes,
-                               agreement(heap, heap.node, "shared", tuple(heap.node_pes)),
+        registry.shared = Team(heap, heap.identity.node, heap.identity.node_pes,
+                               agreement(heap, heap.identity.node, "shared",
+                                         tuple(heap.identity.node_pes)),
                                kind="shared")
     return registry.shared
 

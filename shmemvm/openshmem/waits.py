@@ -154,7 +154,7 @@ def _poll_until(heap: Core, poll, timeout: float | None, unmet, watch) -> object
         watch.tick(result)
         if deadline is not None and time.monotonic() > deadline:
             raise PeerTimeoutError(
-                f"PE {heap.my_pe}: {unmet(result)} after {timeout:g} s; no PE updated the "
+                f"PE {heap.identity.my_pe}: {unmet(result)} after {timeout:g} s; no PE updated the "
                 f"variable to satisfy it. Check that the PE meant to update it does (with "
                 f"a put to this PE, an atomic or put_signal), or raise the timeout")
         polls += 1
@@ -170,14 +170,16 @@ def wait_for(heap: Core, word: Word, where: torch.Tensor, cmp: str, value,
     check_word(word, what, "ivar")
     value = word.value(value, what)
     check_timeout(timeout, what)
-    atomics.prepare(heap, word, where, heap.my_pe, "fetch", what)   # a bad variable raises here
+    # (a bad variable raises here)
+    atomics.prepare(heap, word, where, heap.identity.my_pe, "fetch", what)
 
     def poll():
         current = atomics.read(heap, word, where, what)
         return compare(current, value), current
 
     def unmet(current) -> str:   # (made only for a message or a watched wait's record)
-        return (f"{what}(ivar at heap offset {heap.offset_of(where):#x} on PE {heap.my_pe}, "
+        return (f"{what}(ivar at heap offset {heap.offset_of(where):#x} on PE "
+                f"{heap.identity.my_pe}, "
                 f"{cmp!r}, {value}) still sees {current}")
 
     return poll_until(heap, poll, timeout, unmet)
@@ -310,7 +312,7 @@ class Condition:
         self.what = what
         check_word(word, what, "ivars")
         self.n = where.numel() // word.size
-        atomics.prepare(heap, word, where, heap.my_pe, "fetch", what, self.n, "ivars")
+        atomics.prepare(heap, word, where, heap.identity.my_pe, "fetch", what, self.n, "ivars")
         self.heap, self.word, self.where = heap, word, where
         self.compare = _compare(cmp, what)
         self.cmp = cmp
@@ -335,7 +337,7 @@ class Condition:
     def unmet(self, current) -> str:
         shown = current if len(current) <= 16 else f"{current[:16]} (first 16)"
         return (f"{self.what}(ivars at heap offset {self.heap.offset_of(self.where):#x} on PE "
-                f"{self.heap.my_pe}, {self.cmp!r}, ...) still sees {shown}")
+                f"{self.heap.identity.my_pe}, {self.cmp!r}, ...) still sees {shown}")
 
 
 def _condition(heap: Core, ivars, cmp, values, status, what: str, vector: bool) -> Condition:

@@ -163,7 +163,7 @@ def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[HeapCore, HeapMemory, int]
     if memory is None or type(pe) is not int:
         return None
     h = api.default_core()
-    if not 0 <= pe < h.n_pes:
+    if not 0 <= pe < h.identity.n_pes:
         return None
     start = h.array_address(a)   # (None: no one-pass path on this heap; transport/ decides)
     if start is None or not memory.address <= start <= memory.address + memory.nbytes - nbytes:

@@ -11,6 +11,7 @@ what the real heap raises."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -65,6 +66,9 @@ class FakeCore:
         self.lock = threading.RLock()
         self.tracker = Tracker()
         self.device = torch.device("cpu")
+        #: what the heap is (Core.identity): only the facts the routines under test read
+        self.identity = SimpleNamespace(my_pe=self.my_pe, n_pes=self.n_pes, native=self.native,
+                                        device=self.device)
         self.cpu = cpu
         self.freed = False
         self.located: list[tuple[int, int]] = []
