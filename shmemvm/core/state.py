@@ -554,16 +554,17 @@ class HeapCore:
             # until the block is taken, so that a block released by the last such
             # step is the cached one the next takes, and is filled before its step
             # (it was released on every PE: nothing views it anywhere).
-            holding = (fill is not None and call.error is None and size > 0
-                       and local.is_small(nbytes))
-            if holding:
-                filled = local.cached_block(nbytes)
-                if filled is not None and fill is not None:   # (fill: holding says so)
+            holding = False
+            if fill is not None and call.error is None and size > 0:
+                filled = local.cached_block(nbytes)   # (None: not small; -1: none cached)
+                holding = filled is not None
+                if filled is not None and filled >= 0:
                     try:
                         fill(local.scratch(filled, size))
                         self.backend.synchronize()
                     except Exception as exc:  # noqa: BLE001 - agreed on: every PE raises
                         call.error = exc
+            if holding:
                 self._held = set()
             try:
                 self.agree(call)
@@ -581,7 +582,8 @@ class HeapCore:
                     if held:
                         self.release_dead(held)
             tensor = local.tensor_for(block, dims, dtype)
-        if fill is not None and size and block.offset != filled:   # (the same on every PE)
+        if fill is not None and size and block.offset != filled:   # (the same on every PE;
+            # filled is None or -1 where nothing was filled before the step)
             fill(local.scratch(block.offset, size))
             self.backend.synchronize()
             self.agree(call.step(Phase.FILLED, "filled"))

@@ -269,18 +269,19 @@ class Pow2Allocator:
         return block, created
 
     def cached_block(self, nbytes: int) -> int | None:
-        """The offset allocate(nbytes) gives now where that is a block of its
-        size class freed lately (taken back as it is, creating nothing); None
-        otherwise. Changes nothing: a collective allocation fills that block
-        before its agreement (HeapCore.allocate), and checks after it that the
-        block is the one it got."""
+        """For a small request (its size class below the chunk): the offset
+        allocate(nbytes) gives now where that is a block of its size class
+        freed lately (taken back as it is, creating nothing), else -1; None
+        for any other request. Changes nothing: a collective allocation fills
+        that block before its agreement (HeapCore.allocate), and checks after
+        it that the block is the one it got."""
         if type(nbytes) is not int or nbytes < 0:
             return None
         size = self.min_block if nbytes <= self.min_block else 1 << (nbytes - 1).bit_length()
         if size >= self.chunk or size > self.budget:
             return None
         quick = self._quick[size.bit_length() - 1]
-        return quick[-1] if quick else None
+        return quick[-1] if quick else -1
 
     def allocate_external(self, nbytes: int) -> Block:
         """A granularity-aligned address range of at least `nbytes` for memory

@@ -79,13 +79,10 @@ class HeapMemory(VMemPow2Allocator):
         return self._tensor_for(block, dims, dtype)
 
     def cached_block(self, nbytes: int) -> int | None:
-        """The offset of the cached block an allocation of `nbytes` takes now,
-        or None (Pow2Allocator.cached_block)."""
+        """For an allocation of `nbytes` carved from a chunk (below
+        SHMEMVM_CHUNK_SIZE): the offset of the cached block it takes now, or
+        -1; None for a larger one (Pow2Allocator.cached_block)."""
         return self._core.cached_block(nbytes)
-
-    def is_small(self, nbytes: int) -> bool:
-        """An allocation of `nbytes` is carved from a chunk (below SHMEMVM_CHUNK_SIZE)."""
-        return self.size_class(nbytes) < self.chunk
 
     def scratch(self, offset: int, nbytes: int) -> torch.Tensor:
         """A uint8 tensor over `nbytes` at heap offset `offset` of this PE's
