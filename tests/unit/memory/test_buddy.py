@@ -758,3 +758,32 @@ def test_segments_never_exceed_budget_over_chunk_whatever_the_pattern(program, c
         alloc.take_released()
         assert len(alloc.segments()) <= alloc.budget // chunk
     check_consistent(alloc, live)
+
+
+def test_cached_block_is_the_block_allocate_takes_and_changes_nothing():
+    """HeapCore.allocate fills the block cached_block() names before its agreed
+    step: it must be exactly what allocate() then returns, and asking must not
+    change the allocator."""
+    a = make()
+    rng = random.Random(7)
+    live = []
+    for _ in range(400):
+        nbytes = rng.choice([1, 64, 100, 128, 1000, 4096, 65536, 3 << 20])
+        if live and rng.random() < 0.45:
+            a.free(live.pop(rng.randrange(len(live))))
+            continue
+        before = a.state()
+        guess = a.cached_block(nbytes)
+        assert a.state() == before
+        try:
+            block, created = a.allocate(nbytes)
+        except shmemvm.HeapExhaustedError:
+            continue
+        live.append(block.offset)
+        if a.size_class(nbytes) >= a.chunk:
+            assert guess is None
+        elif guess is not None and guess >= 0:
+            assert block.offset == guess and not created
+        else:
+            assert guess == -1
+    assert a.cached_block(-1) is None and a.cached_block(1.5) is None
