@@ -316,13 +316,16 @@ def teardown(core: HeapCore) -> None:
     routines' state first (teams before the communicators they were split
     from), then the window, mailbox, anchor and memory. The peer table goes
     with the memory (a close listener): memory that tensors or ptr() views
-    still view stays mapped until they die."""
+    still view stays mapped until they die, and memory a broken heap's window
+    exposed, until the process ends."""
     core.closed = True
     core.close_features()
     liveness = core.liveness
     parts: list[Any] = [core.window, liveness, core.channel, core.anchor,
                         getattr(core, "local", None)]
     for part in parts:
+        if part is parts[-1] and core.window is not None and core.window.left_to_mpi:
+            continue   # MPI may still write to it: it stays mapped (OffNodeWindow.close)
         if part is not None:
             try:
                 if part is liveness:   # its record says so first; its window goes

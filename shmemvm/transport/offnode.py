@@ -63,6 +63,14 @@ from ..errors import PeerTimeoutError, UnsupportedError
 
 log = logging.getLogger("shmemvm")
 
+#: Windows left allocated on a broken heap, with the memory they exposed. Another
+#: PE's operation may still be on its way (it timed out there, not here), and MPI
+#: applies it to this PE's memory whenever this PE next makes MPI progress, window
+#: detached or not: memory unmapped under it was a segmentation fault in the
+#: survivor's next MPI call (tests/jobs/reliability/test_reliability_liveness.py,
+#: dead-holder-off-node-dropped). Both live as long as MPI does: process-wide.
+_LEFT_TO_MPI: list[tuple[MPI.Win, object]] = []
+
 
 class OffNodeWindow:
     """One dynamic window over the heaps of all PEs of `comm` (collective)."""
@@ -83,6 +91,7 @@ class OffNodeWindow:
         self.win = MPI.Win.Create_dynamic(comm=comm)   # type: ignore[arg-type]  # an Intracomm
         self.win.Set_errhandler(MPI.ERRORS_RETURN)
         self._attached: dict[int, MPI.buffer] = {}
+        self.left_to_mpi = False   # close() left the window and its memory to MPI
         # The probe word (see the module doc): host memory that only probes read.
         self._probe_word = array.array("q", [0])
         self._probe_memory = MPI.memory.frombuffer(self._probe_word)
@@ -252,7 +261,10 @@ class OffNodeWindow:
             self.win.Free()  # collective (and synchronizing in some MPIs)
         else:
             log.warning("shmemvm: the heap is broken (a PE timed out), so its MPI window is "
-                        "left allocated instead of freed collectively (which could hang)")
+                        "left allocated instead of freed collectively (which could hang), "
+                        "and the memory it exposed stays mapped until the process ends")
+            _LEFT_TO_MPI.append((self.win, self.local))
+            self.left_to_mpi = True
             self.win = MPI.WIN_NULL
 
 
