@@ -222,8 +222,9 @@ def test_freed_tensor_refused_everywhere_also_after_its_offset_is_reused(heap):
             del tensor, view                        # loop variables hold it too
             views.clear()                           # the last view goes (tracebacks of
             gc.collect()                            # the errors above held it): at the next
-            y = heap.zeros(64, torch.float32)       # collective the block is released
-            assert y.data_ptr() == offset           # and reused
+            heap.barrier_all()                      # collective the block is released (a
+            y = heap.zeros(64, torch.float32)       # malloc's own step chooses its block
+            assert y.data_ptr() == offset           # first) and the next malloc reuses it
     y.fill_(7)                                      # the new owner is untouched by all that
     assert bool((y == 7).all())
     heap.free(y)
