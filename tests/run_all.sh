@@ -141,7 +141,8 @@ N4_TESTS=(
 # 29 CPU-s against 35 s / 18 CPU-s. At 2 PEs it changed nothing measurable, the
 # jobs phase (mostly start-up) took no less, and over TCP (n4-network) it made
 # test_multinode.py slower (41-49 s against 18-32 s, the same CPU): the sleep
-# delays the network's progress. So only the n4 phase sets it.
+# delays the network's progress. So only the n4 phase sets it, and in the jobs phase
+# the jobs of more PEs than cores (tests/util.py: yield_when_oversubscribed).
 
 # Two lanes (CI has 2 cores). In the background, one process at a time: the jobs
 # phase (it mostly waits on its jobs' start-up and deadlines), then n1; their output

@@ -71,6 +71,25 @@ def clean_env(timeout_env: str | None = None) -> dict[str, str]:
     return env
 
 
+def yield_when_oversubscribed(env: dict[str, str], n_pes: int) -> dict[str, str]:
+    """`env`, with MPIR_CVAR_ENABLE_HEAVY_YIELD=1 where a job of `n_pes` PEs over
+    MPICH's shared memory has more PEs than this machine has cores.
+
+    MPICH busy-polls while it waits, so a waiting PE keeps a core from a working
+    one; with it MPICH sleeps (nanosleep) between polls (see tests/run_all.sh's n4
+    phase). Measured on the 2-core VM beside other work (load 4-7, as in CI's jobs
+    phase), `pytest tests/jobs/... -k ...` under /usr/bin/time, 3 runs each: the
+    shmem4py suite at 4 PEs took 44, 43, 38 CPU-s (55, 31, 28 s) without it and 29,
+    29, 28 CPU-s (19, 24, 18 s) with it; the examples at 4 PEs 14.2, 14.9, 12.7
+    CPU-s against 11.8, 12.9, 13.0. Not for jobs whose PEs talk through MPI's
+    progress: the examples on two simulated nodes took the same (14.0 against 14.2
+    CPU-s), and over TCP it made test_multinode.py slower; nor for the fault and
+    timeout jobs, whose deadlines it was not measured against."""
+    if n_pes > (os.cpu_count() or 1):
+        env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
+    return env
+
+
 def agreement_env() -> dict[str, str]:
     """clean_env(), with this run's SHMEMVM_AGREEMENT (board or mpi) passed on, so
     that the jobs a test starts run with either agreement transport."""

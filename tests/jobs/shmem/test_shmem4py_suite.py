@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from util import REPO, clean_env, mpiexec
+from util import REPO, clean_env, mpiexec, yield_when_oversubscribed
 
 RUNNER = REPO / "tests" / "peers" / "shmem4py_suite" / "run.py"
 LIMIT = 270          # seconds per run, under pytest-timeout's 300: a hang fails this test
@@ -38,7 +38,9 @@ def test_shmem4py_suite_passes(tmp_path, n_pes, numpy1):
     command = [sys.executable, str(RUNNER), "--np", str(n_pes), "--python", sys.executable,
                "--mpirun", mpiexec(), "--shmemvm-dir", str(REPO), "--one-launch",
                "--timeout", "15", "--json", str(result_file)] + (["--numpy1"] if numpy1 else [])
-    job = subprocess.Popen(command, env=clean_env("30"), cwd=REPO, stdout=subprocess.PIPE,
+    # 4 PEs on 2 cores: MPICH sleeps between polls (util.yield_when_oversubscribed)
+    env = yield_when_oversubscribed(clean_env("30"), n_pes)
+    job = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = job.communicate(timeout=LIMIT)
