@@ -18,6 +18,15 @@ a PE: on the board in C, the data in the agreed step, transport/nodecoll.py).
 
 Every PE leaves with os._exit once every PE has reported (or after a while):
 MPI's finalization could wait for requests a timed-out step left behind.
+
+    mpiexec -n 3 python abandoned_call.py in-time TIMEOUT STOP OUTDIR \
+        NAME:SCENARIO:AGREEMENT[:SPLIT]...
+
+runs several calls whose last PE is late by less than the timeout (STOP <
+TIMEOUT: nothing is abandoned, so the heap and MPI are left in step) one after
+another in one job, each on a heap of its own (finalized before the next is
+made), recording into OUTDIR/NAME/pe<N>.json as a job of its own would: one
+start-up of the PEs instead of one per call (issue 33, item 16).
 """
 
 import faulthandler
@@ -29,7 +38,7 @@ import time
 
 from mpi4py import MPI
 
-from job_records import finish
+from job_records import finish, record
 from shmemvm import SymmetricHeap
 
 
@@ -39,11 +48,10 @@ def stop_for(seconds: float) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def main() -> None:
-    faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, in the job's log
-    scenario, timeout, stop, outdir, agreement = sys.argv[1:6]
-    split = int(sys.argv[6]) if len(sys.argv) > 6 else None
-    timeout, stop = float(timeout), float(stop)
+def call(scenario: str, timeout: float, stop: float, agreement: str,
+         split: int | None):
+    """A heap, the scenario's call on it with the last PE stopped for `stop` s
+    just before, and a second call: (the heap, this PE's fields)."""
     heap = SymmetricHeap(MPI.COMM_WORLD, heap_size="4M", backend="host", timeout=timeout,
                          agreement=agreement, node_split=split)
     me, n = heap.my_pe, heap.n_pes
@@ -87,7 +95,40 @@ def main() -> None:
     except Exception as exc:
         fields.update(second_error=type(exc).__name__, second_message=str(exc))
     fields["second_elapsed"] = time.monotonic() - start
-    finish(heap, outdir, me, n, fields)
+    return heap, fields
+
+
+def main() -> None:
+    faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, in the job's log
+    if sys.argv[1] == "in-time":
+        in_time(float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5:])
+    scenario, timeout, stop, outdir, agreement = sys.argv[1:6]
+    split = int(sys.argv[6]) if len(sys.argv) > 6 else None
+    heap, fields = call(scenario, float(timeout), float(stop), agreement, split)
+    finish(heap, outdir, heap.my_pe, heap.n_pes, fields)
+
+
+def in_time(timeout: float, stop: float, outdir: str, cases: list[str]) -> None:
+    """Each NAME:SCENARIO:AGREEMENT[:SPLIT] of `cases` in turn, on a heap of its own,
+    recorded (with its heap's finalize) into OUTDIR/NAME/; then leave as finish()."""
+    if not stop < timeout:
+        raise ValueError(f"only calls late by less than the timeout share a job, not {stop} s")
+    for i, case in enumerate(cases):
+        name, scenario, agreement, *split = case.split(":")
+        folder = os.path.join(outdir, name)
+        os.makedirs(folder, exist_ok=True)
+        heap, fields = call(scenario, timeout, stop, agreement,
+                            int(split[0]) if split else None)
+        me, n = heap.my_pe, heap.n_pes
+        if i == len(cases) - 1:
+            finish(heap, folder, me, n, fields)   # waits for every PE's record, exits
+        start = time.monotonic()
+        try:
+            heap.finalize()
+        except Exception as exc:  # noqa: BLE001 - recorded
+            fields["finalize_error"] = type(exc).__name__
+        fields["finalize_elapsed"] = time.monotonic() - start
+        record(folder, me, **fields)
 
 
 if __name__ == "__main__":
