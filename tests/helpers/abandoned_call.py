@@ -38,7 +38,7 @@ import time
 
 from mpi4py import MPI
 
-from job_records import finish, record
+from job_records import finalize_into, finish, record
 from shmemvm import SymmetricHeap
 
 
@@ -122,12 +122,7 @@ def in_time(timeout: float, stop: float, outdir: str, cases: list[str]) -> None:
         me, n = heap.my_pe, heap.n_pes
         if i == len(cases) - 1:
             finish(heap, folder, me, n, fields)   # waits for every PE's record, exits
-        start = time.monotonic()
-        try:
-            heap.finalize()
-        except Exception as exc:  # noqa: BLE001 - recorded
-            fields["finalize_error"] = type(exc).__name__
-        fields["finalize_elapsed"] = time.monotonic() - start
+        finalize_into(heap, fields)
         record(folder, me, **fields)
 
 

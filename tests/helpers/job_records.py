@@ -21,17 +21,22 @@ def record(outdir: str, pe: int, /, **fields) -> None:
     os.rename(path + ".tmp", path)
 
 
-def finish(heap, outdir: str, pe: int, n_pes: int, fields: dict) -> None:
-    """finalize() `heap` (its error and time added to `fields`), record
-    `fields` for PE `pe` (this one), stay (serving MPI, at most 30 s) until every PE has
-    reported (or died), so that no PE's next MPI operation waits for one
-    that left, then exit."""
+def finalize_into(heap, fields: dict) -> None:
+    """finalize() `heap`; its error (if any) and how long it took go into `fields`."""
     start = time.monotonic()
     try:
         heap.finalize()
     except Exception as exc:  # noqa: BLE001 - recorded
         fields["finalize_error"] = type(exc).__name__
     fields["finalize_elapsed"] = time.monotonic() - start
+
+
+def finish(heap, outdir: str, pe: int, n_pes: int, fields: dict) -> None:
+    """finalize() `heap` (its error and time added to `fields`), record
+    `fields` for PE `pe` (this one), stay (serving MPI, at most 30 s) until every PE has
+    reported (or died), so that no PE's next MPI operation waits for one
+    that left, then exit."""
+    finalize_into(heap, fields)
     record(outdir, pe, **fields)
     until = time.monotonic() + 30
     while time.monotonic() < until and not all(
