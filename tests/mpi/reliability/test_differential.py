@@ -42,6 +42,15 @@ TORCH_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, tor
                 torch.complex64, torch.complex128]
 
 
+def _needs_the_window(heap: SymmetricHeap) -> None:
+    """Skip where `heap` (the one without the compiled piece) has no MPI window:
+    its atomics then raise UnsupportedError, so there is nothing to compare (Open
+    MPI 4.1 makes no dynamic window: the device machine's image)."""
+    if heap._core.window is None:
+        pytest.skip(f"the atomics without the compiled piece go through the heap's MPI "
+                    f"window, and there is none: {heap._core.window_error}")
+
+
 def _outcome(call) -> str:
     try:
         call()
@@ -186,6 +195,7 @@ def test_torch_atomics_agree(heaps, seed):
     the compiled piece) against apply() over MPI (native=0): odd targets (0-d,
     strided, negated, expanded, two elements, local), every word and a few that
     are not, out-of-range and wrong-kind values."""
+    _needs_the_window(heaps[1])
     me, n = world.rank, world.size
     results = []
     for h in heaps:
@@ -337,6 +347,7 @@ def test_numpy_face_put_get_and_atomics_agree():
         shmemvm.init(backend="host", heap_size="64M", timeout=30, native=nat)
         try:
             assert shmemvm.default_heap().native == (nat == "auto")
+            _needs_the_window(shmemvm.default_heap())
             outcomes.append([_numpy_case(seed) for seed in SEEDS])
         finally:
             gc.collect()
