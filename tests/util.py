@@ -3,6 +3,7 @@ how to start a small MPI job of our own."""
 
 import contextlib
 import gc
+import json
 import os
 import shutil
 import subprocess
@@ -164,6 +165,17 @@ def job_outcomes(prefix: str, jobs_in, limit: float, n_pes: int, batch: int | No
                 if Path(directory).name.startswith("shmemvm-"):
                     shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def split_shared(results: dict, job: str, folder: Path, names, n_pes: int) -> None:
+    """The results of job `job`, whose scenarios `names` each recorded into
+    folder/<name>/, replaced by one result per scenario as if each had its own
+    job: its records, the shared job's end and log."""
+    shared = results.pop(job)
+    for name in names:
+        records = {pe: json.loads((folder / name / f"pe{pe}.json").read_text())
+                   for pe in range(n_pes) if (folder / name / f"pe{pe}.json").exists()}
+        results[name] = {**shared, "records": records}
 
 
 def barrier_interrupted_on_pe_1(heap) -> None:

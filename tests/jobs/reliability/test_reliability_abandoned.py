@@ -16,12 +16,11 @@ start-up of two more (issue 33, item 16); each keeps its own test.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 
-from util import REPO, clean_env, mpiexec, job_outcomes
+from util import REPO, clean_env, mpiexec, job_outcomes, split_shared
 
 HELPER = REPO / "tests" / "helpers" / "abandoned_call.py"
 N_PES = 3
@@ -77,12 +76,7 @@ def outcomes():
     with job_outcomes("shmemvm-abandoned-", jobs_in, JOB_LIMIT, N_PES, BATCH) as results:
         # each call of the shared job as if it had its own: its records from
         # in-time/<name>/, the job's end and log
-        shared = results.pop("in-time")
-        for name in IN_TIME:
-            folder = roots[0] / "in-time" / name
-            records = {pe: json.loads((folder / f"pe{pe}.json").read_text())
-                       for pe in range(N_PES) if (folder / f"pe{pe}.json").exists()}
-            results[name] = {**shared, "records": records}
+        split_shared(results, "in-time", roots[0] / "in-time", IN_TIME, N_PES)
         yield results
 
 

@@ -14,12 +14,11 @@ start-up of three more (issue 33, item 16); each keeps its own test.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 
-from util import REPO, agreement_env, is_hydra, mpiexec, job_outcomes
+from util import REPO, agreement_env, is_hydra, mpiexec, job_outcomes, split_shared
 
 HELPER = REPO / "tests" / "helpers" / "liveness_jobs.py"
 N_PES = 3
@@ -69,12 +68,7 @@ def outcomes():
     with job_outcomes("shmemvm-liveness-", jobs_in, JOB_LIMIT, N_PES, BATCH) as results:
         # each scenario of the shared job as if it had its own: its records from
         # <job>/<scenario>/, the job's end and log
-        shared = results.pop("returning")
-        for scenario in RETURNING:
-            folder = roots[0] / "returning" / scenario
-            records = {pe: json.loads((folder / f"pe{pe}.json").read_text())
-                       for pe in range(N_PES) if (folder / f"pe{pe}.json").exists()}
-            results[scenario] = {**shared, "records": records}
+        split_shared(results, "returning", roots[0] / "returning", RETURNING, N_PES)
         yield results
 
 
