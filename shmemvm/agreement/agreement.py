@@ -161,13 +161,17 @@ class Agreement:
         if call.phase in COUNTED:
             self.calls += 1
         board = self.board
-        if board is not None and not dead and call.error is None:
+        if board is not None and call.error is None:
             # the whole step in one native call where the board has it (board.step)
-            code = board.step(call.template or call.encoded(), seq, flag,
+            template = call.template or call.encoded()
+            if dead:   # (a copy: the call's cached vector stays as it is)
+                template = _with_dead(template, _digest(dead))
+            code = board.step(template, seq, flag,
                               self._prompt if self.liveness is not None else -1)
             if code is not None:
                 recv = board.out
-                if code == 0 and not self._debug:
+                # (dead blocks: the plain code does not compare them; _outcome decides)
+                if code == 0 and not dead and not self._debug:
                     self._entered = -recv[TIME_SLOT]
                     return _PLAIN
                 if code > 0:
@@ -196,8 +200,7 @@ class Agreement:
         if flag:
             send[FLAG_SLOT] = -1
         if dead:
-            send[DEAD_SLOT] = -(digest := _digest(dead))
-            send[DEAD_DIGEST_SLOT] = digest
+            _set_dead(send, _digest(dead))
         send[TIME_SLOT] = -tick
         if board is not None:
             recv = board.allreduce_max(send, seq, lambda ready: self.wait_until(
@@ -438,6 +441,20 @@ class Agreement:
         if agreed:
             self.release(agreed)
         return agreed
+
+
+def _set_dead(vector: array.array, digest: int) -> None:
+    """Mark `vector` as carrying dead blocks of `digest`: MAX then gives minus
+    the least digest and the greatest, equal where every PE carries the same."""
+    vector[DEAD_SLOT] = -digest
+    vector[DEAD_DIGEST_SLOT] = digest
+
+
+def _with_dead(template: array.array, digest: int) -> array.array:
+    """A copy of a call's `template` vector that carries dead blocks (_set_dead)."""
+    vector = template[:]
+    _set_dead(vector, digest)
+    return vector
 
 
 def _digest(offsets) -> int:
