@@ -64,11 +64,14 @@ class Operand(NamedTuple):
     dtype: Any
     #: the number of elements (made once: a collective reads it several times)
     count: int   # type: ignore[assignment]  # (a field, not tuple.count)
+    #: its heap offset, where the face already checked `data` to be live symmetric
+    #: memory (the NumPy face: arrays.symmetric_span); None: the routine checks it
+    offset: int | None = None
 
     @classmethod
-    def of(cls, data: torch.Tensor, itemsize: int, dtype) -> Operand:
+    def of(cls, data: torch.Tensor, itemsize: int, dtype, offset: int | None = None) -> Operand:
         """The Operand of `data` (bytes), its elements of `itemsize` bytes."""
-        return cls(data, itemsize, dtype, data.numel() // itemsize)
+        return cls(data, itemsize, dtype, data.numel() // itemsize, offset)
 
 
 #: a combiner: acc <- acc (op) other, elementwise, both uint8 tensors of whole elements
@@ -103,7 +106,11 @@ def _tensors(dest, source, what: str):
 
 # -- checks (local; the agreement turns a local error into the same error everywhere)
 def _offset(heap: Core, operand: Operand, role: str, what: str) -> int:
-    """The heap offset of `operand`, checked to be live symmetric memory."""
+    """The heap offset of `operand`, checked to be live symmetric memory (by
+    the face already, where it gives the offset)."""
+    offset = operand.offset
+    if offset is not None:
+        return offset
     return heap.symmetric_contiguous(operand.data, role, what)
 
 

@@ -37,9 +37,8 @@ def heap() -> SymmetricHeap:
     return api.default_heap()
 
 
-def core() -> HeapCore:
-    """The default heap's core: what the routines of openshmem/ take."""
-    return api.default_core()
+#: the default heap's core: what the routines of openshmem/ take (ShmemError: none)
+core = api.default_core
 
 
 class HeapMemory:
@@ -97,10 +96,8 @@ def owner(obj) -> HeapMemory | None:
     return None
 
 
-def address(a: np.ndarray) -> int:
-    """Where `a`'s data starts (the compiled piece's buffer address is 0.1 us
-    against 0.8 for __array_interface__, and takes C-contiguous arrays)."""
-    return target.data_address(a)   # (the compiled piece's where built: transport/ decides)
+#: where array `a`'s data starts (the compiled piece's where built: transport/ decides)
+address = target.data_address
 
 
 def dtype_of(dtype) -> np.dtype:
@@ -176,12 +173,19 @@ def symmetric_bytes(a, role: str, writable: bool = True, count: int | None = Non
     order; all by default), as a uint8 tensor over its block that the heap
     recognises; a clear error for anything else (also where the heap no longer
     holds the block: freed, or another heap's)."""
-    a = check_array(a, role, writable)
+    return symmetric_span(check_array(a, role, writable), role, count)[0]
+
+
+def symmetric_span(a: np.ndarray, role: str, count: int | None = None) -> tuple[torch.Tensor, int]:
+    """symmetric_bytes() of an array that check_array() passed, and the heap
+    offset where they start (the same on every PE): the collectives' operands,
+    checked once here, not again by the routine (Operand.offset)."""
     memory, offset = locate(a, role)
     nbytes = a.nbytes if count is None else count * a.itemsize
     data = memory.tensor[offset:offset + nbytes]
-    core().symmetric(data, role)   # freed since, or another heap's: say so here ("the <role> ...")
-    return data
+    h = core()
+    h.symmetric(data, role)   # freed since, or another heap's: say so here ("the <role> ...")
+    return data, h.offset_of(data)
 
 
 def local_bytes(a, role: str, writable: bool, count: int | None = None) -> torch.Tensor:

@@ -72,13 +72,16 @@ def sync(team: Optional[Team] = None) -> None:
         handle.sync()
 
 
-def _operand(a: np.ndarray, role: str, count: int | None = None, *,
-             writable: bool = True) -> Operand:
-    """The Operand of symmetric array `a` (its first `count` elements)."""
-    return Operand.of(arrays.symmetric_bytes(a, role, writable, count), a.itemsize, a.dtype)
+def _operand(a: np.ndarray, role: str, count: int | None = None) -> Operand:
+    """The Operand of symmetric array `a` (its first `count` elements), which
+    _checked() passed: its heap offset with it, so that the routine does not
+    look its block up again."""
+    data, offset = arrays.symmetric_span(a, role, count)
+    return Operand.of(data, a.itemsize, a.dtype, offset)
 
 
 def _checked(target, source) -> None:
+    """target (written) and source (read) are contiguous arrays of one dtype."""
     arrays.same_dtype(arrays.check_array(target, "target", True),
                       arrays.check_array(source, "source", False))
 
@@ -103,7 +106,7 @@ def broadcast(target: np.ndarray, source: np.ndarray, root: int, size: Optional[
     def operands():
         _checked(target, source)
         n = arrays.count(size, target.size, source.size)
-        return _operand(target, "target", n), _operand(source, "source", n, writable=False)
+        return _operand(target, "target", n), _operand(source, "source", n)
 
     collectives.broadcast_bytes(arrays.core(), operands, root, team=of_collective(team))
 
@@ -128,7 +131,7 @@ def collect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
     def operands():
         _checked(target, source)
         n = arrays.count(size, source.size)
-        return _operand(target, "target"), _operand(source, "source", n, writable=False)
+        return _operand(target, "target"), _operand(source, "source", n)
 
     collectives.collect_bytes(arrays.core(), operands, team=of_collective(team))
 
@@ -156,7 +159,7 @@ def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         _checked(target, source)
         n = arrays.count(size, source.size, target.size // npes)
         return (_operand(target, "target", n * npes),
-                _operand(source, "source", n, writable=False))
+                _operand(source, "source", n))
 
     collectives.fcollect_bytes(arrays.core(), operands, team=of_collective(team))
 
@@ -183,7 +186,7 @@ def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         _checked(target, source)
         n = arrays.count(size, target.size // npes, source.size // npes)
         return (_operand(target, "target", n * npes),
-                _operand(source, "source", n * npes, writable=False))
+                _operand(source, "source", n * npes))
 
     collectives.alltoall_bytes(arrays.core(), operands, team=of_collective(team))
 
@@ -208,7 +211,7 @@ def alltoalls(target: np.ndarray, source: np.ndarray, tst: int = 1, sst: int = 1
 
     def operands():
         _checked(target, source)
-        return _operand(target, "target"), _operand(source, "source", writable=False)
+        return _operand(target, "target"), _operand(source, "source")
 
     def nelems(dest: Operand, src: Operand) -> int:
         ds, ss = _args.count(tst, "alltoalls: tst", 1), _args.count(sst, "alltoalls: sst", 1)
@@ -265,7 +268,7 @@ def reduce(target: np.ndarray, source: np.ndarray, op: OP = OP_SUM, size: Option
     def operands():
         _checked(target, source)
         n = arrays.count(size, target.size, source.size)
-        return _operand(target, "target", n), _operand(source, "source", n, writable=False)
+        return _operand(target, "target", n), _operand(source, "source", n)
 
     collectives.reduce_bytes(arrays.core(), operands, op_name(op),
                              lambda source: combiner(op_name(op), source.dtype),

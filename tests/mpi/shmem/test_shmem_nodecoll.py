@@ -85,3 +85,34 @@ def test_numpy_reductions_fused_or_in_c_match_the_ufuncs(world, monkeypatch, t):
                     (np.add if op == "sum" else np.maximum)(expected, other, out=expected)
                 assert results[0] == expected.tobytes(), (t, count, op)
         shmem.free(source), shmem.free(target)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_the_faces_checked_offsets_are_the_routines_own(world):
+    """The NumPy face hands the collectives each operand's heap offset, checked
+    once (arrays.symmetric_span); the routine then skips its own look-up
+    (Operand.offset). On odd operands (slices at odd bytes, Fortran order,
+    dtype views, a count short of the size) it is exactly the offset the
+    routine's own check gives, and a freed array still raises on the face."""
+    from shmemvm import FreedTensorError
+    from shmemvm.openshmem.collectives import _offset
+    from shmemvm.shmem import arrays
+    from shmemvm.shmem.collectives import _operand
+    core = arrays.core()
+    a = shmem.zeros(64, dtype="i1")
+    f = shmem.zeros((3, 5), dtype="f8", order="F")
+    odd = [a, a[3:40], a[1:2], a[7:], a[8:48].view("i4"), a[:0], f, f.reshape(-1, order="A"),
+           f.reshape(-1, order="A").view("u1")[5:77]]
+    for array in odd:
+        for count in sorted({None, 0, array.size // 2 or None}, key=lambda c: (c is None, c)):
+            operand = _operand(array, "target", count)
+            assert operand.offset is not None
+            own = _offset(core, operand._replace(offset=None), "target", "test")
+            assert operand.offset == own, (array.shape, array.dtype, count)
+            assert operand.count == (array.size if count is None else count)
+    shmem.free(f)
+    with pytest.raises(FreedTensorError):
+        _operand(f, "target")
+    shmem.free(a)
+    del a, f, odd
+    gc.collect()
