@@ -38,13 +38,12 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "shared.h"
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
 #include <time.h>
 
-#define MIN_ADDRESS ((unsigned long long)64 * 1024)
-#define MAX_ADDRESS ((unsigned long long)1 << 57)
 /* the longest vector a step compares (the agreement's is 30 words) */
 #define MAX_WORDS 64
 
@@ -564,21 +563,6 @@ static PyMethodDef methods[] = {
      "deliver(dst, scratch, offset, nbytes)"},
     {NULL, NULL, 0, NULL},
 };
-
-/* {names[i]: i} as the module attribute `attr`; 0, or -1 with an error set. */
-static int add_numbering(PyObject *module, const char *attr, const char *const *names, int n) {
-    PyObject *table = PyDict_New();
-    if (table == NULL) return -1;
-    for (int i = 0; i < n; i++) {
-        PyObject *code = PyLong_FromLong(i);
-        int failed = code == NULL || PyDict_SetItemString(table, names[i], code) < 0;
-        Py_XDECREF(code);
-        if (failed) { Py_DECREF(table); return -1; }
-    }
-    int result = PyModule_AddObjectRef(module, attr, table);
-    Py_DECREF(table);
-    return result;
-}
 
 static int exec_module(PyObject *module) {
     if (add_numbering(module, "KINDS", kind_codes, K_COUNT) < 0) return -1;

@@ -38,6 +38,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "shared.h"
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
@@ -136,11 +137,6 @@ static int apply(uintptr_t address, int word, int op, uint64_t v, uint64_t c, ui
     PyErr_Format(PyExc_ValueError, "atomic: operation %d does not apply to word kind %d", op, word);
     return -1;
 }
-
-/* No address below this is ever mapped (Linux's default vm.mmap_min_addr), and
- * none at or above MAX_ADDRESS is a user address (57-bit: 5-level paging). */
-#define MIN_ADDRESS ((unsigned long long)64 * 1024)
-#define MAX_ADDRESS ((unsigned long long)1 << 57)
 
 /* 0, or -1 with a ValueError where [address, address + nbytes) is not a range
  * of user addresses (it runs past MAX_ADDRESS, or wraps). */
@@ -415,21 +411,6 @@ static PyMethodDef methods[] = {
      "board_read(slot, words, seq, seq_word, spins, out) -> bool"},
     {NULL, NULL, 0, NULL},
 };
-
-/* {names[i]: i} as the module attribute `attr`; 0, or -1 with an error set. */
-static int add_numbering(PyObject *module, const char *attr, const char *const *names, int n) {
-    PyObject *table = PyDict_New();
-    if (table == NULL) return -1;
-    for (int i = 0; i < n; i++) {
-        PyObject *code = PyLong_FromLong(i);
-        int failed = code == NULL || PyDict_SetItemString(table, names[i], code) < 0;
-        Py_XDECREF(code);
-        if (failed) { Py_DECREF(table); return -1; }
-    }
-    int result = PyModule_AddObjectRef(module, attr, table);
-    Py_DECREF(table);
-    return result;
-}
 
 static int exec_module(PyObject *module) {
     crc_init();   /* the same table every time: a second module object may redo it */
