@@ -9,7 +9,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from . import bench_trace, footprint, live, malloc, putget, schema
+from . import bench_trace, calls, footprint, live, malloc, putget, schema
 from .common import Bench, Options, cpu_busy, parse_list, setup_logging
 from .plot import matplotlib_missing
 from .targets import evaluate, format_results
@@ -20,6 +20,7 @@ FAMILIES = {
     "live": live.run,           # malloc latency against live allocations
     "footprint": footprint.run,  # physical bytes per requested byte
     "trace": bench_trace.run,   # what the torch.profiler ranges cost an 8 B put
+    "calls": calls.run,         # Python calls per operation, both faces (issue 30)
 }
 
 USAGE = """\
@@ -29,13 +30,16 @@ mpirun -n N python -m benchmarks [BENCH ...] [options]
 mpirun -n N python -m benchmarks device-ccl [options]   (see benchmarks/bench_ccl.py)
        python -m benchmarks check [RESULT.json ...]
 
-BENCH is one or more of: all (default), putget, malloc, live, footprint, trace."""
+BENCH is one or more of: all (default), putget, malloc, live, footprint, trace, calls."""
 
 METHOD = ("Every figure is the median of --repeat repeats (min, max and quartiles beside it); "
           "a repeat is one timed loop of at least --min-time seconds; each figure's baseline is "
           "measured in the same process and run, interleaved with it repeat by repeat; a "
           "collective figure is, per repeat, the slowest PE's mean per call; ratios are median "
-          "over median. put/get: PE 0 to PE 1 while the other PEs rest without spinning.")
+          "over median. put/get: PE 0 to PE 1 while the other PEs rest without spinning. "
+          "calls.*: not times but Python calls per operation on PE 0, one sample a call "
+          "(those where PE 0 did not wait), against the face's plain local copy of the same "
+          "bytes (benchmarks/calls.py).")
 
 
 def _parser() -> argparse.ArgumentParser:
