@@ -46,8 +46,11 @@ def test_bench_quick_writes_a_result_of_the_schema(tmp_path):
     names = {r["name"] for r in records}
     for expected in ("put.bandwidth", "get.bandwidth", "put.latency", "get.latency",
                      "malloc.latency", "free.latency", "free+trim.latency",
-                     "malloc.live_latency", "footprint.physical_per_requested"):
+                     "malloc.live_latency", "footprint.physical_per_requested",
+                     "calls.barrier_all", "calls.sum_reduce", "calls.malloc+free", "calls.put"):
         assert expected in names, f"no {expected} record in {sorted(names)}"
+    counted = {(r["params"]["face"], r["name"]) for r in records if r["name"].startswith("calls.")}
+    assert len(counted) == 20, sorted(counted)    # 10 operations, each on both faces
     for r in records:
         assert r["params"]["n_pes"] == comm.size
         assert r["baseline"]["name"] and r["ratio_of"] == "median/median"
