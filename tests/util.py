@@ -100,41 +100,43 @@ def agreement_env() -> dict[str, str]:
     return env
 
 
-def run_jobs(root: Path, jobs: dict, limit: float, n_pes: int) -> dict:
-    """Run MPI jobs side by side. `jobs` maps a name to (command, env); each job
-    writes pe<N>.json records into root/<name> (made here; its command names
-    it). Returns name -> {"returncode" (None: killed at `limit` s), "ended"
-    (time.time() when it was seen to end), "records" {pe: dict}, "log" (its
-    output's tail)}. Nothing it started outlives it."""
-    import json
-    import subprocess
-    import time
-
-    started = {}
+def run_jobs(root: Path, jobs: dict, limit: float, n_pes: int, at_once: int | None = None) -> dict:
+    """Run MPI jobs side by side, at most `at_once` at a time (None: all at once), the
+    next one started as soon as one ends. `jobs` maps a name to (command, env); each
+    job writes pe<N>.json records into root/<name> (made here; its command names it).
+    Returns name -> {"returncode" (None: killed `limit` s after it started), "ended"
+    (time.time() when it was seen to end), "records" {pe: dict}, "log" (its output's
+    tail)}, in the order of `jobs`. Nothing it started outlives it."""
+    waiting = list(jobs.items())
+    running: dict = {}    # name -> (process, log, when it started)
+    results = {}
     try:
-        for name, (command, env) in jobs.items():
-            (root / name).mkdir(parents=True, exist_ok=True)
-            log = open(root / name / "job.log", "w")
-            started[name] = (subprocess.Popen(command, env=env, stdout=log,
-                                              stderr=subprocess.STDOUT, cwd=REPO,
-                                              start_new_session=True), log, time.monotonic())
-        results = {}
-        for name, (job, log, start) in started.items():
-            try:
-                returncode = job.wait(timeout=max(1.0, limit - (time.monotonic() - start)))
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, 9)
-                job.wait()
-                returncode = None
-            ended = time.time()
-            log.close()
-            records = {pe: json.loads((root / name / f"pe{pe}.json").read_text())
-                       for pe in range(n_pes) if (root / name / f"pe{pe}.json").exists()}
-            results[name] = {"returncode": returncode, "ended": ended, "records": records,
-                             "log": (root / name / "job.log").read_text()[-4000:]}
-        return results
+        while waiting or running:
+            while waiting and len(running) < (at_once or len(jobs)):
+                name, (command, env) = waiting.pop(0)
+                (root / name).mkdir(parents=True, exist_ok=True)
+                log = open(root / name / "job.log", "w")
+                running[name] = (subprocess.Popen(command, env=env, stdout=log,
+                                                  stderr=subprocess.STDOUT, cwd=REPO,
+                                                  start_new_session=True), log, time.monotonic())
+            time.sleep(0.05)
+            for name, (job, log, start) in list(running.items()):
+                returncode = job.poll()
+                if returncode is None:
+                    if time.monotonic() - start < limit:
+                        continue
+                    os.killpg(job.pid, 9)
+                    job.wait()
+                ended = time.time()
+                log.close()
+                del running[name]
+                records = {pe: json.loads((root / name / f"pe{pe}.json").read_text())
+                           for pe in range(n_pes) if (root / name / f"pe{pe}.json").exists()}
+                results[name] = {"returncode": returncode, "ended": ended, "records": records,
+                                 "log": (root / name / "job.log").read_text()[-4000:]}
+        return {name: results[name] for name in jobs}
     finally:
-        for job, log, _ in started.values():
+        for job, log, _ in running.values():
             if job.poll() is None:
                 os.killpg(job.pid, 9)
                 job.wait()
@@ -142,21 +144,16 @@ def run_jobs(root: Path, jobs: dict, limit: float, n_pes: int) -> dict:
 
 
 @contextlib.contextmanager
-def job_outcomes(prefix: str, jobs_in, limit: float, n_pes: int, batch: int | None = None):
+def job_outcomes(prefix: str, jobs_in, limit: float, n_pes: int, at_once: int | None = None):
     """run_jobs() over a fresh folder named `prefix`...: `jobs_in(root)` gives its
-    jobs (name -> (command, env), each writing into root/<name>), run `batch` at a
-    time side by side (None: all at once); yields their results. Afterwards the
-    folder goes, and so do the heap directories that a killed or dead PE left
-    behind (a record's "directory")."""
+    jobs (name -> (command, env), each writing into root/<name>), run `at_once` at a
+    time (None: all at once); yields their results. Afterwards the folder goes, and so
+    do the heap directories that a killed or dead PE left behind (a record's
+    "directory")."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     results: dict = {}
     try:
-        jobs = jobs_in(root)
-        names = list(jobs)
-        step = batch or max(1, len(names))
-        for first in range(0, len(names), step):
-            results.update(run_jobs(root, {name: jobs[name] for name in names[first:first + step]},
-                                    limit, n_pes))
+        results.update(run_jobs(root, jobs_in(root), limit, n_pes, at_once))
         yield results
     finally:
         for result in results.values():

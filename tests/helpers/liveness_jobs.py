@@ -1,6 +1,8 @@
 """Run by tests/jobs/reliability/test_reliability_liveness.py as its own small MPI job:
 
-    mpiexec -disable-auto-cleanup -n N python liveness_jobs.py SCENARIO[+SCENARIO...] TIMEOUT OUTDIR [SPLIT]
+    mpiexec -disable-auto-cleanup -n N python liveness_jobs.py SCENARIO TIMEOUT OUTDIR [SPLIT]
+    mpiexec -disable-auto-cleanup -n N python liveness_jobs.py cases TIMEOUT OUTDIR \
+        NAME:SCENARIO[:SPLIT]...
 
 Waits that cannot end (issue 25, items 1 and 5): every PE writes, to
 OUTDIR/pe<N>.json, what its wait raised (or returned) and after how long. A PE
@@ -9,10 +11,11 @@ the others leave with os._exit too, since MPI_Finalize would wait for it,
 once every PE has reported (until then they serve MPI: a PE that left would
 make another's pending MPI operation on it wait for the timeout).
 SPLIT, where given, is node_split= (1: every PE on a node of its own, so the
-PEs see each other only through MPI). Scenarios joined by "+" (only those whose
-waits all return: RETURNING) run one after another in one job, on fresh
-variables of one heap, each recording into OUTDIR/<scenario>/pe<N>.json: one
-job's start-up instead of one each (issue 33, item 16: CI's time).
+PEs see each other only through MPI). `cases` runs several scenarios in which no
+PE dies one after another in one job, each on a heap of its own (finalized, and
+every PE past an MPI barrier, before the next is made), each recording into
+OUTDIR/NAME/pe<N>.json as a job of its own would: one start-up of the PEs instead
+of one per scenario (issue 33, item 16: CI's time).
 
 Scenarios (the wait each PE makes, none with a timeout of its own; SCENARIO-dropped
 runs SCENARIO and drops its tensors before finalize()):
@@ -63,15 +66,24 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from mpi4py import MPI
 
-from job_records import finish, record
+from job_records import finalize_into, finish, record
 from shmemvm import PeerTimeoutError, SymmetricHeap
 
 DEATH = 3  # os._exit status of the dying PE
-#: the scenarios whose waits all return (no error, no dead PE): several may share a job
+#: the scenarios in which a PE dies: each ends its job, so none of them is one of `cases`
+DYING = ("dead-holder", "dead-queued", "wait-on-dead")
+#: the scenarios whose waits all return (no error, no dead PE)
 RETURNING = ("legit-long-wait", "timed-wait", "start-new-thread", "stopped-satisfied")
 #: each scenario's tensors, alive until the PE leaves, as when each job ran one
 #: scenario (a scenario named with DROPPED drops them before finalize() instead)
 KEPT: list = []
+#: what a scenario leaves running beside its heap (idle threads): under `cases`,
+#: undone once it has recorded, so that the next scenario starts clean
+LEFT: list = []
+#: the scenario whose second heap stays (unfinalized) until the PE leaves: after the
+#: deadlock its PEs disagree on whether that heap broke (only those that waited in it
+#: raised there), so its finalize() would time out on PE 0; under `cases` it comes last
+LEAVES_A_HEAP = "two-heaps"
 #: the suffix of a scenario whose tensors are dropped before finalize(): on a heap a
 #: dead PE broke, off the node, that made a survivor die of a segmentation fault in
 #: its next MPI call (the window, left allocated, still named memory then unmapped)
@@ -85,27 +97,56 @@ def die(outdir: str, heap: SymmetricHeap) -> None:
     os._exit(DEATH)
 
 
-def main() -> None:
-    faulthandler.dump_traceback_later(float(os.environ.get("DUMP_AFTER", 100)), exit=True)  # a hang shows where, in the job's log
-    scenarios, timeout, outdir = sys.argv[1].split("+"), float(sys.argv[2]), sys.argv[3]
-    split = int(sys.argv[4]) if len(sys.argv) > 4 else None
-    heap = SymmetricHeap(MPI.COMM_WORLD, heap_size="4M", backend="host", timeout=timeout,
+def new_heap(timeout: float, split: int | None) -> SymmetricHeap:
+    return SymmetricHeap(MPI.COMM_WORLD, heap_size="4M", backend="host", timeout=timeout,
                          node_split=split)
-    me, n = heap.my_pe, heap.n_pes
-    if len(scenarios) == 1:
-        scenario = scenarios[0].removesuffix(DROPPED)
-        fields = run(heap, scenario, timeout, outdir, split)
-        if scenario != scenarios[0]:
-            KEPT.clear()
-            gc.collect()
-        finish(heap, outdir, me, n, fields)
-    if not set(scenarios) <= set(RETURNING):
-        raise ValueError(f"only {RETURNING} may share a job, not {scenarios}")
-    for scenario in scenarios:
-        os.makedirs(os.path.join(outdir, scenario), exist_ok=True)
-        fields = run(heap, scenario, timeout, outdir, split)
-        record(os.path.join(outdir, scenario), me, **fields)
-    finish(heap, outdir, me, n, {"pe": me, "scenarios": scenarios})
+
+
+def dump_on_hang() -> None:
+    """A scenario still running after DUMP_AFTER s (100) is a hang: its traceback goes
+    to the job's log and the PE exits (armed again for each scenario of `cases`)."""
+    faulthandler.dump_traceback_later(float(os.environ.get("DUMP_AFTER", 100)), exit=True)
+
+
+def main() -> None:
+    dump_on_hang()
+    if sys.argv[1] == "cases":
+        cases(float(sys.argv[2]), sys.argv[3], sys.argv[4:])
+    named, timeout, outdir = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    split = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    heap = new_heap(timeout, split)
+    scenario = named.removesuffix(DROPPED)
+    fields = run(heap, scenario, timeout, outdir, split)
+    if scenario != named:
+        KEPT.clear()
+        gc.collect()
+    finish(heap, outdir, heap.my_pe, heap.n_pes, fields)
+
+
+def cases(timeout: float, outdir: str, specs: list[str]) -> None:
+    """Each NAME:SCENARIO[:SPLIT] of `specs` in turn, on a heap of its own, recorded
+    (with its heap's finalize) into OUTDIR/NAME/; then leave as finish() does."""
+    for i, spec in enumerate(specs):
+        name, scenario, *split = spec.split(":")
+        if scenario in DYING or scenario.endswith(DROPPED):
+            raise ValueError(f"{scenario}: a PE dies in it, or it drops its tensors; it "
+                             f"needs a job of its own")
+        if scenario == LEAVES_A_HEAP and i != len(specs) - 1:
+            raise ValueError(f"{scenario} leaves a heap behind: it comes last")
+        folder = os.path.join(outdir, name)
+        os.makedirs(folder, exist_ok=True)
+        # every PE done with the last scenario (a hang here ends at the last one's dump),
+        # then this one's own time
+        MPI.COMM_WORLD.Barrier()
+        dump_on_hang()
+        heap = new_heap(timeout, int(split[0]) if split else None)
+        fields = run(heap, scenario, timeout, outdir, int(split[0]) if split else None)
+        while LEFT:
+            LEFT.pop()()
+        if i == len(specs) - 1:
+            finish(heap, folder, heap.my_pe, heap.n_pes, fields)   # waits for every record, exits
+        finalize_into(heap, fields)
+        record(folder, heap.my_pe, **fields)
 
 
 def run(heap: SymmetricHeap, scenario: str, timeout: float, outdir: str,
@@ -186,8 +227,8 @@ def run(heap: SymmetricHeap, scenario: str, timeout: float, outdir: str,
                 die(outdir, heap)
             return heap.wait_until(flags[3:4], "eq", 1)
         if scenario == "two-heaps":
-            other = SymmetricHeap(MPI.COMM_WORLD, heap_size="4M", backend="host",
-                                  timeout=timeout, node_split=split)
+            other = new_heap(timeout, split)
+            KEPT.append(other)
             flag = {id(heap): heap.zeros(1, torch.int64), id(other): other.zeros(1, torch.int64)}
             heap.barrier_all()
             other.barrier_all()
@@ -221,8 +262,9 @@ def run(heap: SymmetricHeap, scenario: str, timeout: float, outdir: str,
         if scenario == "idle-threads":
             pool = ThreadPoolExecutor(2)
             pool.submit(int).result()
-            jobs = queue.Queue()
+            jobs: queue.Queue = queue.Queue()
             threading.Thread(target=jobs.get, daemon=True).start()
+            LEFT.extend([pool.shutdown, lambda: jobs.put(None)])
             return heap.wait_until(flags[2:3], "eq", 1)
         if scenario == "stopped-satisfied":
             pids = MPI.COMM_WORLD.allgather(os.getpid())
@@ -250,8 +292,7 @@ def run(heap: SymmetricHeap, scenario: str, timeout: float, outdir: str,
     except Exception as exc:  # recorded for the test to judge
         fields = {"error": type(exc).__name__, "message": str(exc)}
     fields.update(pe=me, elapsed=time.monotonic() - start, timeout=heap.timeout)
-    if scenario in ("legit-long-wait", "timed-wait", "start-new-thread", "stopped-satisfied") \
-            and fields["error"] is None:
+    if scenario in RETURNING and fields["error"] is None:
         heap.barrier_all()   # the heap still works after a long wait
         fields["barrier"] = True
     return fields

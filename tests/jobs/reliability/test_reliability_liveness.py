@@ -7,9 +7,10 @@ still waits.
 Not an `mpi` test: it starts its own small jobs (tests/helpers/liveness_jobs.py)
 with MPICH's mpiexec -disable-auto-cleanup (as test_reliability_peer_death.py),
 three at a time, 3 PEs each, timeout 3 s. Each PE reports what its wait raised
-and after how long. The scenarios whose waits all return share one job (one
-after another, on fresh variables: the helper's RETURNING), to save CI the
-start-up of three more (issue 33, item 16); each keeps its own test.
+and after how long. The scenarios in which no PE dies share two jobs (one after
+another, each on a heap of its own: the helper's `cases`), the deadlocks and the
+waits that return, to save CI the start-up of eight more (issue 33, item 16); each
+keeps its own test.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ TIMEOUT = 3.0
 MARGIN = 3.0            # scheduling slack: 9 processes on 2 cores
 JOB_LIMIT = 120         # seconds: a job that takes longer than this hangs
 
-#: scenarios whose waits all return, run one after another in the job "returning"
-RETURNING = ("legit-long-wait", "timed-wait", "start-new-thread", "stopped-satisfied")
 # name -> (scenario, node_split or None)
 JOBS = {
     "dead-holder": ("dead-holder", None),
@@ -41,7 +40,18 @@ JOBS = {
     "dead-holder-off-node-dropped": ("dead-holder-dropped", 1),
     "two-heaps": ("two-heaps", None),
     "idle-threads": ("idle-threads", None),
-    "returning": ("+".join(RETURNING), None),
+    "legit-long-wait": ("legit-long-wait", None),
+    "timed-wait": ("timed-wait", None),
+    "start-new-thread": ("start-new-thread", None),
+    "stopped-satisfied": ("stopped-satisfied", None),
+}
+#: the jobs that run several of JOBS one after another (no PE dies in them), as if
+#: each had a job of its own: the deadlocks (each about a timeout) and the waits that
+#: return (each about two)
+SHARED = {
+    "deadlocks": ("signal-deadlock", "mixed-deadlock", "lock-order", "signal-deadlock-off-node",
+                  "idle-threads", "two-heaps"),   # two-heaps leaves a heap: last (the helper)
+    "returning": ("legit-long-wait", "timed-wait", "start-new-thread", "stopped-satisfied"),
 }
 BATCH = 3
 
@@ -56,19 +66,28 @@ def outcomes():
 
     def jobs_in(root):
         roots.append(root)
+        start = [launcher, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable, str(HELPER)]
         jobs = {}
+        for job, names in SHARED.items():   # the longest first: the others run beside them
+            cases = [":".join([name, JOBS[name][0]] + ([] if JOBS[name][1] is None
+                                                       else [str(JOBS[name][1])]))
+                     for name in names]
+            jobs[job] = ([*start, "cases", f"{TIMEOUT:g}", str(root / job), *cases],
+                         agreement_env())
         for name, (scenario, split) in JOBS.items():
-            command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
-                       str(HELPER), scenario, f"{TIMEOUT:g}", str(root / name)]
+            if any(name in names for names in SHARED.values()):
+                continue
+            command = [*start, scenario, f"{TIMEOUT:g}", str(root / name)]
             if split is not None:
                 command.append(str(split))
             jobs[name] = (command, agreement_env())
         return jobs
 
     with job_outcomes("shmemvm-liveness-", jobs_in, JOB_LIMIT, N_PES, BATCH) as results:
-        # each scenario of the shared job as if it had its own: its records from
-        # <job>/<scenario>/, the job's end and log
-        split_shared(results, "returning", roots[0] / "returning", RETURNING, N_PES)
+        # each scenario of a shared job as if it had its own: its records from
+        # <job>/<name>/, the job's end and log
+        for job, names in SHARED.items():
+            split_shared(results, job, roots[0] / job, names, N_PES)
         yield results
 
 
