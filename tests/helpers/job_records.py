@@ -31,6 +31,15 @@ def finalize_into(heap, fields: dict) -> None:
     fields["finalize_elapsed"] = time.monotonic() - start
 
 
+def next_case() -> None:
+    """Wait until every PE is done with the case before (an MPI barrier, without
+    deadline: a job's hang ends at its dump), sleeping between tests of it rather than
+    spinning: the PEs that wait for a stopped one would take the cores from the rest."""
+    request = MPI.COMM_WORLD.Ibarrier()
+    while not request.Test():
+        time.sleep(0.01)
+
+
 def finish(heap, outdir: str, pe: int, n_pes: int, fields: dict) -> None:
     """finalize() `heap` (its error and time added to `fields`), record
     `fields` for PE `pe` (this one), stay (serving MPI, at most 30 s) until every PE has

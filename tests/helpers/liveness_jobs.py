@@ -66,7 +66,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from mpi4py import MPI
 
-from job_records import finalize_into, finish, record
+from job_records import finalize_into, finish, next_case, record
 from shmemvm import PeerTimeoutError, SymmetricHeap
 
 DEATH = 3  # os._exit status of the dying PE
@@ -137,7 +137,7 @@ def cases(timeout: float, outdir: str, specs: list[str]) -> None:
         os.makedirs(folder, exist_ok=True)
         # every PE done with the last scenario (a hang here ends at the last one's dump),
         # then this one's own time
-        MPI.COMM_WORLD.Barrier()
+        next_case()
         dump_on_hang()
         heap = new_heap(timeout, int(split[0]) if split else None)
         fields = run(heap, scenario, timeout, outdir, int(split[0]) if split else None)

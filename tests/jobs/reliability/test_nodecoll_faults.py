@@ -8,7 +8,9 @@ the timeout changes nothing.
 Not an `mpi` test: it starts its own 3-PE jobs with the helpers of
 test_reliability_abandoned.py and test_reliability_peer_death.py
 (tests/helpers/abandoned_call.py, peer_death.py), agreement on the board, the
-compiled piece on (the default where it is built), timeout 3 s.
+compiled piece on (the default where it is built), timeout 3 s. The late
+calls share one job, one after another, each on a heap of its own (the helper's
+`cases`), beside the two jobs whose PE dies (issue 33, item 16: 6 -> 3 jobs).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 
 import pytest
 
-from util import REPO, clean_env, is_hydra, mpiexec, job_outcomes
+from util import REPO, clean_env, is_hydra, mpiexec, job_outcomes, split_shared
 
 ABANDONED = REPO / "tests" / "helpers" / "abandoned_call.py"
 DEATH = REPO / "tests" / "helpers" / "peer_death.py"
@@ -27,16 +29,15 @@ STOP = 6.0
 MARGIN = 2.5
 JOB_LIMIT = 150
 
-# name -> (helper, arguments after the helper's path)
-JOBS = {
-    "late-reduce": (ABANDONED, ["reduce", f"{TIMEOUT:g}", f"{STOP:g}"]),
-    "late-fcollect": (ABANDONED, ["fcollect", f"{TIMEOUT:g}", f"{STOP:g}"]),
-    "late-alltoall": (ABANDONED, ["alltoall", f"{TIMEOUT:g}", f"{STOP:g}"]),
-    "in-time-broadcast": (ABANDONED, ["broadcast", f"{TIMEOUT:g}", "1"]),
-    "dead-reduce": (DEATH, ["mid-reduce", f"{TIMEOUT:g}"]),
-    "dead-fcollect": (DEATH, ["mid-fcollect", f"{TIMEOUT:g}"]),
+#: the calls a PE is late for: name -> (scenario, seconds stopped), all in the job "late"
+LATE = {
+    "late-reduce": ("reduce", STOP),
+    "late-fcollect": ("fcollect", STOP),
+    "late-alltoall": ("alltoall", STOP),
+    "in-time-broadcast": ("broadcast", 1.0),
 }
-BATCH = 3
+#: the jobs in which a PE dies in the call: name -> peer_death.py's scenario
+DEAD = {"dead-reduce": "mid-reduce", "dead-fcollect": "mid-fcollect"}
 
 
 @pytest.fixture(scope="module")
@@ -46,19 +47,20 @@ def outcomes():
         pytest.skip(f"{launcher} is not MPICH's hydra; the dead-PE jobs rely on "
                     f"-disable-auto-cleanup")
 
+    roots = []
+
     def jobs_in(root):
-        jobs = {}
-        for name, (helper, args) in JOBS.items():
-            if helper is ABANDONED:
-                command = [launcher, "-n", str(N_PES), sys.executable, str(helper), *args,
-                           str(root / name), "board"]
-            else:
-                command = [launcher, "-disable-auto-cleanup", "-n", str(N_PES),
-                           sys.executable, str(helper), *args, str(root / name)]
-            jobs[name] = (command, clean_env())
+        roots.append(root)
+        cases = [f"{name}:{scenario}:{stop:g}:board" for name, (scenario, stop) in LATE.items()]
+        jobs = {"late": ([launcher, "-n", str(N_PES), sys.executable, str(ABANDONED), "cases",
+                          f"{TIMEOUT:g}", str(root / "late"), *cases], clean_env())}
+        for name, scenario in DEAD.items():
+            jobs[name] = ([launcher, "-disable-auto-cleanup", "-n", str(N_PES), sys.executable,
+                           str(DEATH), scenario, f"{TIMEOUT:g}", str(root / name)], clean_env())
         return jobs
 
-    with job_outcomes("shmemvm-nodecoll-faults-", jobs_in, JOB_LIMIT, N_PES, BATCH) as results:
+    with job_outcomes("shmemvm-nodecoll-faults-", jobs_in, JOB_LIMIT, N_PES) as results:
+        split_shared(results, "late", roots[0] / "late", LATE, N_PES)
         yield results
 
 
@@ -69,7 +71,7 @@ def _records(outcomes, name):
     return result["records"], context
 
 
-@pytest.mark.parametrize("name", [n for n in JOBS if n.startswith("late-")])
+@pytest.mark.parametrize("name", [n for n in LATE if n.startswith("late-")])
 def test_a_stopped_pe_arriving_late_raises_for_the_call_the_others_gave_up(outcomes, name):
     records, context = _records(outcomes, name)
     assert sorted(records) == list(range(N_PES)), f"a PE did not report: {context}"
@@ -92,7 +94,7 @@ def test_a_pe_late_by_less_than_the_timeout_changes_nothing(outcomes):
         assert record["second_error"] is None, context
 
 
-@pytest.mark.parametrize("name", [n for n in JOBS if n.startswith("dead-")])
+@pytest.mark.parametrize("name", DEAD)
 def test_survivors_of_a_dead_pe_raise_within_the_timeout(outcomes, name):
     records, context = _records(outcomes, name)
     assert records.get(N_PES - 1, {}).get("died"), context

@@ -5,13 +5,13 @@ tensor from malloc and learn only at its next call). A PE late by less than
 the timeout changes nothing: every PE's call succeeds.
 
 Not an `mpi` test: it starts its own 3-PE jobs (tests/helpers/abandoned_call.py),
-three at a time, with timeout 3 s; the last PE is stopped (SIGSTOP) for 6 s
-(or 1 s) just before the call. Through both transports of the agreement (an
-MPI allreduce, the board in shared memory), on a team's own agreement, and
-with every PE on a node of its own (the decision then goes through MPI).
-The calls late by less than the timeout (IN_TIME) share one job, one after
-another, each on a heap of its own (the helper's `in-time`), to save CI the
-start-up of two more (issue 33, item 16); each keeps its own test.
+with timeout 3 s; the last PE is stopped (SIGSTOP) for 6 s (or 1 s) just before
+the call. Through both transports of the agreement (an MPI allreduce, the board
+in shared memory), on a team's own agreement, and with every PE on a node of its
+own (the decision then goes through MPI). The calls share three jobs, side by
+side, one call after another in each, on a heap of its own (the helper's
+`cases`), to save CI the start-up of seven more (issue 33, item 16); each keeps
+its own test.
 """
 
 from __future__ import annotations
@@ -42,9 +42,16 @@ JOBS = {
     "in-time-board": ("barrier", 1.0, "board", None),
     "in-time-off-node": ("malloc", 1.0, "mpi", 1),
 }
-#: the jobs late by less than the timeout, run one after another in the job "in-time"
+#: the jobs late by less than the timeout
 IN_TIME = [name for name, job in JOBS.items() if job[1] != STOP]
-BATCH = 3
+#: the jobs that run the calls, each one after another (a late one about 7 s, so
+#: three of those at most in a job, which takes about as long as the three side by side)
+SHARED = {
+    "mpi": ("malloc-mpi", "malloc-segment-mpi", "barrier-mpi", "in-time-mpi"),
+    "board-and-team": ("malloc-board", "barrier-board", "in-time-board",
+                       "team-sync-mpi"),   # last: the helper's cases() says why
+    "off-node": ("malloc-off-node", "in-time-off-node"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,29 +62,24 @@ def outcomes():
 
     def jobs_in(root):
         roots.append(root)
-        jobs = {}
-        for name, (scenario, stop, agreement, split) in JOBS.items():
-            if name in IN_TIME:
-                continue
-            command = [launcher, "-n", str(N_PES), sys.executable, str(HELPER), scenario,
-                       f"{TIMEOUT:g}", f"{stop:g}", str(root / name), agreement]
-            if split is not None:
-                command.append(str(split))
-            jobs[name] = (command, clean_env())
-        cases = [":".join([name, scenario, agreement] + ([] if split is None else [str(split)]))
-                 for name, (scenario, _, agreement, split) in JOBS.items() if name in IN_TIME]
-        stops = {JOBS[name][1] for name in IN_TIME}
-        assert len(stops) == 1, stops
-        jobs["in-time"] = ([launcher, "-n", str(N_PES), sys.executable, str(HELPER), "in-time",
-                            f"{TIMEOUT:g}", f"{stops.pop():g}", str(root / "in-time"), *cases],
-                           clean_env())
-        return jobs
+        return {job: ([launcher, "-n", str(N_PES), sys.executable, str(HELPER), "cases",
+                       f"{TIMEOUT:g}", str(root / job)] + [case(name) for name in names],
+                      clean_env())
+                for job, names in SHARED.items()}
 
-    with job_outcomes("shmemvm-abandoned-", jobs_in, JOB_LIMIT, N_PES, BATCH) as results:
-        # each call of the shared job as if it had its own: its records from
-        # in-time/<name>/, the job's end and log
-        split_shared(results, "in-time", roots[0] / "in-time", IN_TIME, N_PES)
+    with job_outcomes("shmemvm-abandoned-", jobs_in, JOB_LIMIT, N_PES) as results:
+        # each call of a shared job as if it had its own: its records from
+        # <job>/<name>/, the job's end and log
+        for job, names in SHARED.items():
+            split_shared(results, job, roots[0] / job, names, N_PES)
         yield results
+
+
+def case(name: str) -> str:
+    """JOBS[name] as the helper's NAME:SCENARIO:STOP:AGREEMENT[:SPLIT]."""
+    scenario, stop, agreement, split = JOBS[name]
+    return ":".join([name, scenario, f"{stop:g}", agreement] + ([] if split is None
+                                                                 else [str(split)]))
 
 
 def _records(outcomes, name):
