@@ -83,8 +83,8 @@ def main(outdir: str, scenario: str) -> None:
     me, n = comm.Get_rank(), comm.Get_size()
     record = {"pe": me, "scenario": scenario}
     # What is alive now (torch, MPI, the last scenario's survivors) stays so: frozen
-    # out of the collector's way, the gc.collect() of each open_fds() below (four a
-    # call, some 240 calls before the descriptors run out) scans only what came
+    # out of the collector's way, the gc.collect() of the open_fds() before each call
+    # below (some 240 calls before the descriptors run out) scans only what came
     # since. On the 2-core VM, fds at 2 PEs took 41.5 CPU-s before, 4.2 after (issue 33,
     # item 16).
     gc.collect()
