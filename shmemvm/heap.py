@@ -117,15 +117,15 @@ class SymmetricHeap:
                  native: int | str | None = None):
         #: this heap's state and services, which the routines are bound to (private:
         #: what users see of it is this class)
-        self._core = core = HeapCore(self)
+        self._core = core = setup.open_heap(
+            self, comm, heap_size, backend, timeout=timeout, node_split=node_split,
+            va_factor=va_factor, thread_level=thread_level, agreement=agreement, anchor=anchor,
+            native=native)
         # each routine bound once, here (a plain attribute lookup per call after this,
         # not a descriptor's __get__: an 8-byte put is a few microseconds)
         bound = self.__dict__
         for name in _ROUTINES:
             bound[name] = types.MethodType(getattr(SymmetricHeap, name), core)
-        setup.open_heap(self._core, comm, heap_size, backend, timeout=timeout,
-                        node_split=node_split, va_factor=va_factor, thread_level=thread_level,
-                        agreement=agreement, anchor=anchor, native=native)
 
     # -- what the heap is -----------------------------------------------------------------
     @property
@@ -177,13 +177,15 @@ class SymmetricHeap:
     @property
     def closed(self) -> bool:
         """Whether the heap was finalized (or its init failed)."""
-        return self._core.closed
+        core = vars(self).get("_core")   # (none where init failed: it is made whole or not)
+        return core is None or core.closed
 
     def __repr__(self) -> str:
-        core = self._core
+        core = vars(self).get("_core")
+        if core is None:
+            return "<SymmetricHeap: init failed>"
         state = "finalized" if core.closed else f"{core.heap_size} bytes"
-        where = f"{getattr(core, 'my_pe', '?')}/{getattr(core, 'n_pes', '?')}"
-        return f"<SymmetricHeap PE {where}: {state}>"
+        return f"<SymmetricHeap PE {core.my_pe}/{core.n_pes}: {state}>"
 
     # -- collective allocation (openshmem/alloc.py, external.py) ------------------------------
     malloc = routine(alloc.malloc)

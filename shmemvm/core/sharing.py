@@ -60,7 +60,8 @@ def allocate_collectively(core: Sharing, nbytes: int, call: Call) -> Block:
     if failure is None and not created:
         assert block is not None   # (allocate_unmapped made it)
         return block
-    step_failure = exchange(core, call, created, core.local.export, core.peers.map,
+    step_failure = exchange(core.exchange, core.agreement, call, created, core.local.export,
+                            core.peers.map,
                             local=lambda: core.map_new(created), failed=failure)
     # Undoing releases the new segments, which unmaps peers' copies and
     # detaches them from the window (release listeners). A PE whose
@@ -77,15 +78,16 @@ def allocate_collectively(core: Sharing, nbytes: int, call: Call) -> Block:
     return block
 
 
-def exchange(core: Sharing, call: Call, segments: list, export, map_peer, **options):
-    """The fd exchange of `call`'s step (Exchange.run): the failure to agree on,
-    or None. A timeout is raised instead: a PE is gone or stuck, and agreeing
+def exchange(exchanger: Exchange, agreement: Agreement, call: Call, segments: list, export,
+             map_peer, **options):
+    """The fd exchange of `call`'s step (`exchanger.run`, numbered by `agreement`):
+    the failure to agree on, or None. A timeout is raised instead: a PE is gone or stuck, and agreeing
     on it would wait as long again (2x SHMEMVM_TIMEOUT), so the heap is
     unusable from here on."""
     try:
-        core.exchange.run(core.agreement.seq, segments, export, map_peer, call.text, **options)
+        exchanger.run(agreement.seq, segments, export, map_peer, call.text, **options)
     except PeerTimeoutError as exc:
-        core.agreement.mark_broken(f"{call.text}: {exc}")
+        agreement.mark_broken(f"{call.text}: {exc}")
         raise
     except (OSError, ShmemError, MPI.Exception) as exc:
         return exc
@@ -164,7 +166,7 @@ def share_imported(core: Sharing, block: Block, shift: int, pieces: list, call: 
         handles[offset] = piece.handle
         offset += piece.size
     failure = exchange(
-        core, call, segments, lambda segment: core.backend.export_fd(handles[segment.offset]),
+        core.exchange, core.agreement, call, segments, lambda segment: core.backend.export_fd(handles[segment.offset]),
         lambda pe, piece, fd: core.peers.map_piece(pe, block.segment, piece, fd),
         within=block.segment)
     if not core.agreement.all_ok(failure is None,

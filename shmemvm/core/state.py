@@ -133,7 +133,7 @@ class Core(Protocol):
     #: the world group's agreement and this PE's liveness record (teams make theirs alike,
     #: waits and locks watch the others through it)
     agreement: Agreement
-    liveness: Liveness | None
+    liveness: Liveness
 
     @property
     def face(self) -> Any: ...   # the SymmetricHeap users hold (Ctx.heap, Team.heap)
@@ -227,56 +227,67 @@ def core_of(heap: Any) -> HeapCore:
 
 
 class HeapCore:
-    """One symmetric heap's state and services (see the module doc). Made empty
-    here and built by setup.open(); everything it holds is None until then."""
+    """One symmetric heap's state and services (see the module doc), made whole:
+    setup.py builds every part, then hands them all to the constructor."""
 
-    # Set by setup.open(), in this order; teardown releases whatever was made.
-    comm: MPI.Intracomm
-    node: MPI.Comm
-    my_pe: int
-    n_pes: int
-    node_pes: list[int]
-    timeout: float
-    thread_level: int
-    backend: VMMBackend
-    local: HeapMemory
-    peers: PeerTable
-    channel: FdChannel | None
-    exchange: Exchange
-    anchor: Anchor | None
-    window: OffNodeWindow | None
-    window_error: str | None
-    agreement: Agreement
-    completion: CompletionTracker
-    routes: Routes
-    locator: Locator
-    liveness: Liveness | None
-    peer_pids: dict[int, int]
-    peer_paths: dict[int, str]
-    #: what the heap is, for the routines (Core.identity): made once the core is built
-    identity: Identity
-
-    def __init__(self, face: Any = None) -> None:
+    def __init__(self, face: Any, *, identity: Identity, node_pes: list[int], thread_level: int,
+                 local: HeapMemory, peers: PeerTable, channel: FdChannel, exchange: Exchange,
+                 anchor: Anchor | None, window: OffNodeWindow | None, window_error: str | None,
+                 agreement: Agreement, completion: CompletionTracker, routes: Routes,
+                 locator: Locator, liveness: Liveness, peer_pids: dict[int, int],
+                 peer_paths: dict[int, str]) -> None:
         """`face`: the SymmetricHeap that holds this core (what Ctx.heap and
-        Team.heap name); None for a core of its own (a test's)."""
+        Team.heap name); None for a core of its own (a test's). The rest:
+        the parts setup.py made (core/setup.py says how), each ready."""
         #: the heap of this context: itself (the heap is its own default context)
         self.core = self
         self._face = weakref.ref(face) if face is not None else None
         if face is not None:
             _CORES[face] = self
+        #: what the heap is, for the routines (Core.identity); its facts also as attributes
+        #: here, read by the core's own services
+        self.identity = identity
+        self.comm: MPI.Intracomm = identity.comm
+        self.node: MPI.Comm = identity.node
+        self.my_pe: int = identity.my_pe
+        self.n_pes: int = identity.n_pes
+        self.timeout: float = identity.timeout
+        #: every PE uses the compiled fast paths (native/; voted on at init)
+        self.native: bool = identity.native
+        #: the node's PEs, in PE order (heap.node_pes), and the others' pids and
+        #: mailboxes (node/exchange.py)
+        self.node_pes = node_pes
+        self.peer_pids = peer_pids
+        self.peer_paths = peer_paths
+        self.thread_level = thread_level
+        #: this PE's memory (the VMM heap and its allocator) and its backend
+        self.local = local
+        self.backend: VMMBackend = local.backend
+        #: the node peers' heaps mapped here, the mailbox and the fd exchange that map
+        #: new memory on them, and the anchor that speeds that up (None: none)
+        self.peers = peers
+        self.channel = channel
+        self.exchange = exchange
+        self.anchor = anchor
+        #: the MPI window for the other nodes (and a host heap's atomics), or None and why
+        self.window = window
+        self.window_error = window_error
+        #: the agreement every collective starts with; it releases the blocks every PE
+        #: dropped through this core
+        self.agreement = agreement
+        agreement.release = self.release_dead
+        #: the default context's completion tracker, the route to each PE and the
+        #: resolution of an operation's target (transport/)
+        self.completion = completion
+        self.routes = routes
+        self.locator = locator
+        #: this PE's record of what it waits for, and what it sees of the others
+        #: (agreement/liveness.py)
+        self.liveness = liveness
         #: serialises this heap's collective calls and their state (a thread that
         #: makes a collective call holds it for the whole call)
         self.lock = threading.RLock()
         self.closed = False
-        # made by setup.open_heap before any routine runs; None until then (a failed
-        # init's teardown checks)
-        self.agreement = None   # type: ignore[assignment]
-        self.comm = self.node = self.local = self.peers = None   # type: ignore[assignment]
-        self.channel = self.anchor = self.window = None
-        self.window_error = None
-        #: this PE's record of what it waits for, and what it sees of the others
-        #: (agreement/liveness.py): made at init
-        self.liveness = None
         #: blocks dropped (garbage-collected) here, not yet released on every PE
         self._pending: set[int] = set()
         #: the trackers of live contexts other than the default one (contexts.py)
@@ -291,8 +302,6 @@ class HeapCore:
         #: the releases of allocate()'s one step, held until its block is taken
         #: (release_dead()); None outside it
         self._held: set[int] | None = None
-        #: every PE uses the compiled fast paths (native/; voted on at init)
-        self.native = False
 
     # -- what the heap is ---------------------------------------------------------------
     @property
@@ -338,14 +347,13 @@ class HeapCore:
     @property
     def broken(self) -> str | None:
         """Why the heap is unusable (a timed-out step), or None."""
-        return self.agreement.broken if self.agreement is not None else None
+        return self.agreement.broken
 
     def check_usable(self) -> None:
         """ShmemError once finalized, PeerTimeoutError once broken."""
         if self.closed:
             raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
-        if self.agreement is not None:
-            self.agreement.check_usable()
+        self.agreement.check_usable()
 
     def feature(self, key: FeatureKey[Feature], make: Callable[[], Feature]) -> Feature:
         """The per-heap state of a routine module, made by `make()` at its first
@@ -374,7 +382,7 @@ class HeapCore:
         SymmetryError everywhere), and the blocks that nothing views on any PE
         any more are released first. The same outcome on every PE."""
         agreement = self.agreement
-        if self.closed or agreement is None or agreement.broken:
+        if self.closed or agreement.broken:
             self.check_usable()
         dead = self.local.take_dead()
         if dead:
@@ -459,7 +467,7 @@ class HeapCore:
         remembered while its block stays live (a free or a release forgets
         every one): no second resolution, only a memo of the first."""
         agreement = self.agreement
-        if self.closed or agreement is None or agreement.broken:
+        if self.closed or agreement.broken:
             return None
         try:
             return self._located[address, pe]
@@ -500,9 +508,8 @@ class HeapCore:
 
     def publish_lock(self, offset: int, ticket: int | None, how: str | None) -> None:
         """Tell the other PEs through this PE's liveness record what it does with
-        the lock at `offset` (openshmem/locks.py); nothing without a record."""
-        if self.liveness is not None:
-            self.liveness.lock_state(offset, ticket, how)
+        the lock at `offset` (openshmem/locks.py)."""
+        self.liveness.lock_state(offset, ticket, how)
 
     def all_mapped(self, pes) -> bool:
         """Every PE of `pes` is addressable from here (a team's node path)."""
