@@ -120,7 +120,7 @@ def default_core() -> HeapCore:
         ShmemError: as default_heap().
     """
     core = _core
-    if core is None or core.closed:
+    if core is None or core.calls.closed:
         return core_of(default_heap())   # (raises: no heap)
     return core
 

@@ -177,8 +177,10 @@ class SymmetricHeap:
     @property
     def closed(self) -> bool:
         """Whether the heap was finalized (or its init failed)."""
-        core = vars(self).get("_core")   # (none where init failed: it is made whole or not)
-        return core is None or core.closed
+        try:
+            return self._core.closed
+        except AttributeError:   # no core: init failed (a core is made whole or not at all)
+            return True
 
     def __repr__(self) -> str:
         core = vars(self).get("_core")

@@ -116,18 +116,10 @@ class Identity:
     native: bool
 
 
-class Core(Protocol):
-    """The one typed door the routines (openshmem/, and through them shmem/,
-    api.py, device/) see of a heap's core: nothing else of HeapCore is theirs,
-    and no routine reaches through a part of it (`heap.local.x`; kept by
-    tests/unit/test_house.py). Each member says why a routine needs it."""
+class Calls(Protocol):
+    """Core.calls: the state of the heap's calls and the agreement every
+    collective starts with."""
 
-    # -- what the heap is (messages, PE numbers, teams, the faces' objects) --------------
-    #: my_pe, n_pes, node_pes, comm, node, timeout, device, backend_name, granularity,
-    #: anchor_size, native: read-only facts (Identity), one member
-    identity: Identity
-    #: the heap's lock: every collective call holds it
-    lock: threading.RLock
     #: finalized: contexts and quiet() check it before touching the window
     closed: bool
     #: the world group's agreement and this PE's liveness record (teams make theirs alike,
@@ -136,47 +128,45 @@ class Core(Protocol):
     liveness: Liveness
 
     @property
-    def face(self) -> Any: ...   # the SymmetricHeap users hold (Ctx.heap, Team.heap)
-
-    @property
-    def core(self) -> Core: ...   # itself: the heap is its own default context (Context)
-
-    @property
     def broken(self) -> str | None: ...   # why the heap is unusable (a timed-out step)
 
-    @property
-    def tracker(self) -> CompletionTracker: ...   # the default context's (quiet, fence)
-
-    # -- state and agreement (every collective) -------------------------------------------
     def check_usable(self) -> None: ...
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
     def mark_broken(self, why: str) -> None: ...
-    def feature(self, key: FeatureKey[Feature], make: Callable[[], Feature]) -> Feature: ...
-    def new_tracker(self) -> CompletionTracker: ...   # a Ctx's own (its own stream)
-    def drop_tracker(self, tracker: CompletionTracker) -> None: ...
     def synchronize(self) -> None: ...   # the device's work before a collective step
+    def feature(self, key: FeatureKey[Feature], make: Callable[[], Feature]) -> Feature: ...
     def publish_lock(self, offset: int, ticket: int | None, how: str | None) -> None: ...
-    def all_mapped(self, pes: Any) -> bool: ...   # a team's node path
 
-    # -- arguments (every routine) --------------------------------------------------------
+
+class Where(Protocol):
+    """Core.where: which PE, which block and which bytes an operation lands on
+    (rma, atomics, waits, signals, locks, collectives), and how they are reached."""
+
+    # -- the operands every routine checks ------------------------------------------------
     def check_pe(self, pe: Any) -> int: ...
-    def world_pe(self, pe: Any) -> int: ...
     def symmetric(self, tensor: torch.Tensor, role: str) -> Block: ...
     def symmetric_contiguous(self, tensor: Any, role: str, what: str) -> int: ...
     def offset_of(self, tensor: torch.Tensor) -> int: ...
+    def storage_offset(self, tensor: torch.Tensor) -> int: ...
 
-    # -- where an operation lands (rma, atomics, waits, signals, locks, collectives) ------
+    # -- the target, resolved once an operation (transport/target.py) --------------------
     def locate(self, tensor: torch.Tensor, pe: int, role: str) -> Target: ...
     def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None: ...
     def array_address(self, array: Any) -> int | None: ...   # the NumPy face's one pass
-    def storage_offset(self, tensor: torch.Tensor) -> int: ...
+    def all_mapped(self, pes: Any) -> bool: ...   # a team's node path
+    def heap_bases(self) -> torch.Tensor: ...
+
+    # -- reaching it ----------------------------------------------------------------------
     def hold(self, block: Block, view: torch.Tensor) -> torch.Tensor: ...
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None: ...
     def window_for(self, what: str) -> OffNodeWindow: ...
     def atomics_window(self, what: str, pe: int) -> OffNodeWindow: ...
-    def heap_bases(self) -> torch.Tensor: ...
 
-    # -- memory (alloc.py, external.py): each routine one core call -----------------------
+
+class Memory(Protocol):
+    """Core.memory: the heap's memory calls (alloc.py, external.py), each
+    routine one core call."""
+
     #: malloc, empty, zeros, align, ...: the agreement, the block and its tensor (filled)
     def allocate(self, call: Call, nbytes: int, dims: tuple[int, ...], dtype: torch.dtype,
                  fill: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor: ...
@@ -190,6 +180,17 @@ class Core(Protocol):
     def import_external(self, tensor: torch.Tensor) -> torch.Tensor: ...
     #: heap_info's figures
     def stats(self) -> HeapStats: ...
+
+
+class Contexts(Protocol):
+    """Core.contexts: what contexts and teams are made of (contexts.py, group.py);
+    the default context's tracker is the core's own (Context.tracker)."""
+
+    @property
+    def face(self) -> Any: ...   # the SymmetricHeap users hold (Ctx.heap, Team.heap)
+
+    def new_tracker(self) -> CompletionTracker: ...   # a Ctx's own (its own stream)
+    def drop_tracker(self, tracker: CompletionTracker) -> None: ...
 
 
 class Context(Protocol):
@@ -207,6 +208,33 @@ class Context(Protocol):
     def tracker(self) -> CompletionTracker: ...
 
     def world_pe(self, pe) -> int: ...
+
+
+class Core(Context, Protocol):
+    """The one typed door the routines (openshmem/, and through them shmem/,
+    api.py, device/) see of a heap's core: what the heap is, its lock, and
+    four facets, each a small Protocol of its own; and, since the heap is its
+    own default context, a Context's core, tracker and world_pe. Nothing else of HeapCore is
+    theirs, and no routine reaches through a part of it (`heap.local.x`) or
+    past a facet's members (kept by tests/unit/test_house.py).
+
+    A facet is the core itself seen through its Protocol (HeapCore sets
+    `self.where = self`, ...): `heap.where.locate(...)` is one attribute
+    lookup more than `heap.locate(...)`, and no call more, on every hot path."""
+
+    #: my_pe, n_pes, node_pes, comm, node, timeout, device, backend_name, granularity,
+    #: anchor_size, native: what the heap is, read-only (messages, PE numbers, teams)
+    identity: Identity
+    #: the heap's lock: every collective call holds it
+    lock: threading.RLock
+    #: closed, broken, check_usable, agree, feature, ...: every collective call's
+    calls: Calls
+    #: check_pe, symmetric, locate, window_for, ...: every operation's operands and target
+    where: Where
+    #: allocate, free, reallocate, trim, import_external, stats
+    memory: Memory
+    #: face, new_tracker, drop_tracker: contexts and teams
+    contexts: Contexts
 
 
 #: the core of each SymmetricHeap (core_of()), for the faces above the routines
@@ -292,6 +320,11 @@ class HeapCore:
         self._pending: set[int] = set()
         #: the trackers of live contexts other than the default one (contexts.py)
         self._trackers: weakref.WeakSet = weakref.WeakSet()
+        #: the facets of the door (Core): this core, seen through each one's Protocol
+        self.calls: Calls = self
+        self.where: Where = self
+        self.memory: Memory = self
+        self.contexts: Contexts = self
         #: per-heap state of the routines, by key, in the order made (feature())
         self._features: dict[FeatureKey[Any], Any] = {}
         self._bases: torch.Tensor | None = None   # heap_bases(), made once

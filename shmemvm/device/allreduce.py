@@ -238,8 +238,8 @@ class DeviceAllReduce:
         if (graph is not None and src.is_contiguous() and dst.is_contiguous()
                 and not _capturing()):
             # the tensors must still be live symmetric tensors (their memory mapped)
-            self._core.symmetric(src, "source")
-            self._core.symmetric(dst, "destination")
+            self._core.where.symmetric(src, "source")
+            self._core.where.symmetric(dst, "destination")
             _replay(graph)
             return
         launch = self._prepare(dst, src, op, algorithm)
@@ -280,8 +280,8 @@ class DeviceAllReduce:
         """The call's launch as a function of no arguments (None: nothing to do),
         after checking its arguments."""
         what = "DeviceAllReduce"
-        src_offset = self._core.symmetric_contiguous(src, "source", what)
-        dst_offset = self._core.symmetric_contiguous(dst, "destination", what)
+        src_offset = self._core.where.symmetric_contiguous(src, "source", what)
+        dst_offset = self._core.where.symmetric_contiguous(dst, "destination", what)
         if src.dtype != dst.dtype or src.numel() != dst.numel():
             raise ValueError(f"{what}: dst ({dst.dtype}, {dst.numel()} elements) and src "
                              f"({src.dtype}, {src.numel()} elements) must have the same dtype "

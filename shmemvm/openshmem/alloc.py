@@ -4,7 +4,7 @@ realloc, free, and the heap's memory in numbers (heap_info, trim).
 Every PE runs the same deterministic allocator (memory/buddy.py), so the same
 sequence of collective calls gives the same offsets everywhere: each call
 only agrees that every PE made it with the same arguments (one small
-allreduce, Core.agree), then allocates locally; only segments a call
+allreduce, Core.calls.agree), then allocates locally; only segments a call
 creates are shared with the node's PEs (core/sharing.py). A block is reused
 only when it was freed on every PE and nothing on any PE views it any more
 (memory/ownership.py).
@@ -100,10 +100,10 @@ def allocate(heap: Core, request: Callable[[], Request], text: str, *,
     except (TypeError, ValueError) as exc:
         call.error = exc
     if call.error is not None:
-        return heap.allocate(call, 0, (0,), torch.uint8)   # (raises every PE's error)
+        return heap.memory.allocate(call, 0, (0,), torch.uint8)   # (raises every PE's error)
     assert made is not None
     nbytes, alignment = call.args[:2]   # (hints: checked and agreed; no effect yet)
-    return heap.allocate(call, max(nbytes, alignment), (nbytes,), torch.uint8, made.fill)
+    return heap.memory.allocate(call, max(nbytes, alignment), (nbytes,), torch.uint8, made.fill)
 
 
 def malloc(heap: Core, nbytes: int) -> torch.Tensor:
@@ -133,7 +133,7 @@ def malloc(heap: Core, nbytes: int) -> torch.Tensor:
     # empty((nbytes,), torch.uint8) with tensor_nbytes' answer for a plain int, inline
     dims = (nbytes,)
     call = Call(Phase.MALLOC, (nbytes, torch.uint8, dims), text, None, True)
-    return heap.allocate(call, nbytes, dims, torch.uint8)
+    return heap.memory.allocate(call, nbytes, dims, torch.uint8)
 
 
 def empty(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -165,13 +165,13 @@ def empty(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor
 def _empty(heap: Core, shape, dtype, text, phase: Phase,
            fill: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
     """empty() as the call `phase` with the message text `text` (malloc, zeros),
-    filled by `fill` on every PE before any returns (Core.allocate)."""
+    filled by `fill` on every PE before any returns (Core.memory.allocate)."""
     try:
         dims, nbytes = _args.tensor_nbytes(shape, dtype)
     except (TypeError, ValueError) as exc:
-        return heap.allocate(Call(phase, (), text, exc), 0, (0,), torch.uint8)  # (raises)
+        return heap.memory.allocate(Call(phase, (), text, exc), 0, (0,), torch.uint8)  # (raises)
     call = Call(phase, (nbytes, dtype, dims), text, None, True)  # exact: ints, a dtype
-    return heap.allocate(call, nbytes, dims, dtype, fill)
+    return heap.memory.allocate(call, nbytes, dims, dtype, fill)
 
 
 def zeros(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -202,7 +202,7 @@ def zeros(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor
 
 
 def _zero(raw: torch.Tensor) -> None:
-    """zeros()' fill (Core.allocate: the tensor's bytes)."""
+    """zeros()' fill (Core.memory.allocate: the tensor's bytes)."""
     raw.zero_()
 
 
@@ -301,7 +301,7 @@ def release(heap: Core, find: Callable[[], torch.Tensor], text: str) -> None:
     ValueError or NotSymmetricError (not something this heap allocated, a slice
     that does not start an allocation, freed already: FreedTensorError), every
     PE raises at this call and nothing is freed."""
-    heap.free(find, text)
+    heap.memory.free(find, text)
 
 
 def realloc(heap: Core, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
@@ -331,7 +331,7 @@ def realloc(heap: Core, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         TypeError, ValueError: `nbytes` is not an integer, is negative or
             not a multiple of the element size.
     """
-    return heap.reallocate(tensor, nbytes)
+    return heap.memory.reallocate(tensor, nbytes)
 
 
 def heap_info(heap: Core) -> HeapInfo:
@@ -352,9 +352,9 @@ def heap_info(heap: Core) -> HeapInfo:
         ShmemError: the heap is finalized (a heap broken by a timeout still
             reports).
     """
-    if heap.closed:  # stats of released memory would mislead; a broken heap still reports
+    if heap.calls.closed:  # stats of released memory would mislead; a broken heap still reports
         raise ShmemError("this symmetric heap is finalized; call init() again for a new one")
-    return HeapInfo(**heap.stats(), pe=heap.identity.my_pe, n_pes=heap.identity.n_pes,
+    return HeapInfo(**heap.memory.stats(), pe=heap.identity.my_pe, n_pes=heap.identity.n_pes,
                     backend=heap.identity.backend_name, device=str(heap.identity.device),
                     node_pes=list(heap.identity.node_pes),
                     anchor=heap.identity.anchor_size)
@@ -376,7 +376,7 @@ def trim(heap: Core) -> int:
             (every PE raises it; the segments are released everywhere,
             and the heap stays usable).
     """
-    return heap.trim()
+    return heap.memory.trim()
 
 
 

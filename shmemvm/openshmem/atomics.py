@@ -103,7 +103,7 @@ def prepare(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, what:
     heap's atomics. The located Target (transport/target.py); a clear error
     otherwise."""
     check_op(word, op, what)
-    target = heap.locate(where, pe, f"{role} of {what} (a view of memory from this heap's "
+    target = heap.where.locate(where, pe, f"{role} of {what} (a view of memory from this heap's "
                                     f"malloc/empty/zeros)")
     if where.numel() != word.size * count:
         raise ValueError(f"{what}: the {role} has {where.numel()} bytes, not {count} {word.name}")
@@ -113,7 +113,7 @@ def prepare(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, what:
                          f"with that element type")
     if target.atomic_address is None:
         if not target.by_kernel or target.address is None:
-            heap.atomics_window(what, pe)
+            heap.where.atomics_window(what, pe)
         elif word.size not in (4, 8):
             raise UnsupportedError(f"{what}: on a {heap.identity.backend_name} heap atomics run as "
                                    f"Triton kernels, whose atomics are 32- and 64-bit; the "
@@ -170,7 +170,7 @@ def apply(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, value=0
         return old
     if not count:
         return []
-    window = heap.atomics_window(what, pe)
+    window = heap.where.atomics_window(what, pe)
     win, mpi = window.win, word.mpi
     target = [window.displacement(where, pe), count, mpi]
     origin = word.buffer([value] * count)
@@ -233,7 +233,7 @@ def cpu_word(heap: Core, allocation: torch.Tensor, address: int, word: Word,
     property of the target."""
     if address % word.size:
         return None
-    target = heap.locate_in(allocation, address, pe)
+    target = heap.where.locate_in(allocation, address, pe)
     return None if target is None else target.atomic_address
 
 
@@ -261,7 +261,7 @@ def _by_kernel(heap: Core, word: Word, where: torch.Tensor, pe: int, op: str, va
         raise UnsupportedError(f"{what}: on a {heap.identity.backend_name} heap atomics run "
                                f"as Triton "
                                f"kernels, and Triton is not installed: pip install triton") from exc
-    bits = kernels.apply(heap.heap_bases(), heap.identity.my_pe, where, pe, _KERNEL_OPS[op],
+    bits = kernels.apply(heap.where.heap_bases(), heap.identity.my_pe, where, pe, _KERNEL_OPS[op],
                          word.bits(value), word.bits(cond))
     return word.from_bits(bits)
 

@@ -1,7 +1,7 @@
 """Barriers over every PE of the heap: barrier_all (puts complete, then wait
 for every PE) and sync_all (this PE's stores complete, then wait).
 
-Both are one agreed step (Core.agree): the same allreduce that checks
+Both are one agreed step (Core.calls.agree): the same allreduce that checks
 every PE is in the same call is the barrier, on the node through the
 agreement's shared-memory board where it has one.
 """
@@ -36,7 +36,7 @@ def barrier_all(heap: Core) -> None:
     """
     with heap.lock:
         rma.quiet(heap)
-        heap.agree(_BARRIER_ALL)
+        heap.calls.agree(_BARRIER_ALL)
 
 
 def sync_all(heap: Core) -> None:
@@ -55,5 +55,5 @@ def sync_all(heap: Core) -> None:
         ShmemError: the heap is finalized.
     """
     with heap.lock:
-        heap.synchronize()
-        heap.agree(_SYNC_ALL)
+        heap.calls.synchronize()
+        heap.calls.agree(_SYNC_ALL)

@@ -111,7 +111,7 @@ def _offset(heap: Core, operand: Operand, role: str, what: str) -> int:
     offset = operand.offset
     if offset is not None:
         return offset
-    return heap.symmetric_contiguous(operand.data, role, what)
+    return heap.where.symmetric_contiguous(operand.data, role, what)
 
 
 def _same_dtype(what: str, dest: Operand, source: Operand) -> None:
@@ -248,7 +248,7 @@ def broadcast_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
             t.label, d, s, source.count, source.dtype, r)   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.synchronize()
+        heap.calls.synchronize()
         d, s, _, _, r = t.agree_checked(
             Phase.BROADCAST, f"{t.label}broadcast(dest, source, root={root!r})", check)
         dest, source = made
@@ -318,7 +318,7 @@ def fcollect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
             t.label, d, s, source.count, source.dtype)   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.synchronize()
+        heap.calls.synchronize()
         t.agree_checked(Phase.FCOLLECT, f"{t.label}fcollect(dest, source)", check)
         dest, source = made
         m = source.data.numel()
@@ -386,7 +386,7 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
             f"source at {s:#x})")
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.synchronize()
+        heap.calls.synchronize()
         d, s, _, dest_count = t.agree_checked(Phase.COLLECT, f"{t.label}collect(dest, source)",
                                               check)
         dest, source = made
@@ -478,7 +478,7 @@ def alltoall_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
             t.label, d, s, source.count, source.dtype)   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.synchronize()
+        heap.calls.synchronize()
         t.agree_checked(Phase.ALLTOALL, f"{t.label}alltoall(dest, source)", check)
         dest, source = made
         b, me = source.data.numel() // n, t.me      # a block, in bytes
@@ -563,7 +563,7 @@ def alltoalls_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
             f"sst={ss}, nelems={count} x {source.dtype})")
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.synchronize()
+        heap.calls.synchronize()
         _, _, _, count, (ds, ss) = t.agree_checked(
             Phase.ALLTOALLS, f"{t.label}alltoalls(dest, source, dst={dst!r}, sst={sst!r}, "
             f"nelems={nelems!r})", check)
@@ -678,7 +678,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
             t.label, d, s, source.count, source.dtype, op)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
-        heap.synchronize()
+        heap.calls.synchronize()
         t.agree_checked(Phase.REDUCE, f"{t.label}reduce(dest, source, op={op!r})", check)
         dest, source, combine = made
         numel, n, me, size = source.count, len(t.pes), t.me, source.itemsize

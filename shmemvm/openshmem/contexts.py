@@ -112,19 +112,19 @@ class Ctx(ContextOperations):
             raise TypeError(f"Ctx: heap must be a SymmetricHeap, got {type(heap).__name__}") \
                 from None
         options = _args.flags(options, _OPTIONS, "ctx_create: options")
-        if team is not None and getattr(team, "heap", core.face) is not core.face:
+        if team is not None and getattr(team, "heap", core.contexts.face) is not core.contexts.face:
             raise ValueError("ctx_create: the team belongs to another heap")
-        core.check_usable()
+        core.calls.check_usable()
         self._core = core
         self.options = options
         self.team = team
-        self.completion = core.new_tracker()   # (counted in the heap's quiet_all())
+        self.completion = core.contexts.new_tracker()   # (counted in the heap's quiet_all())
         self._destroyed = False
 
     @property
     def heap(self):
         """The SymmetricHeap this context issues operations on."""
-        return self._core.face
+        return self._core.contexts.face
 
     def _usable(self, what: str) -> Core:
         if self._destroyed:
@@ -147,7 +147,7 @@ class Ctx(ContextOperations):
         """`pe` as the heap's PE number (team-relative with a team), checked."""
         self._usable("operation")
         if self.team is None:
-            return self._core.check_pe(pe)
+            return self._core.where.check_pe(pe)
         return self.team.world_pe(pe)
 
     def quiet(self) -> None:
@@ -162,7 +162,7 @@ class Ctx(ContextOperations):
             PeerTimeoutError: a PE did not answer within the heap's timeout; the
                 heap is unusable afterwards.
         """
-        self._usable("quiet").check_usable()
+        self._usable("quiet").calls.check_usable()
         self.completion.quiet()
 
     def fence(self) -> None:
@@ -176,7 +176,7 @@ class Ctx(ContextOperations):
             ShmemError: the context was destroyed, or the heap is finalized.
             PeerTimeoutError: a PE did not answer within the heap's timeout.
         """
-        self._usable("fence").check_usable()
+        self._usable("fence").calls.check_usable()
         self.completion.fence()
 
     def destroy(self) -> None:
@@ -193,11 +193,11 @@ class Ctx(ContextOperations):
         if self._destroyed:
             return
         try:
-            if not self._core.closed:  # a finalized heap completed every context already
+            if not self._core.calls.closed:  # a finalized heap completed every context already
                 self.completion.quiet()
         finally:
             self._destroyed = True
-            self._core.drop_tracker(self.completion)
+            self._core.contexts.drop_tracker(self.completion)
             # its Team forgets it (a team-like object of the caller's keeps no list)
             forget = getattr(self.team, "forget_ctx", None)
             if forget is not None:
@@ -247,7 +247,7 @@ def ctx_destroy(heap: Core, ctx: Ctx) -> None:
         TypeError: `ctx` is not a context of this heap.
         PeerTimeoutError: a PE did not answer ctx's nbi operations in time.
     """
-    if not isinstance(ctx, Ctx) or ctx.heap is not heap.face:
+    if not isinstance(ctx, Ctx) or ctx.heap is not heap.contexts.face:
         raise TypeError(f"ctx_destroy: expected a context made by this heap's ctx_create, "
                         f"got {type(ctx).__name__}")
     ctx.destroy()

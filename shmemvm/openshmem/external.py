@@ -53,4 +53,4 @@ def import_external_tensor(heap: Core, tensor: torch.Tensor) -> torch.Tensor:
         ShmemError: the heap is finalized, or mapping/sharing failed on a PE
             (undone on every PE).
     """
-    return heap.import_external(tensor)
+    return heap.memory.import_external(tensor)

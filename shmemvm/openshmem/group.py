@@ -10,7 +10,7 @@ pes[i]), with
     with the heap's deadline; a mismatch raises the same SymmetryError on
     every member. A step that times out breaks the whole heap, as a heap
     collective's does (the late PE may be in any call). The world group's
-    agreement is the heap's own (Core.agree, which also releases the
+    agreement is the heap's own (Core.calls.agree, which also releases the
     blocks every PE dropped).
 
 Collectives (collectives.py) take a Group; a Team (teams.py) is a Group that
@@ -62,7 +62,7 @@ class Group:
         #: this PE's group PE number
         self.me = self.index[heap.identity.my_pe]
         #: every member is mapped here: the same answer on every member (collectives.py)
-        self.on_node = heap.all_mapped(self.pes)
+        self.on_node = heap.where.all_mapped(self.pes)
         self.name = {"world": "the world team", "shared": f"the shared team (PEs "
                      f"{pe_text(self.pes)})"}.get(kind, f"the team of PEs {pe_text(self.pes)}")
         #: prefix of call texts in messages ("" for the world: its calls are the heap's)
@@ -79,12 +79,12 @@ class Group:
     @property
     def heap(self):
         """The SymmetricHeap whose PEs these are."""
-        return self.core.face
+        return self.core.contexts.face
 
     # -- state ------------------------------------------------------------------------------
     def check_usable(self) -> None:
         """Raise ShmemError where the heap is finalized or broken, or the group destroyed."""
-        self.core.check_usable()
+        self.core.calls.check_usable()
         if self.destroyed:
             raise ShmemError(f"{self.name} was destroyed (destroy() or the heap's finalize()); "
                              f"split a new team from a live one")
@@ -112,14 +112,14 @@ class Group:
             return step(*args, **kwargs)
         finally:
             if self.agreement.broken and self.kind != "world":
-                self.core.mark_broken(f"{self.name}: {self.agreement.broken}")
+                self.core.calls.mark_broken(f"{self.name}: {self.agreement.broken}")
 
     def agree(self, call: Call) -> Outcome:
         """One agreed step among the members (the heap's own agreement for the
         world, which also releases blocks dropped on every PE)."""
         self.check_usable()
         if self.kind == "world":
-            return self.core.agree(call)
+            return self.core.calls.agree(call)
         return self._guarded(self.agreement.collective, call)
 
     def agree_checked(self, phase: Phase, text: str, check):
@@ -136,7 +136,7 @@ class Group:
 
     def step(self, phase: Phase, text: str) -> None:
         """An internal barrier step of a call, after this PE's device work."""
-        self.core.synchronize()
+        self.core.calls.synchronize()
         self.agree(Call(phase, text=text))
 
     def wait(self, request: MPI.Request, what: str) -> None:
@@ -156,7 +156,7 @@ def agreement(heap: Core, comm: MPI.Comm, *identity) -> Agreement:
     digest = hashlib.blake2b(repr(identity).encode(), digest_size=8).digest()
     key = 1 + int.from_bytes(digest, "little") % ((1 << 62) - 1)
     made = Agreement(comm, heap.identity.timeout, heap.identity.my_pe, key=key,
-                     liveness=heap.liveness)
+                     liveness=heap.calls.liveness)
     made.initialized = True
     return made
 
@@ -168,8 +168,8 @@ WORLD: FeatureKey[Group] = FeatureKey("group.world")
 def world(heap: Core) -> Group:
     """The group of every PE of the heap: its communicator and agreement."""
     identity = heap.identity
-    return heap.feature(WORLD, lambda: Group(heap, identity.comm, range(identity.n_pes),
-                                             heap.agreement, kind="world"))
+    return heap.calls.feature(WORLD, lambda: Group(heap, identity.comm, range(identity.n_pes),
+                                             heap.calls.agreement, kind="world"))
 
 
 def resolve(heap: Core, team, what: str) -> Group:

@@ -27,7 +27,7 @@ one lock without ill effect; the ticket count after 2**31 wraps through the
 int64 sign, which the arithmetic here takes modulo 2**64.
 
 Which locks this PE holds (and with which ticket) is this module's own state
-of each heap (a feature of it: Core.feature). The lock word is given to
+of each heap (a feature of it: Core.calls.feature). The lock word is given to
 acquire/try_acquire/release as its bytes (a uint8 tensor over symmetric
 memory), as both faces have it; its atomics go through atomics.apply.
 """
@@ -63,13 +63,13 @@ HELD: FeatureKey[dict[int, int]] = FeatureKey("locks.held")
 
 def _held(heap: Core) -> dict[int, int]:
     """The locks this PE holds on `heap`: lock offset -> its ticket."""
-    return heap.feature(HELD, dict)
+    return heap.calls.feature(HELD, dict)
 
 
 def _publish(heap: Core, offset: int, ticket: int | None, how: str | None) -> None:
     """Tell the other PEs (this PE's liveness record) that it takes a ticket for
     the lock at `offset`, queues with `ticket`, holds it, or (how None) not."""
-    heap.publish_lock(offset, ticket, how)
+    heap.calls.publish_lock(offset, ticket, how)
 
 
 def _lock_bytes(heap: Core, lock, what: str) -> torch.Tensor:
@@ -90,8 +90,8 @@ def _lock_bytes(heap: Core, lock, what: str) -> torch.Tensor:
 
 def _offset(heap: Core, word: torch.Tensor, what: str) -> int:
     """The heap offset of the lock word `word` (its 8 bytes), checked symmetric."""
-    heap.symmetric(word, f"lock of {what} (a tensor from this heap's zeros)")
-    return heap.offset_of(word)
+    heap.where.symmetric(word, f"lock of {what} (a tensor from this heap's zeros)")
+    return heap.where.offset_of(word)
 
 
 def _atomic(heap: Core, word: torch.Tensor, op: str, value=0, cond=0, *, what: str):
@@ -148,7 +148,7 @@ def acquire(heap: Core, word: torch.Tensor, what: str = "set_lock") -> None:
         return (f"set_lock(lock at heap offset {offset:#x}: ticket {ticket}, ticket {serving} "
                 f"is served)")
 
-    with liveness.watch(heap.liveness, describe, lambda: (offset, serving)) as watch:
+    with liveness.watch(heap.calls.liveness, describe, lambda: (offset, serving)) as watch:
         while True:
             bits = _atomic(heap, word, "fetch", what=what)
             serving = bits & _LOW

@@ -39,14 +39,15 @@ def ptr(heap: Core, tensor: torch.Tensor, pe: int) -> torch.Tensor | None:
         NotSymmetricError: `tensor` is not a tensor of this heap
             (its subclass FreedTensorError: of one that was freed).
     """
-    target = heap.locate(tensor, heap.check_pe(pe), "tensor")
+    target = heap.where.locate(tensor, heap.where.check_pe(pe), "tensor")
     if target.own:
         return tensor
     if target.address is None:   # a PE only MPI reaches
         return None
     # A live block cannot be released by a collective in another thread
     # (nothing here is dead), and hold() checks it is still live.
-    return heap.hold(target.block, target.block_view(tensor, heap.storage_offset(tensor)))
+    where = heap.where
+    return where.hold(target.block, target.block_view(tensor, where.storage_offset(tensor)))
 
 
 def put(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
@@ -164,8 +165,8 @@ def quiet(heap: Core) -> None:
         PeerTimeoutError: a PE did not answer an nbi operation within the
             heap's timeout; the heap is unusable afterwards.
     """
-    if heap.closed:
-        heap.check_usable()  # raises: finalized (its MPI window is gone)
+    if heap.calls.closed:
+        heap.calls.check_usable()  # raises: finalized (its MPI window is gone)
     heap.tracker.quiet()
 
 
@@ -181,8 +182,8 @@ def fence(heap: Core) -> None:
         ShmemError: the heap is finalized.
         PeerTimeoutError: a PE did not answer within the heap's timeout.
     """
-    if heap.closed:
-        heap.check_usable()  # raises: finalized (its MPI window is gone)
+    if heap.calls.closed:
+        heap.calls.check_usable()  # raises: finalized (its MPI window is gone)
     heap.tracker.fence()
 
 
@@ -194,7 +195,7 @@ def cpu_address(heap: Core, allocation: torch.Tensor, address: int, pe: int) -> 
     transfer(): a device heap, a PE on another node, a heap without the
     compiled piece, or a block not live here (transfer() then raises, with its
     own words). `pe` is a checked PE number."""
-    target = heap.locate_in(allocation, address, pe)
+    target = heap.where.locate_in(allocation, address, pe)
     return None if target is None else target.cpu_address
 
 
@@ -206,11 +207,11 @@ def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
     heap. Blocking, or left for `tracker`'s quiet() to complete where `tracker`
     is given (the nbi forms)."""
     if writing:
-        target = heap.locate(dest, pe, "destination")
+        target = heap.where.locate(dest, pe, "destination")
         source = _source_for(source, dest, "put")
         local, remote = source, dest
     else:
-        target = heap.locate(source, pe, "source")
+        target = heap.where.locate(source, pe, "source")
         _check_get_dest(dest, source)
         try:
             local = dest if dest.shape == source.shape else dest.view(source.shape)
@@ -221,7 +222,8 @@ def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
             return
         remote = source
     if target.address is None:   # a PE only MPI reaches: through the window
-        window = heap.window_for(f"{'put to' if writing else 'get from'} PE {pe} on another node")
+        window = heap.where.window_for(
+            f"{'put to' if writing else 'get from'} PE {pe} on another node")
         if writing:
             window.put(remote, local, pe, target.block, tracker)
         else:
@@ -239,7 +241,7 @@ def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
         # memory (a node peer's copy and a ptr() view of it), where it copied forward
         src = src.clone()
     if tracker is None:
-        heap.copy(dst, src)
+        heap.where.copy(dst, src)
     else:
         tracker.copy(dst, src)
 

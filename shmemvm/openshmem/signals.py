@@ -66,7 +66,7 @@ def signal_put(ctx: Context, dest: torch.Tensor, source: torch.Tensor, word: Wor
     atomics.prepare(heap, word, sig, pe, _SIGNAL_OPS[op], f"{what} (signal)")
     word.value(value, what)
     rma.put(heap, dest, source, pe)   # on the node: copied; off the node: put, complete there
-    heap.synchronize()
+    heap.calls.synchronize()
     atomics.apply(heap, word, sig, pe, _SIGNAL_OPS[op], value, what=f"{what} (signal)")
 
 

@@ -293,7 +293,7 @@ class Team(Group):
             self.check_usable()
             return barrier.sync_all(self.core)
         with self.lock:
-            self.core.synchronize()   # (step() with the team's one call)
+            self.core.calls.synchronize()   # (step() with the team's one call)
             self.agree(self._sync)
 
     def destroy(self) -> None:
@@ -334,9 +334,9 @@ class Team(Group):
             return
         self.destroyed = True
         self._contexts.clear()
-        if self.kind != "world" and not self.core.broken:
+        if self.kind != "world" and not self.core.calls.broken:
             self.agreement.close()  # its persistent request (not the heap's: world's is)
-        if self.kind == "split" and not self.agreement.broken and not self.core.broken:
+        if self.kind == "split" and not self.agreement.broken and not self.core.calls.broken:
             self.comm.Free()
 
     def create_ctx(self, options: int = 0):
@@ -430,7 +430,7 @@ TEAMS: FeatureKey[TeamRegistry] = FeatureKey("teams")
 
 def _registry(heap: Core) -> TeamRegistry:
     """This heap's teams (a feature of the heap, closed at its finalize)."""
-    return heap.feature(TEAMS, TeamRegistry)
+    return heap.calls.feature(TEAMS, TeamRegistry)
 
 
 # -- the heap's team functions -----------------------------------------------------------------
@@ -444,11 +444,11 @@ def team_world(heap: Core) -> Team:
     Raises:
         ShmemError: the heap is finalized.
     """
-    heap.check_usable()
+    heap.calls.check_usable()
     registry = _registry(heap)
     if registry.world is None:
         registry.world = Team(heap, heap.identity.comm, range(heap.identity.n_pes),
-                              heap.agreement, kind="world")
+                              heap.calls.agreement, kind="world")
     return registry.world
 
 
@@ -463,7 +463,7 @@ def team_shared(heap: Core) -> Team:
     Raises:
         ShmemError: the heap is finalized.
     """
-    heap.check_usable()
+    heap.calls.check_usable()
     registry = _registry(heap)
     if registry.shared is None:
         registry.shared = Team(heap, heap.identity.node, heap.identity.node_pes,

@@ -140,7 +140,7 @@ def poll_until(heap: Core, poll, timeout: float | None, unmet) -> Any:
     by the caller with check_timeout), PeerTimeoutError once it has passed; its
     message starts with unmet(last result), which says what was still unmet.
     Watched (agreement/liveness.py): DeadlockError or PeerDeadError where no PE can end it."""
-    with liveness.watch(heap.liveness, unmet, timeout=timeout) as watch:
+    with liveness.watch(heap.calls.liveness, unmet, timeout=timeout) as watch:
         return _poll_until(heap, poll, timeout, unmet, watch)
 
 
@@ -178,7 +178,7 @@ def wait_for(heap: Core, word: Word, where: torch.Tensor, cmp: str, value,
         return compare(current, value), current
 
     def unmet(current) -> str:   # (made only for a message or a watched wait's record)
-        return (f"{what}(ivar at heap offset {heap.offset_of(where):#x} on PE "
+        return (f"{what}(ivar at heap offset {heap.where.offset_of(where):#x} on PE "
                 f"{heap.identity.my_pe}, "
                 f"{cmp!r}, {value}) still sees {current}")
 
@@ -336,7 +336,8 @@ class Condition:
 
     def unmet(self, current) -> str:
         shown = current if len(current) <= 16 else f"{current[:16]} (first 16)"
-        return (f"{self.what}(ivars at heap offset {self.heap.offset_of(self.where):#x} on PE "
+        offset = self.heap.where.offset_of(self.where)
+        return (f"{self.what}(ivars at heap offset {offset:#x} on PE "
                 f"{self.heap.identity.my_pe}, {self.cmp!r}, ...) still sees {shown}")
 
 

@@ -162,7 +162,7 @@ def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[HeapCore, HeapMemory, int]
     h = api.default_core()
     if not 0 <= pe < h.identity.n_pes:
         return None
-    start = h.array_address(a)   # (None: no one-pass path on this heap; transport/ decides)
+    start = h.where.array_address(a)   # (None: no one-pass path on this heap; transport/ decides)
     if start is None or not memory.address <= start <= memory.address + memory.nbytes - nbytes:
         return None
     return h, memory, start
@@ -183,9 +183,9 @@ def symmetric_span(a: np.ndarray, role: str, count: int | None = None) -> tuple[
     memory, offset = locate(a, role)
     nbytes = a.nbytes if count is None else count * a.itemsize
     data = memory.tensor[offset:offset + nbytes]
-    h = core()
-    h.symmetric(data, role)   # freed since, or another heap's: say so here ("the <role> ...")
-    return data, h.offset_of(data)
+    where = core().where
+    where.symmetric(data, role)   # freed since, or another heap's: say so here ("the <role> ...")
+    return data, where.offset_of(data)
 
 
 def local_bytes(a, role: str, writable: bool, count: int | None = None) -> torch.Tensor:

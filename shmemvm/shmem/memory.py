@@ -311,7 +311,7 @@ def addr_accessible(addr: np.ndarray, pe: int) -> bool:
         raise TypeError(f"addr must be a NumPy array, got {type(addr).__name__}")
     try:
         arrays.symmetric_bytes(addr, "array", writable=False)
-        arrays.core().check_pe(pe)
+        arrays.core().where.check_pe(pe)
     except (ValueError, TypeError, RuntimeError):
         return False
     return True

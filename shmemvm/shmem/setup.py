@@ -191,7 +191,7 @@ def pe_accessible(pe: int) -> bool:
         TypeError: `pe` is not an integer.
     """
     try:
-        arrays.core().check_pe(pe)
+        arrays.core().where.check_pe(pe)
     except ValueError:
         return False
     return True

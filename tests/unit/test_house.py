@@ -232,47 +232,84 @@ def _core_receiver(node: ast.expr, names=("heap", "core", "h")) -> bool:
     return False
 
 
-def _door_members() -> set[str]:
-    """The members of core/state.py's Core Protocol: all a routine may use of the core."""
-    tree = ast.parse((PACKAGE / "core" / "state.py").read_text())
-    door = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Core")
-    names = set()
-    for node in door.body:
+def _protocol_members(tree: ast.Module, name: str) -> dict[str, str | None]:
+    """The members of Protocol class `name` of core/state.py (its Protocol bases'
+    too), each with its annotation's name where it has one (a facet's type)."""
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
+    members: dict[str, str | None] = {}
+    for base in cls.bases:
+        if isinstance(base, ast.Name) and base.id != "Protocol":
+            members.update(_protocol_members(tree, base.id))
+    for node in cls.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
+            kind = node.annotation
+            members[node.target.id] = kind.id if isinstance(kind, ast.Name) else None
         elif isinstance(node, ast.FunctionDef):
-            names.add(node.name)
-    return names
+            members[node.name] = None
+    return members
+
+
+def _door() -> tuple[set[str], dict[str, set[str]]]:
+    """core/state.py's Core Protocol: its members (all a routine may use of the
+    core), and its facets (members typed by a Protocol of state.py) with theirs."""
+    tree = ast.parse((PACKAGE / "core" / "state.py").read_text())
+    protocols = {node.name for node in tree.body if isinstance(node, ast.ClassDef) and any(
+        isinstance(base, ast.Name) and base.id == "Protocol" for base in node.bases)}
+    members = _protocol_members(tree, "Core")
+    facets = {name: set(_protocol_members(tree, kind)) for name, kind in members.items()
+              if kind in protocols}
+    return set(members), facets
+
+
+def _facet_receiver(node: ast.expr, facets, names=("heap", "core", "h")) -> str | None:
+    """The facet `node` names (`heap.where`), or None."""
+    if isinstance(node, ast.Attribute) and node.attr in facets and \
+            _core_receiver(node.value, names):
+        return node.attr
+    return None
 
 
 def test_no_reach_through_a_part_of_the_core():
-    """No `heap.<part>.<x>` chain outside core/: what a routine needs of a part is a
-    member of the Core Protocol."""
+    """No `heap.<part>.<x>` chain outside core/, nor `heap.<facet>.<part>.<x>`:
+    what a routine needs of a part is a member of the Core Protocol (or of
+    one of its facets)."""
+    _, facets = _door()
     chains = []
     for module, path in MODULES.items():
         if path.suffix != ".py" or _layer(module) not in ROUTINE_LAYERS:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                    and node.value.attr in CORE_PARTS and _core_receiver(node.value.value)):
+                    and node.value.attr in CORE_PARTS
+                    and (_core_receiver(node.value.value)
+                         or _facet_receiver(node.value.value, facets))):
                 chains.append(f"{module}:{node.lineno}: .{node.value.attr}.{node.attr}")
     assert not chains, "\n".join(chains)
 
 
 def test_the_routines_use_the_core_through_its_door_only():
     """Every attribute of a core that openshmem/ and the faces above it use is a
-    member of the Core Protocol (core/state.py), the one typed door."""
-    door = _door_members()
-    assert {"identity", "lock", "agree", "check_usable", "allocate", "free", "locate"} <= door
-    assert len(door) <= 39, f"the Core Protocol has {len(door)} members: group them (issue 29)"
+    member of the Core Protocol (core/state.py), the one typed door, and every
+    attribute they use of one of its facets (`heap.where.locate`) is a member
+    of that facet's Protocol."""
+    door, facets = _door()
+    assert {"identity", "lock", "calls", "where", "memory"} <= door
+    assert {"agree", "check_usable"} <= facets["calls"] and "allocate" in facets["memory"] \
+        and "locate" in facets["where"]
+    assert len(door) <= 10, f"the Core Protocol has {len(door)} members: group them (issue 29)"
     outside = []
     for module, path in MODULES.items():
         if path.suffix != ".py" or _layer(module) not in ROUTINE_LAYERS - {"heap"}:
             continue
+        names = ("heap", "core", "h") if _layer(module) == "openshmem" else ("core",)
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ("heap", "core", "h") if _layer(module) == "openshmem" else ("core",)
-            if isinstance(node, ast.Attribute) and _core_receiver(node.value, names) and \
-                    not node.attr.startswith("__") and node.attr not in door:
+            if not isinstance(node, ast.Attribute) or node.attr.startswith("__"):
+                continue
+            facet = _facet_receiver(node.value, facets, names)
+            if facet is not None:
+                if node.attr not in facets[facet]:
+                    outside.append(f"{module}:{node.lineno}: .{facet}.{node.attr}")
+            elif _core_receiver(node.value, names) and node.attr not in door:
                 outside.append(f"{module}:{node.lineno}: .{node.attr}")
     assert not outside, "\n".join(outside)
 

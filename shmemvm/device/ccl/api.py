@@ -145,7 +145,7 @@ class Ccl:
             engine.synchronize(what)
 
     def _operand(self, tensor, role: str, what: str) -> int:
-        return core_of(self.heap).symmetric_contiguous(tensor, role, f"heap.ccl.{what}")
+        return core_of(self.heap).where.symmetric_contiguous(tensor, role, f"heap.ccl.{what}")
 
     @staticmethod
     def _bits(tensor: torch.Tensor, what: str) -> torch.Tensor:
@@ -176,7 +176,8 @@ class Ccl:
         config = config or Config()
         src_bits, dst_bits = self._bits(src, what), self._bits(dst, what)
         block = block_of(config)
-        word = call_word(what, core_of(self.heap).offset_of(src), core_of(self.heap).offset_of(dst), rows, inner,
+        where = core_of(self.heap).where
+        word = call_word(what, where.offset_of(src), where.offset_of(dst), rows, inner,
                          src_ld, dst_ld, src_stride, dst_stride, only_pe, push,
                          src.element_size(), block, *extra)
         args = (src_bits, dst_bits, engine.pads, engine.status, word, engine.me, engine.bases,

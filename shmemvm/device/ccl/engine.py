@@ -121,7 +121,7 @@ class Engine:
         graph = self.graph_cache.get(key) if key is not None else None
         if graph is not None and _replay is not None and not capturing():   # (recorded: CUDA)
             for t in tensors:   # still live symmetric tensors (their memory mapped)
-                core_of(self.heap).symmetric(t, "operand of a replayed collective")
+                core_of(self.heap).where.symmetric(t, "operand of a replayed collective")
             _replay(graph)
             return
         launch()

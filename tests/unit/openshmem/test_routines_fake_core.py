@@ -73,6 +73,8 @@ class FakeCore:
         self.freed = False
         self.located: list[tuple[int, int]] = []
         self.segment = Segment(0, SIZE, 1)
+        #: the door's facets (Core.calls, .where, ...): the fake itself, as HeapCore's are
+        self.calls = self.where = self.memory = self.contexts = self
 
     @property
     def core(self):
