@@ -49,7 +49,7 @@ from ..transport.offnode import OffNodeWindow
 from ..transport.route import Routes
 from ..transport.target import Locator
 from . import profile, sharing
-from .state import HeapCore, Identity
+from .state import HeapCore, Identity, Parts
 
 log = logging.getLogger("shmemvm")
 
@@ -203,11 +203,11 @@ def _build(face: Any, made: _Made, thread_level: int, comm, heap_size, backend, 
     agreement.collective(call.step(Phase.INIT_READY, "peers ready"))
     agreement.initialized = True
     log.debug("PE %d/%d ready: node PEs %s, backend %s", my_pe, n_pes, node_pes, backend.name)
-    return HeapCore(face, identity=identity, node_pes=node_pes, thread_level=thread_level,
-                    local=local, peers=peers, channel=channel, exchange=exchange, anchor=anchor,
-                    window=window, window_error=window_error, agreement=agreement,
-                    completion=completion, routes=routes, locator=locator, liveness=liveness,
-                    peer_pids=peer_pids, peer_paths=peer_paths)
+    parts = Parts(local=local, peers=peers, channel=channel, exchange=exchange, anchor=anchor,
+                  window=window, window_error=window_error, agreement=agreement,
+                  liveness=liveness, completion=completion, routes=routes, locator=locator,
+                  peer_pids=peer_pids, peer_paths=peer_paths)
+    return HeapCore(face, identity, parts, node_pes=node_pes, thread_level=thread_level)
 
 
 def _make_board(agreement: Agreement, call: Call, transport: str, failure: Exception | None,

@@ -254,19 +254,53 @@ def core_of(heap: Any) -> HeapCore:
             from None
 
 
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """The parts a heap's core is built from (core/setup.py makes them; HeapCore
+    takes them whole). No routine sees them (the door is Core); parts_of()
+    gives them to tests and to debugging."""
+    #: this PE's memory: the VMM heap with its allocator (memory/heapmem.py)
+    local: HeapMemory
+    #: the node peers' heaps mapped here (node/peers.py)
+    peers: PeerTable
+    #: this PE's mailbox and the fd exchange over it that maps new memory on the peers
+    channel: FdChannel
+    exchange: Exchange
+    #: memory kept exported and mapped by the node's PEs (None: none; node/anchor.py)
+    anchor: Anchor | None
+    #: the MPI window for the other nodes (and a host heap's atomics), or None and why
+    window: OffNodeWindow | None
+    window_error: str | None
+    #: the agreement every collective starts with, and this PE's liveness record
+    agreement: Agreement
+    liveness: Liveness
+    #: the default context's completion tracker, the route to each PE and the resolution
+    #: of an operation's target (transport/)
+    completion: CompletionTracker
+    routes: Routes
+    locator: Locator
+    #: the node peers' pids and mailboxes (node/exchange.py)
+    peer_pids: dict[int, int]
+    peer_paths: dict[int, str]
+
+
+def parts_of(heap: Any) -> Parts:
+    """The parts of `heap`'s core (a SymmetricHeap or a core), for tests and
+    debugging: `parts_of(heap).local.stats()`. Library code outside core/
+    never uses it (tests/unit/test_house.py): the routines' door is Core."""
+    return core_of(heap)._parts
+
+
 class HeapCore:
     """One symmetric heap's state and services (see the module doc), made whole:
     setup.py builds every part, then hands them all to the constructor."""
 
-    def __init__(self, face: Any, *, identity: Identity, node_pes: list[int], thread_level: int,
-                 local: HeapMemory, peers: PeerTable, channel: FdChannel, exchange: Exchange,
-                 anchor: Anchor | None, window: OffNodeWindow | None, window_error: str | None,
-                 agreement: Agreement, completion: CompletionTracker, routes: Routes,
-                 locator: Locator, liveness: Liveness, peer_pids: dict[int, int],
-                 peer_paths: dict[int, str]) -> None:
+    def __init__(self, face: Any, identity: Identity, parts: Parts, *, node_pes: list[int],
+                 thread_level: int) -> None:
         """`face`: the SymmetricHeap that holds this core (what Ctx.heap and
-        Team.heap name); None for a core of its own (a test's). The rest:
-        the parts setup.py made (core/setup.py says how), each ready."""
+        Team.heap name); None for a core of its own (a test's). `identity`,
+        `parts`, `node_pes` (in PE order) and `thread_level`: what setup.py
+        made, each ready."""
         #: the heap of this context: itself (the heap is its own default context)
         self.core = self
         self._face = weakref.ref(face) if face is not None else None
@@ -282,36 +316,28 @@ class HeapCore:
         self.timeout: float = identity.timeout
         #: every PE uses the compiled fast paths (native/; voted on at init)
         self.native: bool = identity.native
-        #: the node's PEs, in PE order (heap.node_pes), and the others' pids and
-        #: mailboxes (node/exchange.py)
         self.node_pes = node_pes
-        self.peer_pids = peer_pids
-        self.peer_paths = peer_paths
         self.thread_level = thread_level
-        #: this PE's memory (the VMM heap and its allocator) and its backend
-        self.local = local
-        self.backend: VMMBackend = local.backend
-        #: the node peers' heaps mapped here, the mailbox and the fd exchange that map
-        #: new memory on them, and the anchor that speeds that up (None: none)
-        self.peers = peers
-        self.channel = channel
-        self.exchange = exchange
-        self.anchor = anchor
-        #: the MPI window for the other nodes (and a host heap's atomics), or None and why
-        self.window = window
-        self.window_error = window_error
-        #: the agreement every collective starts with; it releases the blocks every PE
-        #: dropped through this core
-        self.agreement = agreement
+        #: the parts (Parts says what each is; parts_of() gives them to tests), also one
+        #: attribute each, which the core's own services read
+        self._parts = parts
+        self.local = parts.local
+        self.backend: VMMBackend = parts.local.backend
+        self.peers = parts.peers
+        self.channel = parts.channel
+        self.exchange = parts.exchange
+        self.anchor = parts.anchor
+        self.window = parts.window
+        self.window_error = parts.window_error
+        self.agreement = agreement = parts.agreement
+        self.liveness = parts.liveness
+        self.completion = parts.completion
+        self.routes = parts.routes
+        self.locator = parts.locator
+        self.peer_pids = parts.peer_pids
+        self.peer_paths = parts.peer_paths
+        # the agreement releases the blocks every PE dropped through this core
         agreement.release = self.release_dead
-        #: the default context's completion tracker, the route to each PE and the
-        #: resolution of an operation's target (transport/)
-        self.completion = completion
-        self.routes = routes
-        self.locator = locator
-        #: this PE's record of what it waits for, and what it sees of the others
-        #: (agreement/liveness.py)
-        self.liveness = liveness
         #: serialises this heap's collective calls and their state (a thread that
         #: makes a collective call holds it for the whole call)
         self.lock = threading.RLock()

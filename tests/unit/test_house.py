@@ -314,6 +314,18 @@ def test_the_routines_use_the_core_through_its_door_only():
     assert not outside, "\n".join(outside)
 
 
+def test_the_parts_are_for_tests_and_debugging_only():
+    """core/state.py's parts_of() (a heap's parts, for tests) is named by no
+    library module outside core/: the routines' way in is the Core door."""
+    users = [f"{module}:{node.lineno}" for module, path in MODULES.items()
+             if path.suffix == ".py" and _layer(module) != "core"
+             for node in ast.walk(ast.parse(path.read_text()))
+             if (isinstance(node, ast.Name) and node.id == "parts_of")
+             or (isinstance(node, ast.Attribute) and node.attr == "parts_of")
+             or (isinstance(node, ast.alias) and node.name == "parts_of")]
+    assert not users, "\n".join(users)
+
+
 # -- where an operation goes is decided in transport/ (issue 29) -----------------------------
 #: what a branch on the route, the compiled piece or the backend's kind names
 BRANCH_NAMES = {"Route", "native", "built", "cpu_copies", "cpu_atomics", "kernel_atomics",
