@@ -179,7 +179,8 @@ def barrier_interrupted_on_pe_1(heap) -> None:
     """heap.barrier_all() whose wait for the other PEs is interrupted on PE 1
     (KeyboardInterrupt, as Ctrl-C would) after PE 0 is late for it; checks that
     only PE 1 saw the interrupt. The next steps must still agree everywhere."""
-    agreement, real = heap._core.agreement, heap._core.agreement.wait_until
+    from shmemvm.core.state import parts_of
+    agreement, real = parts_of(heap).agreement, parts_of(heap).agreement.wait_until
     if heap.my_pe == 1:
         def interrupted(ready, what, *step):   # (step: which wait of the step)
             agreement.wait_until = real

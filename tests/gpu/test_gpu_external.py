@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 import shmemvm.backends
 from util import REPO
+from shmemvm.core.state import parts_of
 
 pytestmark = [
     pytest.mark.gpu,
@@ -125,7 +126,7 @@ def test_peers_read_and_write_the_imported_tensor(gpu_heap):
     t = fresh(count, float(heap.my_pe), heap.device)
     x = heap.import_external_tensor(t)
     assert torch.equal(x, t) and x.device == heap.device
-    assert len(set(WORLD.allgather(heap._core.local.offset_of(x)))) == 1
+    assert len(set(WORLD.allgather(parts_of(heap).local.offset_of(x)))) == 1
     heap.barrier_all()
     for pe in range(heap.n_pes):
         view = heap.ptr(x, pe)
@@ -173,4 +174,4 @@ def test_memory_of_the_default_allocator_or_the_host_is_refused_everywhere(gpu_h
         heap.import_external_tensor(torch.zeros(16))       # host memory
     assert "copy" in str(info.value)
     x = heap.zeros(16)                                     # the heap goes on
-    assert len(set(WORLD.allgather(heap._core.local.offset_of(x)))) == 1
+    assert len(set(WORLD.allgather(parts_of(heap).local.offset_of(x)))) == 1

@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 import shmemvm.backends
 from shmemvm import SymmetricHeap
+from shmemvm.core.state import parts_of
 
 pytestmark = [
     pytest.mark.mpi,
@@ -142,7 +143,7 @@ def test_put_nbi_on_a_side_stream_completes_before_free(gpu_heap):
     me, n = gpu_heap.my_pe, gpu_heap.n_pes
     right = (me + 1) % n
     x = gpu_heap.malloc(256 * MiB)
-    offset = x.untyped_storage().data_ptr() - gpu_heap._core.local.base
+    offset = x.untyped_storage().data_ptr() - parts_of(gpu_heap).local.base
     source = torch.full((256 * MiB,), me + 1, dtype=torch.uint8, device=gpu_heap.device)
     gpu_heap.barrier_all()
     side = torch.cuda.Stream(gpu_heap.device)
@@ -152,7 +153,7 @@ def test_put_nbi_on_a_side_stream_completes_before_free(gpu_heap):
             gpu_heap.put_nbi(x, source, right)
     gpu_heap.free(x)
     y = gpu_heap.malloc(256 * MiB)
-    assert y.untyped_storage().data_ptr() - gpu_heap._core.local.base == offset  # the same block
+    assert y.untyped_storage().data_ptr() - parts_of(gpu_heap).local.base == offset  # the same block
     y.zero_()
     gpu_heap.barrier_all()
     assert int(y.count_nonzero()) == 0

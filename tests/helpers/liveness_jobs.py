@@ -68,6 +68,7 @@ from mpi4py import MPI
 
 from job_records import finalize_into, finish, next_case, record
 from shmemvm import PeerTimeoutError, SymmetricHeap
+from shmemvm.core.state import parts_of
 
 DEATH = 3  # os._exit status of the dying PE
 #: the scenarios in which a PE dies: each ends its job, so none of them is one of `cases`
@@ -91,7 +92,7 @@ DROPPED = "-dropped"
 
 
 def die(outdir: str, heap: SymmetricHeap) -> None:
-    record(outdir, heap.my_pe, died=True, directory=heap._core.channel.directory)
+    record(outdir, heap.my_pe, died=True, directory=parts_of(heap).channel.directory)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(DEATH)

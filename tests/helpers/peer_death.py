@@ -38,10 +38,11 @@ import torch
 from mpi4py import MPI
 
 from shmemvm import SymmetricHeap
+from shmemvm.core.state import parts_of
 
 
 def die(heap: SymmetricHeap, outdir: str) -> None:
-    record = {"pe": heap.my_pe, "died": True, "directory": heap._core.channel.directory}
+    record = {"pe": heap.my_pe, "died": True, "directory": parts_of(heap).channel.directory}
     with open(os.path.join(outdir, f"pe{heap.my_pe}.json"), "w") as out:
         json.dump(record, out)
     sys.stdout.flush()
@@ -65,7 +66,7 @@ def main() -> None:
         if scenario == "before-malloc":
             die(heap, outdir)
         elif scenario == "mid-malloc":
-            heap._core.local.export = lambda segment: die(heap, outdir)  # after agreeing, before sending fds
+            parts_of(heap).local.export = lambda segment: die(heap, outdir)  # after agreeing, before sending fds
         elif scenario in ("mid-barrier", "mid-reduce", "mid-fcollect"):
             time.sleep(0.5)                             # let the others enter the barrier
             die(heap, outdir)

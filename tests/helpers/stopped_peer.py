@@ -35,6 +35,7 @@ import torch
 from mpi4py import MPI
 
 from shmemvm import SymmetricHeap
+from shmemvm.core.state import parts_of
 
 OFF_NODE = {"put", "get"}
 #: the scenarios whose heap has the compiled piece (its CPU atomics)
@@ -82,7 +83,7 @@ def main() -> None:
     if me == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
         for _, heap, _, _ in runs:                  # continued by PE 0 once it is done:
-            heap._core.channel.close()                    # leave no socket directory behind
+            parts_of(heap).channel.close()                    # leave no socket directory behind
         os._exit(0)
 
     deadline = time.monotonic() + 30

@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import FreedTensorError, SymmetricHeap, SymmetryError
+from shmemvm.core.state import parts_of
 from conftest import TEST_BACKEND
 from util import open_fds, shmemvm_mappings
 
@@ -18,7 +19,7 @@ comm = MPI.COMM_WORLD
 
 
 def offset_of(heap, tensor):
-    return tensor.untyped_storage().data_ptr() - heap._core.local.base
+    return tensor.untyped_storage().data_ptr() - parts_of(heap).local.base
 
 
 def test_identical_offsets_on_all_pes(heap):
@@ -170,21 +171,21 @@ def test_renewal_bumps_generation_and_peers_see_new_memory(heap):
     me, n = heap.my_pe, heap.n_pes
     big = heap.empty(16 << 20, torch.uint8)  # a segment of its own
     offset = offset_of(heap, big)
-    generation = dict((o, g) for o, _, _, g in heap._core.local.get_allocation_segments())[offset]
+    generation = dict((o, g) for o, _, _, g in parts_of(heap).local.get_allocation_segments())[offset]
     heap.free(big)
     assert heap.trim() >= 16 << 20  # the cached segment is released on every PE
     renewed = heap.empty(16 << 20, torch.uint8)
     assert offset_of(heap, renewed) == offset
-    new_generation = dict((o, g) for o, _, _, g in heap._core.local.get_allocation_segments())[offset]
+    new_generation = dict((o, g) for o, _, _, g in parts_of(heap).local.get_allocation_segments())[offset]
     assert new_generation == generation + 1
     renewed.fill_(me + 1)
     heap.barrier_all()
     peer = (me + 1) % n
     assert torch.all(heap.ptr(renewed, peer) == peer + 1)
     if n > 1:
-        assert heap._core.peers.mapped(peer)[-1].generation >= 1
+        assert parts_of(heap).peers.mapped(peer)[-1].generation >= 1
         assert any(s.offset == offset and s.generation == new_generation
-                   for s in heap._core.peers.mapped(peer))
+                   for s in parts_of(heap).peers.mapped(peer))
 
 
 def test_freed_tensor_is_refused_even_after_its_offset_is_reused(heap):
@@ -254,7 +255,7 @@ def test_nothing_left_after_finalize():
     fds_before = open_fds()
     assert shmemvm_mappings() == []
     heap = SymmetricHeap(comm, heap_size="32M", backend="host", timeout=30)
-    socket_dir = heap._core.channel.directory
+    socket_dir = parts_of(heap).channel.directory
     tensors = [heap.malloc(n) for n in (10, 1 << 16, 1 << 20, 5 << 20)]
     for t in tensors:
         t.fill_(1)

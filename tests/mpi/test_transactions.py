@@ -20,6 +20,7 @@ import torch
 from mpi4py import MPI
 
 from shmemvm import ShmemError, SymmetricHeap
+from shmemvm.core.state import parts_of
 from util import open_fds
 
 pytestmark = pytest.mark.mpi
@@ -54,15 +55,15 @@ def fail_once(obj, name: str, owned_fd: int | None = None):
 def assert_consistent(heap: SymmetricHeap) -> None:
     """Every PE has the same allocator, maps exactly the segments their owners
     have, and has nothing waiting in its mailbox."""
-    states = world.allgather(repr(heap._core.local.allocator_state()))
+    states = world.allgather(repr(parts_of(heap).local.allocator_state()))
     assert all(s == states[0] for s in states), "the PEs' allocators differ"
-    own = [(s.offset, s.size, s.generation) for s in heap._core.local._core.segments()]
+    own = [(s.offset, s.size, s.generation) for s in parts_of(heap).local._core.segments()]
     everyone = world.allgather(own)
-    for pe in heap._core.peers.windows:
-        mapped = [(s.offset, s.size, s.generation) for s in heap._core.peers.mapped(pe)]
+    for pe in parts_of(heap).peers.windows:
+        mapped = [(s.offset, s.size, s.generation) for s in parts_of(heap).peers.mapped(pe)]
         assert mapped == everyone[pe], f"PE {pe}'s memory is not mapped as PE {pe} has it"
     with pytest.raises(socket.timeout):
-        heap._core.channel.receive(time.monotonic())  # an empty mailbox
+        parts_of(heap).channel.receive(time.monotonic())  # an empty mailbox
 
 
 def exercise(heap: SymmetricHeap, count: int) -> None:
@@ -87,11 +88,11 @@ STEPS = {
     "map": lambda heap: fail_once(heap.backend, "map"),
     "set_access (our memory, after sending it)": lambda heap: fail_once(heap.backend,
                                                                         "set_access"),
-    "attach to the MPI window (after sending)": lambda heap: fail_once(heap._core.window, "attach"),
+    "attach to the MPI window (after sending)": lambda heap: fail_once(parts_of(heap).window, "attach"),
     "unmap (evicting cached memory)": lambda heap: fail_once(heap.backend, "unmap"),
     "export": lambda heap: fail_once(heap.backend, "export_fd"),
     "import": lambda heap: fail_once(heap.backend, "import_fd", owned_fd=0),
-    "map a peer's memory": lambda heap: fail_once(heap._core.peers, "map", owned_fd=2),
+    "map a peer's memory": lambda heap: fail_once(parts_of(heap).peers, "map", owned_fd=2),
 }
 
 
@@ -142,7 +143,7 @@ def test_an_exhausted_heap_whose_eviction_fails_on_one_pe_raises_the_same_error_
     heap = SymmetricHeap(world, heap_size=16 * G, backend="host", timeout=20, va_factor=1)
     try:
         blocks = [heap.malloc(2 * G) for _ in range(5)]     # at 0, 2, 4, 6 and 8 G
-        assert [heap._core.local.offset_of(x) // G for x in blocks] == [0, 2, 4, 6, 8]
+        assert [parts_of(heap).local.offset_of(x) // G for x in blocks] == [0, 2, 4, 6, 8]
         live = [blocks[0], blocks[4]]                        # one in each half
         for x in blocks[1:4]:
             heap.free(x)                                     # 6 G cached
@@ -194,7 +195,7 @@ def test_trim_failing_on_one_pe_raises_on_every_pe_and_the_heap_goes_on():
         finally:
             restore()
         assert world.allgather(outcome) == ["ShmemError"] * heap.n_pes
-        assert heap._core.local.stats()["segments"] == 0      # forgotten everywhere, as agreed
+        assert parts_of(heap).local.stats()["segments"] == 0      # forgotten everywhere, as agreed
         assert open_fds() == fds_before                 # its memory released all the same
         assert_consistent(heap)
         exercise(heap, 5)

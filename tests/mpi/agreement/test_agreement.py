@@ -19,6 +19,7 @@ import shmemvm
 from shmemvm import SymmetricHeap, SymmetryError
 from shmemvm.agreement.agreement import Agreement
 from shmemvm.agreement.protocol import Call, Phase
+from shmemvm.core.state import parts_of
 from util import barrier_interrupted_on_pe_1
 
 world = MPI.COMM_WORLD
@@ -85,8 +86,8 @@ def test_flag_is_reduced_not_compared(heap):
     assert outcome.flag_everywhere is False
     outcome = heap._core.agree(Call(Phase.BARRIER_ALL, text="barrier"), flag=True)
     assert outcome.flag_everywhere is True
-    assert heap._core.agreement.all_ok(me != 1, Call(Phase.BACKING, text="vote")) is False
-    assert heap._core.agreement.all_ok(True, Call(Phase.BACKING, text="vote")) is True
+    assert parts_of(heap).agreement.all_ok(me != 1, Call(Phase.BACKING, text="vote")) is False
+    assert parts_of(heap).agreement.all_ok(True, Call(Phase.BACKING, text="vote")) is True
 
 
 @pytest.mark.mpi(min_size=2)
@@ -126,20 +127,20 @@ def mpi_heap():
 @pytest.mark.mpi(min_size=2)
 def test_steps_agree_alike_with_a_new_iallreduce_each_and_after_an_interrupted_wait(mpi_heap):
     heap = mpi_heap
-    assert heap._core.agreement.board is None
+    assert parts_of(heap).agreement.board is None
     me = heap.my_pe
     x = heap.malloc(64)
     heap.free(x)
     # a persistent allreduce where MPI has them (MPI 4.0: MPICH 4, Open MPI 5)
-    assert heap._core.agreement._request is False or isinstance(heap._core.agreement._request, MPI.Prequest)
+    assert parts_of(heap).agreement._request is False or isinstance(parts_of(heap).agreement._request, MPI.Prequest)
     # an interrupted wait (KeyboardInterrupt): the next step waits for that step first
     barrier_interrupted_on_pe_1(heap)
     heap.barrier_all()
     y = heap.malloc(128)
-    assert heap._core.agreement.broken is None
+    assert parts_of(heap).agreement.broken is None
     # without a persistent request (MPI before 4.0): a new Iallreduce every step
-    heap._core.agreement.close()
-    assert heap._core.agreement._request is False
+    parts_of(heap).agreement.close()
+    assert parts_of(heap).agreement._request is False
     heap.free(y)
     z = heap.zeros(8, torch.int32)
     with pytest.raises(SymmetryError, match="malloc"):
@@ -156,15 +157,15 @@ def test_an_interrupted_iallreduce_keeps_its_buffers_until_it_has_completed(mpi_
     then (they went with the step's frame, and Open MPI 4.1 crashed in a later
     step), and the next step waits for it first."""
     heap = mpi_heap
-    heap._core.agreement.close()            # from here on, a new Iallreduce every step
+    parts_of(heap).agreement.close()            # from here on, a new Iallreduce every step
     barrier_interrupted_on_pe_1(heap)
     if heap.my_pe == 1:
-        request, buffers = heap._core.agreement._interrupted
+        request, buffers = parts_of(heap).agreement._interrupted
         assert isinstance(request, MPI.Request) and len(buffers) == 2
     for n in (64, 128, 4096):         # later steps: the same on every PE
         heap.free(heap.malloc(n))
-    assert heap._core.agreement._interrupted is None
-    assert heap._core.agreement.broken is None
+    assert parts_of(heap).agreement._interrupted is None
+    assert parts_of(heap).agreement.broken is None
 
 
 # -- property: different call sequences ------------------------------------------------------
@@ -236,7 +237,7 @@ def resolve(heap, call, live, buf):
     if op in ("free", "realloc") and live:
         k = call[1] % len(live)
         target = live[k]
-        offset = target.untyped_storage().data_ptr() - heap._core.local.base
+        offset = target.untyped_storage().data_ptr() - parts_of(heap).local.base
         if op == "free":
             return ("free", offset), lambda: (heap.free(target), live.pop(k))
         nbytes = call[2] * target.element_size()
@@ -254,7 +255,7 @@ def resolve(heap, call, live, buf):
 
 
 def assert_usable(heap):
-    states = world.allgather(repr(heap._core.local.allocator_state()))
+    states = world.allgather(repr(parts_of(heap).local.allocator_state()))
     assert all(s == states[0] for s in states), "the PEs' allocators diverged"
     x = heap.malloc(256 << 10)                            # a new segment, exchanged
     x.fill_(heap.my_pe)
@@ -367,4 +368,4 @@ def test_timeout_from_the_environment_is_checked(monkeypatch):
         SymmetricHeap(world, heap_size="4M", backend="host")
     monkeypatch.setenv("SHMEMVM_TIMEOUT", "2.5")
     with SymmetricHeap(world, heap_size="4M", backend="host") as heap:
-        assert heap.timeout == 2.5 and heap._core.agreement.timeout == 2.5
+        assert heap.timeout == 2.5 and parts_of(heap).agreement.timeout == 2.5

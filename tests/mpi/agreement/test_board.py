@@ -22,6 +22,7 @@ from shmemvm import PeerTimeoutError, ShmemError, SymmetricHeap, SymmetryError
 from shmemvm.agreement.deadline import persistent_collectives
 from shmemvm.agreement.protocol import SEQ_SLOT
 from shmemvm.agreement.board import Board
+from shmemvm.core.state import parts_of
 from util import barrier_interrupted_on_pe_1, open_fds
 
 pytestmark = pytest.mark.mpi
@@ -69,7 +70,7 @@ def test_the_setting_chooses_the_board_where_every_pe_is_on_one_node(setting, fa
         heap = SymmetricHeap(world, "16M", backend="host", timeout=10, agreement=setting,
                              node_split=node_split, native=fast)
         try:
-            assert (heap._core.agreement.board is not None) == expected
+            assert (parts_of(heap).agreement.board is not None) == expected
             heap.free(heap.malloc(100))
         finally:
             heap.finalize()
@@ -138,7 +139,7 @@ def test_a_slot_is_read_only_when_written_whole(board):
 def test_mismatched_calls_raise_symmetry_error_everywhere_through_the_board():
     heap = SymmetricHeap(world, "16M", **OPTIONS)
     try:
-        assert heap._core.agreement.board is not None
+        assert parts_of(heap).agreement.board is not None
         with pytest.raises(SymmetryError, match=r"malloc\(64\).*malloc\(32\)|malloc\(32\).*malloc\(64\)"):
             heap.malloc(64 if heap.my_pe == 0 else 32)
         x = heap.malloc(16)           # nothing was done: the heap goes on
@@ -155,7 +156,7 @@ def test_an_interrupted_wait_on_the_board_is_finished_by_the_next_step():
         for n in (64, 128, 256):      # later steps: the same on every PE
             t = heap.zeros(n, torch.uint8)
             heap.free(t)
-        assert heap._core.agreement.broken is None
+        assert parts_of(heap).agreement.broken is None
     finally:
         heap.finalize()
 
@@ -166,7 +167,7 @@ def test_a_pe_that_does_not_come_in_time_is_a_timeout_through_the_board():
     deadline; nobody hangs: PE 0 raises PeerTimeoutError, and the others,
     whose later finalize() PE 0 no longer joins, time out there."""
     heap = SymmetricHeap(world, "16M", backend="host", timeout=1, agreement="board")
-    assert heap._core.agreement.board is not None
+    assert parts_of(heap).agreement.board is not None
     if heap.my_pe == 0:
         start = time.monotonic()
         with pytest.raises(PeerTimeoutError, match=r"not every PE joined barrier_all"):
@@ -224,7 +225,7 @@ def test_a_board_that_cannot_be_made_means_mpi_for_auto_and_an_init_error_for_bo
         return
     heap = SymmetricHeap(world, "16M", **options)
     try:
-        assert heap._core.agreement.board is None
+        assert parts_of(heap).agreement.board is None
         x = heap.malloc(64)
         heap.barrier_all()
         heap.free(x)

@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from shmemvm import SymmetricHeap
 from shmemvm.core import profile
+from shmemvm.core.state import parts_of
 
 WORLD = MPI.COMM_WORLD
 KiB, MiB = 1 << 10, 1 << 20
@@ -68,7 +69,7 @@ def test_uninstrumented_heap_runs_its_own_methods(heap):
     with profile.instrumented(heap._core) as timed:
         assert hasattr(heap.backend.create, "__shmemvm_profiled__")
     # after the block, nothing of the wrapper is left on any object
-    for obj in (heap._core.agreement, heap._core.local, heap.backend):
+    for obj in (parts_of(heap).agreement, parts_of(heap).local, heap.backend):
         assert not any(hasattr(v, "__shmemvm_profiled__") for v in vars(obj).values())
     assert profile.of(heap._core) is None
     timed.reset()

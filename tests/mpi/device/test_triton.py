@@ -30,6 +30,7 @@ from mpi4py import MPI  # noqa: E402
 from shmemvm import SymmetricHeap, UnsupportedError  # noqa: E402
 from shmemvm import triton as sv  # noqa: E402
 from shmemvm.backends.host import HostBackend  # noqa: E402
+from shmemvm.core.state import parts_of
 
 comm = MPI.COMM_WORLD
 HEAP_OPTIONS = {"heap_size": "16M", "backend": "host"}   # conftest's heap; interpreter on the CPU
@@ -143,7 +144,7 @@ def test_heap_bases_locate_every_pe_copy_and_stay_valid_across_malloc_free(heap)
     me, n = heap.my_pe, heap.n_pes
     bases = heap.heap_bases()
     assert bases.dtype == torch.int64 and bases.shape == (n,) and bases.device == heap.device
-    assert bases[me].item() == heap._core.local.base
+    assert bases[me].item() == parts_of(heap).local.base
     before = bases.tolist()
     scratch = [heap.malloc(1 << 20) for _ in range(3)]
     x = heap.zeros(1000, torch.int32)
@@ -161,7 +162,7 @@ def test_heap_bases_are_zero_for_pes_only_mpi_reaches():
     h = SymmetricHeap(comm, heap_size="16M", backend="host", timeout=30, node_split=1)
     try:
         bases = h.heap_bases().tolist()
-        assert bases[h.my_pe] == h._core.local.base
+        assert bases[h.my_pe] == parts_of(h).local.base
         assert [pe for pe, b in enumerate(bases) if b == 0] == \
                [pe for pe in range(h.n_pes) if pe != h.my_pe]
     finally:

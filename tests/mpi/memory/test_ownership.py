@@ -39,6 +39,7 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import NotSymmetricError, ShmemError, SymmetricHeap
+from shmemvm.core.state import parts_of
 
 comm = MPI.COMM_WORLD
 mpi = pytest.mark.mpi
@@ -49,7 +50,7 @@ mpi = pytest.mark.mpi
 # ---------------------------------------------------------------------------
 
 def offset_of(heap: SymmetricHeap, t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr() - heap._core.local.base
+    return t.untyped_storage().data_ptr() - parts_of(heap).local.base
 
 
 def block_range(heap: SymmetricHeap, t: torch.Tensor) -> tuple[int, int]:
@@ -606,7 +607,7 @@ def test_thread_multiple_rma_while_another_thread_allocates():
             worker.join(30)
         sys.setswitchinterval(interval)
         assert not worker.is_alive(), "the RMA thread hangs"
-        generations = [g for _, _, _, g in heap._core.local.get_allocation_segments()]
+        generations = [g for _, _, _, g in parts_of(heap).local.get_allocation_segments()]
         heap.barrier_all()
         assert_everywhere(not errors, "RMA in one thread while another allocates", errors[:5])
         assert_everywhere(rounds[0] > 10, "the RMA thread ran alongside", rounds[0])

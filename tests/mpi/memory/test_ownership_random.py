@@ -38,6 +38,7 @@ import torch
 from mpi4py import MPI
 
 from shmemvm import SymmetricHeap
+from shmemvm.core.state import parts_of
 
 pytestmark = pytest.mark.mpi
 
@@ -128,7 +129,7 @@ class Run:
                                                          if self.count_problem else ""))
 
     def offset(self, t: torch.Tensor) -> int:
-        return t.untyped_storage().data_ptr() - self.heap._core.local.base
+        return t.untyped_storage().data_ptr() - parts_of(self.heap).local.base
 
     def own_storage_alive(self, obj: Obj, pe: int) -> bool:
         return pe in obj.owners or any(pe in v.holders and self.target(pe, v) == pe

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from shmemvm import native
+from shmemvm.core.state import parts_of
 
 pytestmark = pytest.mark.skipif(native._native is None,
                                 reason="the compiled piece is not built (pip install . builds it)")
@@ -30,9 +31,9 @@ def test_a_pe_without_the_compiled_piece_leaves_every_pe_without_it():
         try:
             assert heap._core.native is everywhere
             single_node = len(heap.node_pes) == heap.n_pes
-            assert (heap._core.routes.atomics is AtomicPath.CPU) == (everywhere and single_node)
-            if heap._core.agreement.board is not None:
-                assert heap._core.agreement.board.native is everywhere
+            assert (parts_of(heap).routes.atomics is AtomicPath.CPU) == (everywhere and single_node)
+            if parts_of(heap).agreement.board is not None:
+                assert parts_of(heap).agreement.board.native is everywhere
             counter = heap.zeros(1, torch.int64)
             heap.atomic_add(counter[0], 1, 0)
             heap.barrier_all()

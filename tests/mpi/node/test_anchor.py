@@ -20,6 +20,7 @@ import shmemvm.core.setup
 from conftest import TEST_BACKEND
 from shmemvm import PeerTimeoutError, SymmetricHeap, SymmetryError
 from shmemvm.node.anchor import Anchor
+from shmemvm.core.state import parts_of
 from util import open_fds, shmemvm_mappings
 
 world = MPI.COMM_WORLD
@@ -48,7 +49,7 @@ def test_every_pe_maps_the_anchor_of_every_other_pe_of_its_node():
     heap = SymmetricHeap(world, anchor=SIZE, **OPTIONS)
     try:
         assert heap.heap_info()["anchor"] == SIZE
-        anchor = heap._core.anchor
+        anchor = parts_of(heap).anchor
         assert sorted(anchor._slots) == sorted(set(heap.node_pes) - {heap.my_pe})
         heap.backend.tensor(anchor.va, (4,), torch.int32).fill_(100 + heap.my_pe)
         heap.backend.synchronize()
@@ -67,7 +68,7 @@ def test_every_pe_maps_the_anchor_of_every_other_pe_of_its_node():
 def test_no_anchor_where_it_is_off_or_a_pe_is_alone_on_its_node(options):
     heap = SymmetricHeap(world, **dict(OPTIONS, **options))
     try:
-        assert heap._core.anchor is None and heap.heap_info()["anchor"] == 0
+        assert parts_of(heap).anchor is None and heap.heap_info()["anchor"] == 0
         heap.free(heap.malloc(1 << 20))
     finally:
         heap.finalize()
@@ -98,7 +99,7 @@ def test_a_pe_without_its_anchor_leaves_every_pe_without_one_and_the_heap_works(
     with caplog.at_level(logging.WARNING, logger="shmemvm"):
         heap = SymmetricHeap(world, anchor=SIZE, **OPTIONS)
     try:
-        assert heap._core.anchor is None and heap.heap_info()["anchor"] == 0
+        assert parts_of(heap).anchor is None and heap.heap_info()["anchor"] == 0
         assert "no anchor" in caplog.text
         assert_a_fresh_segment_is_shared(heap)
     finally:

@@ -19,6 +19,7 @@ from mpi4py import MPI
 from shmemvm import ShmemError
 from shmemvm.node import exchange
 from shmemvm.memory.buddy import Segment
+from shmemvm.core.state import parts_of
 from util import open_fds
 
 pytestmark = pytest.mark.mpi
@@ -51,7 +52,7 @@ def still_works_and_kept_nothing(heap, fds: int, rejected: int) -> None:
     rejected, and no descriptor is left open."""
     for _ in range(3):
         new_segment_round_trip(heap)
-    assert heap._core.channel.rejected == rejected
+    assert parts_of(heap).channel.rejected == rejected
     assert open_fds() == fds
 
 
@@ -71,10 +72,10 @@ def test_failure_while_receiving_drains_the_mailbox_and_fails_everywhere(heap, m
     caplog.set_level(logging.WARNING, logger="shmemvm")
     victim = heap.n_pes - 1
     warm_up(heap)
-    fds, rejected = open_fds(), heap._core.channel.rejected
+    fds, rejected = open_fds(), parts_of(heap).channel.rejected
     calls: list[int] = []
     if heap.my_pe == victim:
-        monkeypatch.setattr(heap._core.peers, "map", injected_enomem(calls))
+        monkeypatch.setattr(parts_of(heap).peers, "map", injected_enomem(calls))
     start = time.monotonic()
     with pytest.raises(ShmemError, match=r"failed while PEs shared the new memory") as info:
         heap.malloc(1 << 20)
@@ -85,7 +86,7 @@ def test_failure_while_receiving_drains_the_mailbox_and_fails_everywhere(heap, m
     assert heap.heap_info()["live_allocations"] == 0     # undone on every PE
     for _ in range(100):                                 # the mailbox holds nothing stale
         new_segment_round_trip(heap, 64 << 10)
-    assert heap._core.channel.rejected == rejected, [r.getMessage() for r in caplog.records]
+    assert parts_of(heap).channel.rejected == rejected, [r.getMessage() for r in caplog.records]
     assert not [r for r in caplog.records if "stale" in r.getMessage()]
     assert open_fds() == fds                              # every descriptor was closed
 
@@ -94,11 +95,11 @@ def test_failure_while_receiving_drains_the_mailbox_and_fails_everywhere(heap, m
 def test_failure_to_export_tells_the_peers_instead_of_timing_out(heap, monkeypatch):
     victim = heap.n_pes - 1
     warm_up(heap)
-    fds, rejected = open_fds(), heap._core.channel.rejected
+    fds, rejected = open_fds(), parts_of(heap).channel.rejected
     if heap.my_pe == victim:
         def no_descriptors(segment):
             raise OSError(errno.EMFILE, "Too many open files (injected)")
-        monkeypatch.setattr(heap._core.local, "export", no_descriptors)
+        monkeypatch.setattr(parts_of(heap).local, "export", no_descriptors)
     start = time.monotonic()
     with pytest.raises(ShmemError, match=r"failed while PEs shared the new memory") as info:
         heap.malloc(1 << 20)
@@ -115,13 +116,13 @@ def test_failure_to_create_memory_tells_the_peers_instead_of_timing_out(heap, mo
     the exchange, as for an export failure: one vote after it undoes the call."""
     victim = heap.n_pes - 1
     warm_up(heap)
-    fds, rejected = open_fds(), heap._core.channel.rejected
+    fds, rejected = open_fds(), parts_of(heap).channel.rejected
     exported: list[int] = []
     if heap.my_pe == victim:
         def no_memory(size):
             raise OSError(errno.ENOMEM, "Cannot allocate memory (injected)")
         monkeypatch.setattr(heap.backend, "create", no_memory)
-        monkeypatch.setattr(heap._core.local, "export", lambda segment: exported.append(segment))
+        monkeypatch.setattr(parts_of(heap).local, "export", lambda segment: exported.append(segment))
     start = time.monotonic()
     with pytest.raises(ShmemError, match=r"failed while PEs shared the new memory") as info:
         heap.malloc(1 << 20)
@@ -140,18 +141,18 @@ def test_failure_to_map_our_memory_after_sending_it_is_undone_by_the_peers_too(h
     peers have imported and mapped it already, and they unmap it at the undo."""
     victim = heap.n_pes - 1
     warm_up(heap)
-    fds, rejected = open_fds(), heap._core.channel.rejected
+    fds, rejected = open_fds(), parts_of(heap).channel.rejected
     imported: list[int] = []
-    real_map = heap._core.peers.map
+    real_map = parts_of(heap).peers.map
     if heap.my_pe == victim:
         def no_mapping(created):
             raise OSError(errno.ENOMEM, "Cannot allocate memory (injected)")
-        monkeypatch.setattr(heap._core.local, "map_created", no_mapping)
+        monkeypatch.setattr(parts_of(heap).local, "map_created", no_mapping)
     else:
         def counting(pe, segment, fd):
             real_map(pe, segment, fd)
             imported.append(pe)
-        monkeypatch.setattr(heap._core.peers, "map", counting)
+        monkeypatch.setattr(parts_of(heap).peers, "map", counting)
     start = time.monotonic()
     with pytest.raises(ShmemError, match=r"failed while PEs shared the new memory") as info:
         heap.malloc(1 << 20)
@@ -161,9 +162,9 @@ def test_failure_to_map_our_memory_after_sending_it_is_undone_by_the_peers_too(h
         assert "Cannot allocate memory" in str(info.value)
     else:
         assert victim in imported      # it had reached us before the victim failed
-    for pe in heap._core.peers.windows:      # and nobody keeps anything of the call mapped
-        assert [s.offset for s in heap._core.peers.mapped(pe)] == \
-            [s.offset for s in heap._core.local._core.segments()]
+    for pe in parts_of(heap).peers.windows:      # and nobody keeps anything of the call mapped
+        assert [s.offset for s in parts_of(heap).peers.mapped(pe)] == \
+            [s.offset for s in parts_of(heap).local._core.segments()]
     assert heap.heap_info()["live_allocations"] == 0
     still_works_and_kept_nothing(heap, fds, rejected)
 
@@ -172,21 +173,21 @@ def test_failure_to_map_our_memory_after_sending_it_is_undone_by_the_peers_too(h
 def test_stale_datagram_of_an_earlier_step_is_discarded_with_a_log_line(heap, caplog):
     caplog.set_level(logging.WARNING, logger="shmemvm")
     warm_up(heap)
-    fds, rejected = open_fds(), heap._core.channel.rejected
+    fds, rejected = open_fds(), parts_of(heap).channel.rejected
     if heap.my_pe == 1:   # from PE 1's own process, so its credentials are right
         fd = os.memfd_create("shmemvm-stale", 0)
         os.ftruncate(fd, 64 << 10)
-        stale = exchange.encode(1, heap._core.agreement.seq - 1, [Segment(0, 64 << 10, 1)])
-        assert heap._core.channel.try_send(heap._core.peer_paths[0], stale, [fd])
+        stale = exchange.encode(1, parts_of(heap).agreement.seq - 1, [Segment(0, 64 << 10, 1)])
+        assert parts_of(heap).channel.try_send(parts_of(heap).peer_paths[0], stale, [fd])
         os.close(fd)
     heap.barrier_all()                                   # queued in PE 0's mailbox now
     new_segment_round_trip(heap)                         # its exchange meets it first
     if heap.my_pe == 0:
-        assert heap._core.channel.rejected == rejected + 1
+        assert parts_of(heap).channel.rejected == rejected + 1
         lines = [r.getMessage() for r in caplog.records if "stale" in r.getMessage()]
         assert len(lines) == 1 and "PE 1 sent it for step #" in lines[0], lines
     else:
-        assert heap._core.channel.rejected == rejected
+        assert parts_of(heap).channel.rejected == rejected
     assert open_fds() == fds                             # its descriptor was closed
     heap.barrier_all()
 

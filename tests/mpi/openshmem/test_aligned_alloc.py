@@ -9,6 +9,7 @@ import torch
 from mpi4py import MPI
 
 from shmemvm import MALLOC_ATOMICS_REMOTE, MALLOC_SIGNAL_REMOTE, SymmetricHeap, SymmetryError
+from shmemvm.core.state import parts_of
 
 WORLD = MPI.COMM_WORLD
 
@@ -35,7 +36,7 @@ def test_align_gives_aligned_symmetric_memory(mheap):
             t = h.align(alignment, nbytes)
             assert t.dtype == torch.uint8 and t.shape == (nbytes,)
             assert t.data_ptr() % alignment == 0, (alignment, nbytes, hex(t.data_ptr()))
-            assert _same_everywhere(h._core.local.offset_of(t))
+            assert _same_everywhere(parts_of(h).local.offset_of(t))
             keep.append(t)
     t = keep[-1]
     h.put(t, torch.full((5000,), me % 256, dtype=torch.uint8), (me + 1) % n)

@@ -14,6 +14,7 @@ import torch
 from mpi4py import MPI
 
 from shmemvm import SymmetricHeap, SymmetryError
+from shmemvm.core.state import parts_of
 
 WORLD = MPI.COMM_WORLD
 
@@ -27,7 +28,7 @@ def heap(request):
 
 
 def _steps(h) -> int:
-    return h._core.agreement.seq
+    return parts_of(h).agreement.seq
 
 
 @pytest.mark.mpi(min_size=1)
@@ -66,7 +67,7 @@ def test_a_mismatch_still_raises_on_every_pe_in_one_step(heap):
     with pytest.raises(SymmetryError):
         h.zeros(16 if me == 0 else 32, torch.int64)
     t = h.zeros(16, torch.int64)   # and the heap goes on, the same on every PE
-    offsets = WORLD.allgather(t.data_ptr() - h._core.local.base)
+    offsets = WORLD.allgather(t.data_ptr() - parts_of(h).local.base)
     assert len(set(offsets)) == 1
     h.free(t)
 
@@ -86,7 +87,7 @@ def test_a_fill_that_fails_on_one_pe_raises_on_every_pe(heap):
     with pytest.raises((ValueError, SymmetryError)):
         alloc.allocate(h._core, lambda: alloc.Request(64, fill=fill), "allocate(64)")
     t = h.malloc(64)
-    assert len(set(WORLD.allgather(t.data_ptr() - h._core.local.base))) == 1
+    assert len(set(WORLD.allgather(t.data_ptr() - parts_of(h).local.base))) == 1
     h.free(t)
 
 

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from shmemvm import CTX_PRIVATE, Ctx, ShmemError, SymmetricHeap
 from shmemvm.transport.route import AtomicPath
+from shmemvm.core.state import parts_of
 
 WORLD = MPI.COMM_WORLD
 SENTINEL = -7
@@ -104,23 +105,23 @@ def test_quiet_completes_only_its_own_context(mheap):
     a.atomic_fetch_add_nbi(fetched["a"], counter[0], 1, target)
     b.atomic_fetch_add_nbi(fetched["b"], counter[0], 1, target)
     h.atomic_fetch_add_nbi(fetched["h"], counter[0], 1, target)
-    if h._core.routes.atomics is not AtomicPath.WINDOW:
+    if parts_of(h).routes.atomics is not AtomicPath.WINDOW:
         # CPU atomics (and device kernels) complete at once, as OpenSHMEM allows an
         # nbi call to: nothing is left for any quiet; the values are there already
         assert (a.completion.outstanding, b.completion.outstanding,
-                h._core.completion.outstanding) == (0, 0, 0)
+                parts_of(h).completion.outstanding) == (0, 0, 0)
         assert sorted(v.item() for v in fetched.values()) == [0, 1, 2]
         a.destroy(), b.destroy()
         h.barrier_all()
         assert h.atomic_fetch(counter[0], me) == 3
         return
     assert (a.completion.outstanding, b.completion.outstanding,
-            h._core.completion.outstanding) == (1, 1, 1)
+            parts_of(h).completion.outstanding) == (1, 1, 1)
 
     a.quiet()
     assert fetched["a"].item() != SENTINEL
     assert fetched["b"].item() == SENTINEL and fetched["h"].item() == SENTINEL
-    assert b.completion.outstanding == 1 and h._core.completion.outstanding == 1
+    assert b.completion.outstanding == 1 and parts_of(h).completion.outstanding == 1
 
     h.quiet()   # the default context only, as shmem_quiet
     assert fetched["h"].item() != SENTINEL
@@ -148,10 +149,10 @@ def test_offnode_nbi_puts_stay_with_their_context(mheap):
     a, b = h.ctx_create(), h.ctx_create()
     b.put_nbi(data, torch.full((64,), me, dtype=torch.int64), pe)
     h.put_nbi(data[:1], torch.full((1,), me, dtype=torch.int64), pe)
-    assert b.completion.outstanding == 1 and h._core.completion.outstanding == 1
+    assert b.completion.outstanding == 1 and parts_of(h).completion.outstanding == 1
     a.quiet()
     h.quiet()
-    assert b.completion.outstanding == 1 and h._core.completion.outstanding == 0
+    assert b.completion.outstanding == 1 and parts_of(h).completion.outstanding == 0
     b.quiet()
     assert b.completion.outstanding == 0
     a.destroy(), b.destroy()

@@ -24,6 +24,7 @@ from mpi4py import MPI
 import shmemvm
 from shmemvm import ShmemError, SymmetricHeap, SymmetryError, UnsupportedError
 from shmemvm.backends.host import HostBackend
+from shmemvm.core.state import parts_of
 
 WORLD = MPI.COMM_WORLD
 
@@ -112,12 +113,12 @@ def test_imported_tensor_is_the_same_memory_at_one_offset_everywhere(shared):
     x = heap.import_external_tensor(t)
     assert x.shape == t.shape and x.dtype == t.dtype and x.stride() == t.stride()
     assert x.data_ptr() != t.data_ptr()                      # mapped in the heap
-    assert heap._core.local.base <= x.data_ptr() < heap._core.local.base + heap._core.local.va_size
+    assert parts_of(heap).local.base <= x.data_ptr() < parts_of(heap).local.base + parts_of(heap).local.va_size
     assert torch.equal(x, t)
     x[7] = -1                                                # one memory, two addresses
     assert int(t[7]) == -1
     t[7] = 7 + 1000 * heap.my_pe
-    offsets = WORLD.allgather(heap._core.local.offset_of(x))
+    offsets = WORLD.allgather(parts_of(heap).local.offset_of(x))
     assert len(set(offsets)) == 1, offsets                  # symmetric
     heap.barrier_all()
     for pe in range(heap.n_pes):
@@ -179,22 +180,22 @@ def test_heap_keeps_the_original_alive_until_the_import_is_gone(shared):
     heap.barrier_all()
     assert original() is None                               # released, on every PE
     y = heap.zeros(HG, torch.uint8)                         # the heap goes on, symmetric
-    assert len(set(WORLD.allgather(heap._core.local.offset_of(y)))) == 1
+    assert len(set(WORLD.allgather(parts_of(heap).local.offset_of(y)))) == 1
 
 
 @pytest.mark.mpi(min_size=1)
 def test_free_releases_the_import_and_the_range(shared):
     heap, foreign, make, count = shared
     t = make()
-    before = heap._core.local.allocator_state()
+    before = parts_of(heap).local.allocator_state()
     x = heap.import_external_tensor(t)
     original = weakref.ref(t)
     del t
     heap.free(x)
     gc.collect()
     assert original() is None
-    assert heap._core.local.allocator_state()[0] == before[0]     # the address range is free again
-    states = WORLD.allgather(repr(heap._core.local.allocator_state()))
+    assert parts_of(heap).local.allocator_state()[0] == before[0]     # the address range is free again
+    states = WORLD.allgather(repr(parts_of(heap).local.allocator_state()))
     assert len(set(states)) == 1
 
 
@@ -217,9 +218,9 @@ def test_a_failed_unmap_when_freeing_an_import_raises_on_every_pe_and_the_heap_g
     monkeypatch.undo()
     gc.collect()
     assert original() is None                               # released everywhere all the same
-    assert len(set(WORLD.allgather(repr(heap._core.local.allocator_state())))) == 1
+    assert len(set(WORLD.allgather(repr(parts_of(heap).local.allocator_state())))) == 1
     y = heap.zeros(HG, torch.uint8)                          # the heap goes on, in step
-    assert len(set(WORLD.allgather(heap._core.local.offset_of(y)))) == 1
+    assert len(set(WORLD.allgather(parts_of(heap).local.offset_of(y)))) == 1
 
 
 @pytest.mark.mpi(min_size=2)
@@ -240,9 +241,9 @@ def test_a_failed_unmap_of_an_import_released_later_raises_on_no_pe(shared, monk
     monkeypatch.undo()
     if heap.my_pe == 1:
         assert "unmapping" in caplog.text and "refused" in caplog.text
-    assert len(set(WORLD.allgather(repr(heap._core.local.allocator_state())))) == 1
+    assert len(set(WORLD.allgather(repr(parts_of(heap).local.allocator_state())))) == 1
     y = heap.zeros(HG, torch.uint8)
-    assert len(set(WORLD.allgather(heap._core.local.offset_of(y)))) == 1
+    assert len(set(WORLD.allgather(parts_of(heap).local.offset_of(y)))) == 1
 
 
 @pytest.mark.mpi(min_size=2)
@@ -256,8 +257,8 @@ def test_different_offsets_inside_the_granularity_raise_on_every_pe():
             heap.import_external_tensor(t)
         assert "x.copy_(t)" in str(info.value)
         y = heap.malloc(100)                                 # nothing was left behind
-        assert len(set(WORLD.allgather(heap._core.local.offset_of(y)))) == 1
-        assert heap._core.local.stats()["segments"] == 1
+        assert len(set(WORLD.allgather(parts_of(heap).local.offset_of(y)))) == 1
+        assert parts_of(heap).local.stats()["segments"] == 1
     finally:
         gc.collect()
         heap.finalize()
@@ -274,7 +275,7 @@ def test_memory_the_backend_cannot_share_raises_on_every_pe(heap):
     with pytest.raises(TypeError, match="torch.Tensor"):
         heap.import_external_tensor([1, 2, 3])
     x = heap.zeros(4)                                        # still usable and symmetric
-    assert len(set(WORLD.allgather(heap._core.local.offset_of(x)))) == 1
+    assert len(set(WORLD.allgather(parts_of(heap).local.offset_of(x)))) == 1
 
 
 @pytest.mark.mpi(min_size=2)

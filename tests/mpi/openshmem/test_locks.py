@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from conftest import TEST_BACKEND
 from shmemvm import SymmetricHeap
+from shmemvm.core.state import parts_of
 
 WORLD = MPI.COMM_WORLD
 CYCLES = 200
@@ -30,8 +31,8 @@ def mheap(request):
     # split, host memory (device memory is not given to MPI)
     backend = TEST_BACKEND if split is None else "host"
     h = SymmetricHeap(WORLD, heap_size="8M", backend=backend, timeout=30, node_split=split)
-    if split is not None and h._core.window is None:   # Open MPI 4.1 without osc pt2pt, on every PE
-        reason = h._core.window_error
+    if split is not None and parts_of(h).window is None:   # Open MPI 4.1 without osc pt2pt, on every PE
+        reason = parts_of(h).window_error
         h.finalize()
         pytest.skip(f"the lock's atomics need the heap's MPI window: {reason}")
     yield h

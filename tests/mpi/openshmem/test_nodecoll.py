@@ -22,6 +22,7 @@ from mpi4py import MPI
 from shmemvm import SymmetricHeap, SymmetryError
 from shmemvm.agreement.board import PAYLOAD
 from shmemvm.transport import nodecoll
+from shmemvm.core.state import parts_of
 
 comm = MPI.COMM_WORLD
 
@@ -41,7 +42,7 @@ def heap():
 
 
 def _fuses(h) -> bool:
-    board = h._core.agreement.board
+    board = parts_of(h).agreement.board
     return board is not None and board.fuses
 
 

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import PeerTimeoutError, SymmetricHeap
+from shmemvm.core.state import parts_of
 
 WORLD = MPI.COMM_WORLD
 #: every integer dtype torch has: OpenSHMEM's standard AMO and point-to-point types
@@ -178,7 +179,7 @@ def test_fetch_add_nbi_under_contention(mheap):
     for i in range(k):
         h.atomic_fetch_add_nbi(fetched[i], counter[0], 1, 0)
     h.quiet()
-    assert h._core.completion.outstanding == 0
+    assert parts_of(h).completion.outstanding == 0
     everything = sorted(v for part in WORLD.allgather(fetched.tolist()) for v in part)
     assert everything == list(range(n * k))
     h.barrier_all()

@@ -28,6 +28,7 @@ from shmemvm import SymmetricHeap, native, rc
 
 rc(initialize=False, finalize=False)  # the NumPy face's heaps are made and ended here
 from shmemvm import shmem  # noqa: E402
+from shmemvm.core.state import parts_of
 
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif(native._native is None, reason="the compiled piece is not "
@@ -46,9 +47,9 @@ def _needs_the_window(heap: SymmetricHeap) -> None:
     """Skip where `heap` (the one without the compiled piece) has no MPI window:
     its atomics then raise UnsupportedError, so there is nothing to compare (Open
     MPI 4.1 makes no dynamic window: the device machine's image)."""
-    if heap._core.window is None:
+    if parts_of(heap).window is None:
         pytest.skip(f"the atomics without the compiled piece go through the heap's MPI "
-                    f"window, and there is none: {heap._core.window_error}")
+                    f"window, and there is none: {parts_of(heap).window_error}")
 
 
 def _outcome(call) -> str:

@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import shmemvm
 from shmemvm import SymmetricHeap, SymmetryError
+from shmemvm.core.state import parts_of
 
 pytestmark = pytest.mark.mpi
 
@@ -34,7 +35,7 @@ def same_everywhere(text: str) -> bool:
 
 def assert_usable(heap: SymmetricHeap) -> None:
     """The allocators agree and a malloc / put / barrier / get / free round trip works."""
-    assert same_everywhere(repr(heap._core.local.allocator_state())), "the PEs' allocators diverged"
+    assert same_everywhere(repr(parts_of(heap).local.allocator_state())), "the PEs' allocators diverged"
     me, n = heap.my_pe, heap.n_pes
     x = heap.zeros(300, torch.uint8)
     heap.put(x, torch.full((300,), 7 + me, dtype=torch.uint8), (me + 1) % n)

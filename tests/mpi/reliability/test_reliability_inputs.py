@@ -22,6 +22,7 @@ import shmemvm
 from shmemvm import (FreedTensorError, HeapExhaustedError, NotSymmetricError, ShmemError,
                      SymmetricHeap,
                      SymmetryError)
+from shmemvm.core.state import parts_of
 
 pytestmark = pytest.mark.mpi
 
@@ -33,7 +34,7 @@ HEAP_OPTIONS = {"backend": "host"}  # the conftest heap fixture, pinned to host 
 
 def assert_heap_usable(heap: SymmetricHeap) -> None:
     """Same allocator state everywhere, and a full round trip works."""
-    states = world.allgather(repr(heap._core.local.allocator_state()))
+    states = world.allgather(repr(parts_of(heap).local.allocator_state()))
     assert all(s == states[0] for s in states), "the PEs' allocators diverged"
     me, n = heap.my_pe, heap.n_pes
     right, left = (me + 1) % n, (me - 1) % n

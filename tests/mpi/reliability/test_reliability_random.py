@@ -27,6 +27,7 @@ import torch
 from mpi4py import MPI
 
 from shmemvm import HeapExhaustedError, SymmetricHeap
+from shmemvm.core.state import parts_of
 
 pytestmark = pytest.mark.mpi
 
@@ -207,7 +208,7 @@ class Run:
     def verify_all(self) -> None:
         self.heap.barrier_all()
         self.check_live_count()
-        states = world.allgather(repr(self.heap._core.local.allocator_state()))
+        states = world.allgather(repr(parts_of(self.heap).local.allocator_state()))
         assert all(s == states[0] for s in states), "the PEs' allocators diverged"
         peer = self.rng.randrange(self.n)
         for obj in self.objects.values():

@@ -30,6 +30,7 @@ from mpi4py import MPI
 
 from shmemvm.node import exchange
 from shmemvm import SymmetricHeap
+from shmemvm.core.state import parts_of
 from util import open_fds, shmemvm_mappings
 
 pytestmark = pytest.mark.mpi
@@ -53,9 +54,9 @@ def forged_payload(heap: SymmetricHeap, source: int, nbytes: int) -> bytes:
     """Exactly what PE `source` will send for the next malloc(nbytes): the right
     magic, collective number and segments (predicted with a copy of the pure
     allocator)."""
-    _, created = copy.deepcopy(heap._core.local._core).allocate(nbytes)
+    _, created = copy.deepcopy(parts_of(heap).local._core).allocate(nbytes)
     assert created, "the malloc must create a segment for this test"
-    return exchange.encode(source, heap._core.agreement.seq + 1, created)
+    return exchange.encode(source, parts_of(heap).agreement.seq + 1, created)
 
 
 def rogue_lines() -> list[str]:
@@ -82,12 +83,12 @@ def check_new_memory(heap: SymmetricHeap, t: torch.Tensor) -> None:
 
 
 def test_socket_directory_is_private(heap):
-    directory = Path(heap._core.channel.directory)
+    directory = Path(parts_of(heap).channel.directory)
     info = directory.stat()
     assert stat.S_ISDIR(info.st_mode)
     assert stat.S_IMODE(info.st_mode) == 0o700, oct(info.st_mode)
     assert info.st_uid == os.getuid()
-    sock = Path(heap._core.channel.path)
+    sock = Path(parts_of(heap).channel.path)
     assert sock.parent == directory and stat.S_ISSOCK(sock.stat().st_mode)
     assert sock.stat().st_uid == os.getuid()
     # one private directory per PE, none shared
@@ -116,13 +117,13 @@ def test_other_users_cannot_reach_the_socket(heap):
             "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
             "try:\n    s.sendto(b'x' * 64, sys.argv[1])\n"
             "except PermissionError:\n    print('EACCES')\nelse:\n    print('SENT')\n")
-    done = subprocess.run([python, "-c", code, heap._core.channel.path], user=65534, group=65534,
+    done = subprocess.run([python, "-c", code, parts_of(heap).channel.path], user=65534, group=65534,
                           capture_output=True, text=True, timeout=30)
     assert done.stdout.strip() == "EACCES", (done.stdout, done.stderr)
     heap.barrier_all()
-    rejected = heap._core.channel.rejected
+    rejected = parts_of(heap).channel.rejected
     t = heap.malloc(1 << 20)                        # nothing arrived to be rejected
-    assert heap._core.channel.rejected == rejected
+    assert parts_of(heap).channel.rejected == rejected
     check_new_memory(heap, t)
 
 
@@ -135,12 +136,12 @@ def test_rogue_messages_are_rejected_logged_and_never_mapped(heap, caplog):
     heap.barrier_all()
     gc.collect()
     fds_before, maps_before = open_fds(), shmemvm_mappings()
-    rejected_before = heap._core.channel.rejected
+    rejected_before = parts_of(heap).channel.rejected
     left = (me - 1) % n
 
     # a rogue process: garbage, descriptors, and a perfect forgery claiming to be a peer
     forged = forged_payload(heap, left, nbytes).hex()
-    rogue = run_rogue(heap._core.channel.path, "garbage", "garbage-fd", "short-fd", "empty-fd",
+    rogue = run_rogue(parts_of(heap).channel.path, "garbage", "garbage-fd", "short-fd", "empty-fd",
                       f"forged:{forged}", "many-fds", "oversize-fd")
     # a rogue thread of this very process, with a socket of its own: same forgery
     def thread_rogue():
@@ -149,7 +150,7 @@ def test_rogue_messages_are_rejected_logged_and_never_mapped(heap, caplog):
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.sendmsg([bytes.fromhex(forged)],
                       [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))], 0,
-                      heap._core.channel.path)
+                      parts_of(heap).channel.path)
         os.close(fd)
     thread = threading.Thread(target=thread_rogue)
     thread.start()
@@ -160,7 +161,7 @@ def test_rogue_messages_are_rejected_logged_and_never_mapped(heap, caplog):
     heap.barrier_all()                              # every rogue message is queued now
     t = heap.malloc(nbytes)                         # a new segment: the exchange reads them
 
-    assert heap._core.channel.rejected - rejected_before == sent
+    assert parts_of(heap).channel.rejected - rejected_before == sent
     records = [r.getMessage() for r in caplog.records
                if r.name == "shmemvm" and "rejected a message" in r.getMessage()]
     assert len(records) == sent, records
@@ -178,9 +179,9 @@ def test_rogue_messages_are_rejected_logged_and_never_mapped(heap, caplog):
     assert all("memfd:shmemvm (deleted)" in entry for entry in new_fds), new_fds
     assert not any(ROGUE_NAME in line for line in shmemvm_mappings())
     assert len(shmemvm_mappings()) > len(maps_before)
-    block = heap._core.local.block_of(t)
-    for pe in heap._core.peers.windows:
-        assert block.segment in heap._core.peers.mapped(pe)
+    block = parts_of(heap).local.block_of(t)
+    for pe in parts_of(heap).peers.windows:
+        assert block.segment in parts_of(heap).peers.mapped(pe)
     check_new_memory(heap, t)
     heap.free(t)
     heap.free(t0)
@@ -191,14 +192,14 @@ def test_flooded_mailboxes_do_not_stall_the_exchange(heap, caplog):
     """A rogue fills every PE's mailbox (net.unix.max_dgram_qlen datagrams): PEs
     that only sent before receiving would all block in send and time out."""
     caplog.set_level(logging.WARNING, logger="shmemvm")
-    rejected_before = heap._core.channel.rejected
-    flood = run_rogue(heap._core.channel.path, "flood")
+    rejected_before = parts_of(heap).channel.rejected
+    flood = run_rogue(parts_of(heap).channel.path, "flood")
     assert flood["delivered"] >= 1
     heap.barrier_all()
     start = time.monotonic()
     t = heap.malloc(1 << 20)
     assert time.monotonic() - start < 5, "the exchange stalled behind the flood"
-    assert heap._core.channel.rejected - rejected_before == flood["delivered"]
+    assert parts_of(heap).channel.rejected - rejected_before == flood["delivered"]
     assert rogue_lines() == []
     check_new_memory(heap, t)
     heap.free(t)
@@ -210,14 +211,14 @@ def test_rogue_message_between_collectives_is_harmless_later(heap, caplog):
     many collectives later; the collectives that exchange nothing are unaffected."""
     caplog.set_level(logging.WARNING, logger="shmemvm")
     keep = heap.malloc(64)                          # its small segment is exchanged now
-    rejected_before = heap._core.channel.rejected
-    run_rogue(heap._core.channel.path, "garbage-fd")
+    rejected_before = parts_of(heap).channel.rejected
+    run_rogue(parts_of(heap).channel.path, "garbage-fd")
     for _ in range(20):
         heap.barrier_all()
         heap.free(heap.malloc(64))                  # same small segment: no exchange
-    assert heap._core.channel.rejected == rejected_before
+    assert parts_of(heap).channel.rejected == rejected_before
     t = heap.malloc(2 << 20)
-    assert heap._core.channel.rejected == rejected_before + 1
+    assert parts_of(heap).channel.rejected == rejected_before + 1
     assert rogue_lines() == []
     check_new_memory(heap, t)
     heap.free(t)

@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from shmemvm import SymmetricHeap, native
 from shmemvm.transport.route import AtomicPath
+from shmemvm.core.state import parts_of
 
 world = MPI.COMM_WORLD
 ROUNDS = 300
@@ -44,7 +45,7 @@ def test_contended_atomics_lose_nothing_on_every_path(node_split, setting, dtype
     heap = SymmetricHeap(world, "4M", backend="host", timeout=30, node_split=node_split,
                          native=setting)
     try:
-        assert heap._core.routes.atomics is expected_path(heap, setting)
+        assert parts_of(heap).routes.atomics is expected_path(heap, setting)
         n = heap.n_pes
         words = heap.zeros(2, dtype)
         heap.barrier_all()
