@@ -195,6 +195,12 @@ class Board:
         self.carried = staged
 
     @property
+    def can_carry(self) -> bool:
+        """Whether the next step is step()'s one call, which carries a staged
+        payload (no earlier step is left to finish first)."""
+        return self._step_head is not None and self._unfinished is None
+
+    @property
     def fuses(self) -> bool:
         """Whether a step can carry a payload (stage())."""
         return self._head is not None

@@ -66,7 +66,7 @@ HOST_BASES_HINT = (
     "TRITON_INTERPRET=1 before importing triton; to use the table without Triton, ignore this")
 
 
-#: locate_in()'s memo holds at most this many targets
+#: locate_in()'s and recall()'s memos hold at most this many entries each
 _LOCATED_MAX = 4096
 
 
@@ -153,6 +153,9 @@ class Where(Protocol):
     def locate(self, tensor: torch.Tensor, pe: int, role: str) -> Target: ...
     def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None: ...
     def array_address(self, array: Any) -> int | None: ...   # the NumPy face's one pass
+    #: a memo of checked operands while their blocks live (the faces' fused collectives)
+    def recall(self, key: tuple) -> Any: ...
+    def remember(self, key: tuple, value: Any) -> None: ...
     def all_mapped(self, pes: Any) -> bool: ...   # a team's node path
     def heap_bases(self) -> torch.Tensor: ...
 
@@ -358,6 +361,10 @@ class HeapCore:
         #: live block, kept until a block stops being live here (retire(), release_dead()),
         #: so that a repeated one-pass put or atomic resolves in one dict lookup
         self._located: dict[tuple[int, int], Target] = {}
+        #: recall()'s memo, alike: what a routine checked of its operands (a fused
+        #: collective's Plan, transport/nodecoll.py), by a key of the face's, kept
+        #: while every block stays live here (cleared with _located)
+        self._recalled: dict[tuple, Any] = {}
         #: the releases of allocate()'s one step, held until its block is taken
         #: (release_dead()); None outside it
         self._held: set[int] | None = None
@@ -456,6 +463,7 @@ class HeapCore:
             self._held |= offsets
             return
         self._located.clear()   # (their targets with them)
+        self._recalled.clear()
         for offset in sorted(offsets):
             # An unmap failure of imported memory (logged, returned) is not raised:
             # this runs inside whichever collective call came next, and raising on
@@ -542,6 +550,18 @@ class HeapCore:
         self._located[address, pe] = target
         return target
 
+    def recall(self, key: tuple) -> Any:
+        """What remember() kept under `key`, or None: every block live when it
+        was kept is still live here (a free or a release forgets everything)."""
+        return self._recalled.get(key)
+
+    def remember(self, key: tuple, value: Any) -> None:
+        """Keep `value` (what a routine checked of operands over live blocks,
+        which `key` names exactly) for recall() while those blocks stay live."""
+        if len(self._recalled) >= _LOCATED_MAX:   # (many keys: start again)
+            self._recalled.clear()
+        self._recalled[key] = value
+
     def array_address(self, array: Any) -> int | None:
         """Where C-contiguous NumPy `array`'s data starts, where the NumPy face's
         one-pass put, get and atomics apply on this heap, else None (the
@@ -591,6 +611,7 @@ class HeapCore:
     def retire(self, tensor: torch.Tensor):
         """Start freeing `tensor`'s block (undone unless finish_free() follows)."""
         self._located.clear()   # its block is live no more: nor its targets
+        self._recalled.clear()
         return self.local.retire(tensor)
 
     def stats(self) -> HeapStats:

@@ -229,9 +229,11 @@ def broadcast(heap: Core, dest, source, root, *, team=None) -> None:
 
 
 def broadcast_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], root, *,
-                    team=None) -> None:
+                    team=None) -> nodecoll.Plan | None:
     """broadcast() of the Operands that `operands()` makes (or raises for: then
-    every member raises at this call): both faces' one implementation."""
+    every member raises at this call): both faces' one implementation. Returns
+    the call's Plan where its data went in the agreed step (nodecoll.replay()
+    repeats it, while the face's key says the operands are the same), else None."""
     what = "broadcast"
     t = group.resolve(heap, team, what)
     made: list = []
@@ -243,17 +245,19 @@ def broadcast_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=True)
         made[:] = dest, source
         fused.broadcast(dest, source, r, t.me)
-        return (d, s, source.dtype, source.count, r), (
+        return fused.agreeing(Phase.BROADCAST, (d, s, source.dtype, source.count, r), (
             "{}broadcast(dest at heap offset {:#x}, source at {:#x}, {} x {}, root={})",
-            t.label, d, s, source.count, source.dtype, r)   # (made only for a message)
+            t.label, d, s, source.count, source.dtype, r))   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.calls.synchronize()
         d, s, _, _, r = t.agree_checked(
             Phase.BROADCAST, f"{t.label}broadcast(dest, source, root={root!r})", check)
         dest, source = made
-        if source.data.numel() == 0 or fused.deliver():
-            return
+        if source.data.numel() == 0:
+            return None
+        if fused.deliver():
+            return fused.plan(t)   # (the face may replay it: nodecoll.replay)
         me, text = t.me, f"{t.label}broadcast(root={r})"
         same = d == s
         if t.on_node:
@@ -262,7 +266,7 @@ def broadcast_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
             elif not same:
                 dest.data.copy_(source.data)
             t.step(Phase.BROADCAST_COPIED, f"{text} (copied)")
-            return
+            return None
         if me == r:
             buffer = _host(source.data)
             t.wait(t.comm.Ibcast(_bytes(buffer), r), text)
@@ -273,6 +277,7 @@ def broadcast_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]],
             t.wait(t.comm.Ibcast(_bytes(buffer), r), text)
             if buffer is not dest.data:
                 dest.data.copy_(buffer)
+    return None
 
 
 # -- fcollect ---------------------------------------------------------------------------------
@@ -301,7 +306,7 @@ def fcollect(heap: Core, dest, source, *, team=None) -> None:
 
 
 def fcollect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
-                   team=None) -> None:
+                   team=None) -> nodecoll.Plan | None:
     """fcollect() of the Operands that `operands()` makes (see broadcast_bytes)."""
     what = "fcollect"
     t = group.resolve(heap, team, what)
@@ -313,27 +318,30 @@ def fcollect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
         d, s = _pair(heap, t, what, dest, source, len(t.pes), identical_ok=False)
         made[:] = dest, source
         fused.fcollect(dest, source)
-        return (d, s, source.dtype, source.count), (
+        return fused.agreeing(Phase.FCOLLECT, (d, s, source.dtype, source.count), (
             "{}fcollect(dest at heap offset {:#x}, source at {:#x}, {} x {} per PE)",
-            t.label, d, s, source.count, source.dtype)   # (made only for a message)
+            t.label, d, s, source.count, source.dtype))   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.calls.synchronize()
         t.agree_checked(Phase.FCOLLECT, f"{t.label}fcollect(dest, source)", check)
         dest, source = made
         m = source.data.numel()
-        if m == 0 or fused.deliver():
-            return
+        if m == 0:
+            return None
+        if fused.deliver():
+            return fused.plan(t)   # (the face may replay it: nodecoll.replay)
         flat = dest.data
         if t.on_node:
             for i, pe in enumerate(t.pes):
                 flat[i * m:(i + 1) * m].copy_(_mapped(heap, source.data, pe))
             t.step(Phase.FCOLLECT_COPIED, f"{t.label}fcollect (copied)")
-            return
+            return None
         send, receive = _host(source.data), _receive_buffer(flat)
         t.wait(t.comm.Iallgather(_bytes(send), _bytes(receive)), f"{t.label}fcollect")
         if receive is not flat:
             flat.copy_(receive)
+    return None
 
 
 # -- collect ----------------------------------------------------------------------------------
@@ -457,7 +465,7 @@ def alltoall(heap: Core, dest, source, *, team=None) -> None:
 
 
 def alltoall_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
-                   team=None) -> None:
+                   team=None) -> nodecoll.Plan | None:
     """alltoall() of the Operands that `operands()` makes (see broadcast_bytes)."""
     what = "alltoall"
     t = group.resolve(heap, team, what)
@@ -473,27 +481,30 @@ def alltoall_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=False)
         made[:] = dest, source
         fused.alltoall(dest, source, t.me)
-        return (d, s, source.dtype, source.count), (
+        return fused.agreeing(Phase.ALLTOALL, (d, s, source.dtype, source.count), (
             "{}alltoall(dest at heap offset {:#x}, source at {:#x}, {} x {})",
-            t.label, d, s, source.count, source.dtype)   # (made only for a message)
+            t.label, d, s, source.count, source.dtype))   # (made only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.calls.synchronize()
         t.agree_checked(Phase.ALLTOALL, f"{t.label}alltoall(dest, source)", check)
         dest, source = made
         b, me = source.data.numel() // n, t.me      # a block, in bytes
-        if b == 0 or fused.deliver():
-            return
+        if b == 0:
+            return None
+        if fused.deliver():
+            return fused.plan(t)   # (the face may replay it: nodecoll.replay)
         flat = dest.data
         if t.on_node:
             for i, pe in enumerate(t.pes):
                 flat[i * b:(i + 1) * b].copy_(_mapped(heap, source.data, pe)[me * b:(me + 1) * b])
             t.step(Phase.ALLTOALL_COPIED, f"{t.label}alltoall (copied)")
-            return
+            return None
         send, receive = _host(source.data), _receive_buffer(flat)
         t.wait(t.comm.Ialltoall(_bytes(send), _bytes(receive)), f"{t.label}alltoall")
         if receive is not flat:
             flat.copy_(receive)
+    return None
 
 
 @_documented
@@ -657,7 +668,7 @@ def reduce(heap: Core, dest, source, op: str = "sum", *, team=None) -> None:
 
 
 def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op: str,
-                 combiner: Callable[[Operand], Combine], *, team=None) -> None:
+                 combiner: Callable[[Operand], Combine], *, team=None) -> nodecoll.Plan | None:
     """reduce() of the Operands that `operands()` makes (see broadcast_bytes),
     combined by `combiner(source)`, the face's combiner of op for source's dtype
     (it raises TypeError where op does not apply: inside the agreement too)."""
@@ -673,17 +684,19 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
         d, s = _pair(heap, t, what, dest, source, 1, identical_ok=True)
         made[:] = dest, source, combiner(source)
         fused.reduce(dest, source, op)
-        return (d, s, source.dtype, source.count, op), (   # (the text: only for a message)
+        return fused.agreeing(Phase.REDUCE, (d, s, source.dtype, source.count, op), (
             "{}reduce(dest at heap offset {:#x}, source at {:#x}, {} x {}, op={!r})",
-            t.label, d, s, source.count, source.dtype, op)
+            t.label, d, s, source.count, source.dtype, op))   # (the text: only for a message)
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.calls.synchronize()
         t.agree_checked(Phase.REDUCE, f"{t.label}reduce(dest, source, op={op!r})", check)
         dest, source, combine = made
         numel, n, me, size = source.count, len(t.pes), t.me, source.itemsize
-        if numel == 0 or fused.deliver():
-            return
+        if numel == 0:
+            return None
+        if fused.deliver():
+            return fused.plan(t)   # (the face may replay it: nodecoll.replay)
         counts, displs = _chunks(numel, n)
         counts, displs = [c * size for c in counts], [d * size for d in displs]   # bytes
         lo, hi = displs[me], displs[me] + counts[me]
@@ -702,7 +715,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
                     combine(acc, view)
             t.step(Phase.REDUCE_COMBINED, f"{text} (combined)")
             flat.copy_(acc)
-            return
+            return None
         if t.on_node:
             # 1) this PE combines its chunk from every member's source, in team order
             if hi > lo:
@@ -725,7 +738,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
                     start, stop = displs[i], displs[i] + counts[i]
                     flat[start:stop].copy_(_mapped(heap, dest.data, pe)[start:stop])
             t.step(Phase.REDUCE_GATHERED, f"{text} (gathered)")
-            return
+            return None
         # 1) reduce-scatter: this PE receives its chunk of every member's source ...
         send = _host(source.data)
         pieces = torch.empty(n * counts[me], dtype=torch.uint8)
@@ -745,6 +758,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
                f"{text} (gather)")
         if receive is not flat:
             flat.copy_(receive)
+    return None
 
 
 def all_reduce(heap: Core, dest, source, op: str = "sum", *, team=None) -> None:

@@ -48,7 +48,7 @@ class HeapMemory:
     def __init__(self, tensor: torch.Tensor):
         self.tensor = tensor
         # from the storage: a tensor without elements has no data_ptr()
-        self.address = tensor.untyped_storage().data_ptr() + tensor.storage_offset()
+        self.address = int(tensor.untyped_storage().data_ptr() + tensor.storage_offset())
         self.nbytes = tensor.numel()
 
     @property
@@ -138,16 +138,33 @@ def check_array(a, role: str, writable: bool) -> np.ndarray:
     return a
 
 
+def _within(a: np.ndarray) -> tuple[HeapMemory, int] | None:
+    """(its allocation, the byte offset in it) of an array whose bytes lie
+    inside the allocation its base chain ends at; None for any other array."""
+    memory = owner(a)
+    if memory is None:
+        return None
+    offset = address(a) - memory.address
+    return (memory, offset) if 0 <= offset <= memory.nbytes - a.nbytes else None
+
+
 def locate(a: np.ndarray, role: str) -> tuple[HeapMemory, int]:
     """(its allocation, the byte offset in it) of a symmetric array, or NotSymmetricError."""
-    memory = owner(a)
-    offset = address(a) - memory.address if memory is not None else -1
-    if memory is None or not 0 <= offset <= memory.nbytes - a.nbytes:
+    found = _within(a)
+    if found is None:
         raise NotSymmetricError(
             f"the {role} (at {address(a):#x}) is not an array on the symmetric heap: "
             f"allocate it with shmem.zeros/empty/full/array/new_array/alloc (and do not free "
             f"it before use)")
-    return memory, offset
+    return found
+
+
+def heap_address(a: np.ndarray) -> int | None:
+    """Where array `a` starts, where its bytes lie inside the allocation its
+    base chain ends at (as locate() asks; whether that block is still live is
+    not asked here); None for any other array."""
+    found = _within(a)
+    return None if found is None else found[0].address + found[1]
 
 
 def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[HeapCore, HeapMemory, int] | None:

@@ -9,6 +9,14 @@ every PE. reduce combines with NumPy ufuncs (combiner), so every dtype NumPy
 reduces works, long double and complex long double included; the result is
 the same, bit for bit, on every PE (each element combined in team PE order
 by one PE).
+
+A world call (no team) whose data went in its agreed step leaves a Plan
+(transport/nodecoll.py), which the heap keeps under a key of exactly what the
+call's checks looked at (_world_key: where each array lies on the heap, its
+shape, strides, dtype, writability, and root, size, op) while every block
+stays live (Core.where.recall): the same call again is then that one agreed
+step, without checking its arrays a second time (issue 30). Anything else
+takes the general path, whose checks and errors are the ones above.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from .. import _args, api
 from ..vocabulary import REDUCE_OPS
 from ..openshmem import collectives
 from ..openshmem.collectives import Operand
+from ..transport import nodecoll
 from . import arrays
 from .constants import OP, OP_SUM, op_name
 from .handles import Team, of_collective, size_of
@@ -80,6 +89,42 @@ def _operand(a: np.ndarray, role: str, count: int | None = None) -> Operand:
     return Operand.of(data, a.itemsize, a.dtype, offset)
 
 
+def _world_key(kind: str, team, target, source, *values) -> tuple | None:
+    """The memo key (Core.where.recall) of a world call (`team` None) of
+    collective `kind` on symmetric arrays target and source with `values`
+    (root, size, op: ints, strings or None): it names exactly what the call's
+    checks depend on (where each array lies on the heap, its shape, strides
+    and dtype, whether target is writable; whether their blocks are live, the
+    memo itself). None where there can be no key: a team, another type, an
+    array that is not on the heap (the general path says what is wrong)."""
+    if team is not None or type(target) is not np.ndarray or type(source) is not np.ndarray:
+        return None
+    for value in values:
+        if value is not None and type(value) is not int and not isinstance(value, str):
+            return None
+    t, s = arrays.heap_address(target), arrays.heap_address(source)
+    if t is None or s is None:
+        return None
+    return (kind, t, target.shape, target.strides, target.dtype, target.flags.writeable,
+            s, source.shape, source.strides, source.dtype, *values)
+
+
+def _replayed(h, key: tuple | None) -> bool:
+    """Whether the call that `key` names ran again from its Plan (one agreed
+    step that carries its data: nodecoll.replay()); False where it has none
+    (not made yet, or forgotten: a block freed or released since) or cannot."""
+    if key is None:
+        return False
+    plan = h.where.recall(key)
+    return plan is not None and nodecoll.replay(h, plan)
+
+
+def _kept(h, key: tuple | None, plan) -> None:
+    """Remember the Plan that the general path returned under `key`."""
+    if key is not None and plan is not None:
+        h.where.remember(key, plan)
+
+
 def _checked(target, source) -> None:
     """target (written) and source (read) are contiguous arrays of one dtype."""
     arrays.same_dtype(arrays.check_array(target, "target", True),
@@ -103,12 +148,17 @@ def broadcast(target: np.ndarray, source: np.ndarray, root: int, size: Optional[
         TypeError, ValueError: bad arrays or sizes.
         SymmetryError: the PEs made different calls.
     """
+    h = arrays.core()
+    key = _world_key("broadcast", team, target, source, root, size)
+    if _replayed(h, key):
+        return
+
     def operands():
         _checked(target, source)
         n = arrays.count(size, target.size, source.size)
         return _operand(target, "target", n), _operand(source, "source", n)
 
-    collectives.broadcast_bytes(arrays.core(), operands, root, team=of_collective(team))
+    _kept(h, key, collectives.broadcast_bytes(h, operands, root, team=of_collective(team)))
 
 
 def collect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
@@ -153,6 +203,10 @@ def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
     Raises:
         As broadcast.
     """
+    h = arrays.core()
+    key = _world_key("fcollect", team, target, source, size)
+    if _replayed(h, key):
+        return
     npes = size_of(team)
 
     def operands():
@@ -161,7 +215,7 @@ def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         return (_operand(target, "target", n * npes),
                 _operand(source, "source", n))
 
-    collectives.fcollect_bytes(arrays.core(), operands, team=of_collective(team))
+    _kept(h, key, collectives.fcollect_bytes(h, operands, team=of_collective(team)))
 
 
 def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
@@ -180,6 +234,10 @@ def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
     Raises:
         As broadcast.
     """
+    h = arrays.core()
+    key = _world_key("alltoall", team, target, source, size)
+    if _replayed(h, key):
+        return
     npes = size_of(team)
 
     def operands():
@@ -188,7 +246,7 @@ def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         return (_operand(target, "target", n * npes),
                 _operand(source, "source", n * npes))
 
-    collectives.alltoall_bytes(arrays.core(), operands, team=of_collective(team))
+    _kept(h, key, collectives.alltoall_bytes(h, operands, team=of_collective(team)))
 
 
 def alltoalls(target: np.ndarray, source: np.ndarray, tst: int = 1, sst: int = 1,
@@ -265,14 +323,19 @@ def reduce(target: np.ndarray, source: np.ndarray, op: OP = OP_SUM, size: Option
     Raises:
         ValueError: an unknown op; otherwise as broadcast.
     """
+    h = arrays.core()
+    key = _world_key("reduce", team, target, source, op, size)
+    if _replayed(h, key):
+        return
+
     def operands():
         _checked(target, source)
         n = arrays.count(size, target.size, source.size)
         return _operand(target, "target", n), _operand(source, "source", n)
 
-    collectives.reduce_bytes(arrays.core(), operands, op_name(op),
-                             lambda source: combiner(op_name(op), source.dtype),
-                             team=of_collective(team))
+    _kept(h, key, collectives.reduce_bytes(h, operands, op_name(op),
+                                           lambda source: combiner(op_name(op), source.dtype),
+                                           team=of_collective(team)))
 
 
 def _reducer(op: OP):

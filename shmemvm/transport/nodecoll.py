@@ -25,6 +25,14 @@ stages depends only on what the agreement compares (sizes, dtype, op, root)
 and on what is the same on every PE (the board, the compiled piece, the
 heap's device), so either every PE of an agreed call stages or none does.
 
+A call whose payload depends only on its checked operands (broadcast,
+fcollect, alltoall, reduce; not collect's or alltoalls', assembled here) also
+leaves a Plan (Fusion.plan()): its group, its agreed call and its payload's
+addresses. replay() runs it again for a face that keyed it (shmem/
+collectives.py): the same lock, step and delivery, without the checks, while
+the heap vouches that the blocks it names are still live (a free or a
+release forgets every Plan).
+
 reduce combines in C for integer and float32/float64 dtypes, folded in team
 PE order 0, 1, ..., n-1 as the Python combiners fold (bit-identical results
 on every PE and to the general path); float min and max, and every other
@@ -37,10 +45,13 @@ from __future__ import annotations
 
 import functools
 import struct
+from typing import Any, NamedTuple
 
 import torch
 
 from ..agreement.board import PAYLOAD, Board
+from ..agreement.protocol import Call, Phase
+from ..errors import ShmemError
 from ..native import KINDS, REDUCE_OPS as REDUCE_CODES
 from ..vocabulary import WORD_KINDS
 
@@ -83,12 +94,25 @@ def element_kind(dtype) -> int | None:
     return _NUMPY_KINDS.get((str(kind), int(itemsize)))
 
 
+class Plan(NamedTuple):
+    """A fused call as its checks left it (Fusion.plan()): its group, the
+    agreed call (encoded once: fixed), the payload board.stage() takes and
+    what deliver() writes, all from checked operands (addresses inside live
+    blocks of the heap's CPU memory). replay() runs it again without those
+    checks, while the face's key (Core.where.recall) says the operands are the
+    same and their blocks still live."""
+    group: Any
+    call: Call
+    stage: tuple
+    after: tuple
+
+
 class Fusion:
     """One collective call's fused data (see the module doc); a context
     manager that forgets a payload whose step never came (the call raised
     before it)."""
 
-    __slots__ = ("board", "n", "staged", "after", "held")
+    __slots__ = ("board", "n", "staged", "after", "held", "stage_args", "call")
 
     def __init__(self, board: Board | None, n: int):
         self.board, self.n = board, n
@@ -96,6 +120,11 @@ class Fusion:
         self.after: tuple | None = None
         #: a payload assembled here (collect's), alive until its step
         self.held: torch.Tensor | None = None
+        #: board.stage()'s arguments, where they depend only on the checked operands
+        #: (not on a payload assembled here): what plan() keeps
+        self.stage_args: tuple | None = None
+        #: (phase, args, text) of the call that carries the payload (agreeing())
+        self.call: tuple | None = None
 
     def __enter__(self) -> Fusion:
         return self
@@ -114,8 +143,23 @@ class Fusion:
         address = source.data.data_ptr() if payload_len else 0
         board = self.board
         assert board is not None   # (_usable() said so)
-        self.staged = board.stage(address, payload_len, part, src_offset, dst_stride, only)
+        self.stage_args = (address, payload_len, part, src_offset, dst_stride, only)
+        self.staged = board.stage(*self.stage_args)
         self.after = after
+
+    def agreeing(self, phase: Phase, args: tuple, text) -> tuple:
+        """(args, text) of the call that carries what was staged, noted for
+        plan(): what a collective's check returns."""
+        self.call = (phase, args, text)
+        return args, text
+
+    def plan(self, group) -> Plan | None:
+        """This call over `group` as a Plan, once deliver() wrote its result;
+        None where it staged nothing that a Plan can repeat (no payload, or
+        one assembled here: collect's, alltoalls')."""
+        if self.stage_args is None or self.call is None or self.after is None:
+            return None
+        return Plan(group, Call(*self.call).fixed(), self.stage_args, self.after)
 
     # -- staging, from inside a call's check (operands checked) ----------------------------
     def broadcast(self, dest, source, root: int, me: int) -> None:
@@ -245,6 +289,29 @@ def combined(views: list, dtype, op: str, native: bool,
         _collective.combine_from(into.data_ptr(), nbytes, tuple(v.data_ptr() for v in views),
                                  *numbers)
     return into
+
+
+def replay(core, plan: Plan) -> bool:
+    """Run `plan` again: the same steps as the call that made it, less its
+    checks of the operands (the caller's key stands for them): the group's
+    lock, the device's work, the payload staged, the agreed step with the same
+    call (a mismatch or a dead, stopped or late PE raise as they would there),
+    and dest written. False where the board cannot carry it now (the caller
+    takes the general path)."""
+    group = plan.group
+    fused = fusion(group)
+    board = fused.board
+    if board is None or not board.can_carry:
+        return False
+    with group.lock, fused:
+        core.calls.synchronize()
+        fused.stage_args, fused.after = plan.stage, plan.after
+        fused.staged = board.stage(*plan.stage)
+        group.agree(plan.call)
+        if not fused.deliver():   # (can_carry: a step that ran carried it)
+            raise ShmemError("a fused collective's agreed step did not carry its payload (a "
+                             "bug: please report it with SHMEMVM_DEBUG=1's log)")
+    return True
 
 
 def fusion(group) -> Fusion:

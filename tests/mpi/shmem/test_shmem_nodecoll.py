@@ -116,3 +116,136 @@ def test_the_faces_checked_offsets_are_the_routines_own(world):
     shmem.free(a)
     del a, f, odd
     gc.collect()
+
+
+@contextlib.contextmanager
+def _replays(monkeypatch):
+    """A list that grows by one for every collective call that ran from its
+    memoized Plan (shmem/collectives.py's _replayed: nodecoll.replay)."""
+    ran: list = []
+    real = nodecoll.replay
+    with monkeypatch.context() as m:
+        def spy(h, plan):
+            done = real(h, plan)
+            if done:
+                ran.append(plan.call.phase)
+            return done
+        m.setattr(nodecoll, "replay", spy)
+        yield ran
+
+
+def _fuses() -> bool:
+    """Whether the world's calls carry their data in the agreed step here
+    (a board in C: the compiled piece, more than one PE): else nothing has a Plan."""
+    from shmemvm.openshmem import group
+    from shmemvm.shmem import arrays
+    return nodecoll.fusion(group.world(arrays.core())).board is not None
+
+
+def _calls(t: str, count: int):
+    """Each memoized collective of the NumPy face on fresh arrays of dtype t."""
+    n = WORLD.Get_size()
+    source, target = shmem.zeros(count * n, dtype=t), shmem.zeros(count * n, dtype=t)
+    calls = {
+        "broadcast": lambda: shmem.broadcast(target[:count], source[:count], n - 1),
+        "broadcast_size": lambda: shmem.broadcast(target, source, 0, size=count - 1),
+        "fcollect": lambda: shmem.fcollect(target, source[:count]),
+        "alltoall": lambda: shmem.alltoall(target, source),
+        "sum_reduce": lambda: shmem.sum_reduce(target[1:count], source[1:count]),
+        "max_reduce": lambda: shmem.reduce(target[:count], source[:count], "max"),
+        "xor_reduce": lambda: shmem.xor_reduce(target, source),
+    }
+    return source, target, calls
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("t", ["i1", "u2", "i4", "q", "f4", "d"])
+def test_replayed_collectives_give_the_general_paths_bytes(world, monkeypatch, t):
+    """A NumPy-face collective repeated on the same arrays runs from the Plan
+    its first call left (one agreed step, no checks again): on new data every
+    time, its bytes are the general path's, the same on every PE."""
+    me = shmem.my_pe()
+    count = 5
+    source, target, calls = _calls(t, count)
+    for name, call in calls.items():
+        if name == "xor_reduce" and np.dtype(t).kind == "f":
+            continue   # (no such ufunc loop: raises on both paths, tested above)
+        for round_ in range(3):
+            source[:] = _values(t, source.size, 1000 * round_ + 10 * me + len(name))
+            results = []
+            with _replays(monkeypatch) as ran:
+                for general in (True, False):   # general first: it makes the Plan
+                    with _general(monkeypatch) if general else contextlib.nullcontext():
+                        target[:] = 0
+                        call()
+                        results.append(target.tobytes())
+                    shmem.barrier_all()
+            assert results[0] == results[1], (t, name, round_)
+            if name != "alltoall":   # (its result is each PE's own)
+                digests = WORLD.allgather(hashlib.sha256(results[1]).digest())
+                assert len(set(digests)) == 1, (t, name, round_)
+            fused = _fuses() and (not name.endswith("reduce") or
+                                  nodecoll.combinable(np.dtype(t), name.split("_")[0]) is not None)
+            if round_ and fused:   # (the first round's second call may be what makes it)
+                assert ran, f"{name} never ran from its Plan"
+            elif not fused:   # (float min/max: NumPy combines them; 1 PE: no board)
+                assert not ran, name
+    shmem.free(source), shmem.free(target)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_replayed_call_is_still_agreed(world, monkeypatch):
+    """A call that differs on one PE raises SymmetryError on every PE where the
+    others run from their Plans, and nothing is written."""
+    from shmemvm import SymmetryError
+    me, n = shmem.my_pe(), shmem.n_pes()
+    source, target = shmem.zeros(4, dtype="q"), shmem.zeros(4, dtype="q")
+    source[:] = me + 1
+    with _replays(monkeypatch) as ran:
+        for _ in range(3):
+            shmem.broadcast(target, source, 0)
+            shmem.sum_reduce(target, source)
+        assert ran or not _fuses()
+        target[:] = -7
+        with pytest.raises(SymmetryError):
+            shmem.broadcast(target, source, 0 if me else 1)   # the root differs on PE 0
+        with pytest.raises(SymmetryError):
+            shmem.sum_reduce(target, source, size=4 if me else 3)
+        assert target.tolist() == [-7] * 4
+        shmem.sum_reduce(target, source)   # and the heap goes on
+        assert target.tolist() == [n * (n + 1) // 2] * 4
+    shmem.barrier_all()
+    shmem.free(source), shmem.free(target)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_replay_accepts_only_what_the_general_path_accepts(world, monkeypatch):
+    """Arrays with a Plan's key in all but one thing the checks ask take the
+    general path and its error: a read-only view of target, an array over the
+    same bytes that is not the heap's, a freed array, an int subclass."""
+    from shmemvm import FreedTensorError, NotSymmetricError
+    source, target = shmem.zeros(4, dtype="q"), shmem.zeros(4, dtype="q")
+    with _replays(monkeypatch) as ran:
+        for _ in range(3):
+            shmem.broadcast(target, source, 0)
+        assert ran or not _fuses()
+        read_only = target.view()
+        read_only.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            shmem.broadcast(read_only, source, 0)
+        stranger = np.ctypeslib.as_array(
+            (np.ctypeslib.ctypes.c_int64 * 4).from_address(target.ctypes.data))
+        with pytest.raises(NotSymmetricError):
+            shmem.broadcast(stranger, source, 0)
+        with pytest.raises(TypeError):
+            shmem.broadcast(target, source, True)   # (a bool is no PE number, as before)
+        ran.clear()
+        shmem.broadcast(target, source, 0)
+        assert ran or not _fuses()   # (the errors above broke nothing)
+        shmem.free(source)
+        ran.clear()
+        with pytest.raises(FreedTensorError):
+            shmem.broadcast(target, source, 0)
+        assert not ran
+    shmem.barrier_all()
+    shmem.free(target)
