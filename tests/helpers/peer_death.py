@@ -26,6 +26,8 @@ Scenarios:
   mid-barrier     the PE dies while the others are already in barrier_all()
   mid-reduce, mid-fcollect   the same in an 8-byte reduce or fcollect, whose
                   data rides in the agreed step (transport/nodecoll.py)
+  mid-numpy-fcollect  the same in the NumPy face's fcollect on the default heap,
+                  made twice before: the call replays its Plan (`replayed`)
 """
 
 import faulthandler
@@ -37,8 +39,13 @@ import time
 import torch
 from mpi4py import MPI
 
-from shmemvm import SymmetricHeap
+import shmemvm
+from shmemvm import SymmetricHeap, rc
 from shmemvm.core.state import parts_of
+from shmemvm.transport import nodecoll
+
+rc(initialize=False, finalize=False)   # (mid-numpy-fcollect makes the NumPy face's heap)
+from shmemvm import shmem  # noqa: E402
 
 
 def die(heap: SymmetricHeap, outdir: str) -> None:
@@ -53,21 +60,33 @@ def die(heap: SymmetricHeap, outdir: str) -> None:
 def main() -> None:
     faulthandler.dump_traceback_later(60, exit=True)  # a hang shows where, in the job's log
     scenario, timeout, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
-    heap = SymmetricHeap(MPI.COMM_WORLD, heap_size="16M", backend="host",
-                         timeout=None if timeout == "env" else float(timeout))
+    options = dict(heap_size="16M", backend="host",
+                   timeout=None if timeout == "env" else float(timeout))
+    numpy_face = scenario == "mid-numpy-fcollect"
+    # (the NumPy face acts on the default heap: init() makes it)
+    heap = shmemvm.init(MPI.COMM_WORLD, **options) if numpy_face else \
+        SymmetricHeap(MPI.COMM_WORLD, **options)
     me, victim = heap.my_pe, heap.n_pes - 1
     warm = heap.malloc(100)                     # the heap works before anyone dies
     heap.put(warm, torch.full((100,), me, dtype=torch.uint8), (me + 1) % heap.n_pes)
     heap.barrier_all()
     record = {"pe": me, "scenario": scenario, "timeout": heap.timeout,
               "warm_ok": bool((warm == (me - 1) % heap.n_pes).all())}
+    replayed: list = []
+    if numpy_face:   # made twice: the call the victim misses replays its Plan
+        gathered, mine = shmem.zeros(heap.n_pes, dtype="q"), shmem.zeros(1, dtype="q")
+        real = nodecoll.replay
+        nodecoll.replay = lambda h, plan: (replayed.append(True), real(h, plan))[1]
+        for _ in range(2):
+            shmem.fcollect(gathered, mine)
+        replayed.clear()
 
     if me == victim:
         if scenario == "before-malloc":
             die(heap, outdir)
         elif scenario == "mid-malloc":
             parts_of(heap).local.export = lambda segment: die(heap, outdir)  # after agreeing, before sending fds
-        elif scenario in ("mid-barrier", "mid-reduce", "mid-fcollect"):
+        elif scenario in ("mid-barrier", "mid-reduce", "mid-fcollect", "mid-numpy-fcollect"):
             time.sleep(0.5)                             # let the others enter the barrier
             die(heap, outdir)
 
@@ -79,12 +98,15 @@ def main() -> None:
             heap.reduce(warm[8:16], warm[:8])
         elif scenario == "mid-fcollect":
             heap.fcollect(warm[:4 * heap.n_pes], warm[96:])
+        elif scenario == "mid-numpy-fcollect":
+            shmem.fcollect(gathered, mine)
         else:
             heap.malloc(1 << 20)                        # a new segment: fds are exchanged
         record.update(error=None)
     except Exception as exc:  # recorded for the test to judge
         record.update(error=type(exc).__name__, message=str(exc))
     record["elapsed"] = time.monotonic() - start
+    record["replayed"] = bool(replayed)
 
     start = time.monotonic()
     try:
