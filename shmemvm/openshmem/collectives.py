@@ -41,6 +41,7 @@ the call's agreement, so that a bad argument on one PE raises on every PE.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -102,6 +103,51 @@ def tensor_operand(tensor, role: str, what: str) -> Operand:
 def _tensors(dest, source, what: str):
     """The torch face's operands maker for dest and source."""
     return lambda: (tensor_operand(dest, "dest", what), tensor_operand(source, "source", what))
+
+
+# -- the torch face's replays (a repeated world call: its Plan, nodecoll.replay) ------------
+def _tensor_key(kind: str, team, dest, source, *values) -> tuple | None:
+    """The memo key (Core.where.recall) of a world call (`team` None) of
+    collective `kind` on torch tensors dest and source with `values` (root,
+    op: ints, strings): what its checks look at of each CPU tensor (address,
+    shape, strides, dtype, conjugate and negative bits); its storage, the
+    one thing a key cannot hold, _replayed() compares. None where there can be
+    no key (a team, a subclass, another type: the general path)."""
+    if team is not None or type(dest) is not torch.Tensor or type(source) is not torch.Tensor \
+            or not (dest.is_cpu and source.is_cpu):   # (device memory is never fused)
+        return None
+    for value in values:
+        if type(value) is not int and not isinstance(value, str):
+            return None
+    return ("torch " + kind, *_tensor_facts(dest), *_tensor_facts(source), *values)
+
+
+def _tensor_facts(tensor: torch.Tensor) -> tuple:
+    return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.is_conj(),
+            tensor.is_neg())
+
+
+def _replayed(heap: Core, key: tuple | None, dest, source) -> bool:
+    """Whether the call that `key` names ran again from its Plan, its tensors
+    over the storages of the call that made it (nodecoll.replay); False where
+    there is none (not made yet, or forgotten: a block freed or released
+    since), another storage, or the board cannot now."""
+    if key is None:
+        return False
+    kept = heap.where.recall(key)
+    if kept is None:
+        return False
+    plan, dest_storage, source_storage = kept
+    return dest_storage() is dest.untyped_storage() and \
+        source_storage() is source.untyped_storage() and nodecoll.replay(heap, plan)
+
+
+def _kept(heap: Core, key: tuple | None, dest, source, plan: nodecoll.Plan | None) -> None:
+    """Remember the Plan that the general path returned, with weak references
+    to the storages it checked (a Plan keeps no block alive)."""
+    if key is not None and plan is not None:
+        heap.where.remember(key, (plan, weakref.ref(dest.untyped_storage()),
+                                  weakref.ref(source.untyped_storage())))
 
 
 # -- checks (local; the agreement turns a local error into the same error everywhere)
@@ -225,7 +271,10 @@ def broadcast(heap: Core, dest, source, root, *, team=None) -> None:
         TypeError: the dtypes differ, or `root` is not an integer.
         {raises}
     """
-    broadcast_bytes(heap, _tensors(dest, source, "broadcast"), root, team=team)
+    key = _tensor_key("broadcast", team, dest, source, root)
+    if not _replayed(heap, key, dest, source):
+        _kept(heap, key, dest, source,
+              broadcast_bytes(heap, _tensors(dest, source, "broadcast"), root, team=team))
 
 
 def broadcast_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], root, *,
@@ -302,7 +351,10 @@ def fcollect(heap: Core, dest, source, *, team=None) -> None:
         TypeError: the dtypes differ.
         {raises}
     """
-    fcollect_bytes(heap, _tensors(dest, source, "fcollect"), team=team)
+    key = _tensor_key("fcollect", team, dest, source)
+    if not _replayed(heap, key, dest, source):
+        _kept(heap, key, dest, source,
+              fcollect_bytes(heap, _tensors(dest, source, "fcollect"), team=team))
 
 
 def fcollect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
@@ -461,7 +513,10 @@ def alltoall(heap: Core, dest, source, *, team=None) -> None:
         TypeError: the dtypes differ.
         {raises}
     """
-    alltoall_bytes(heap, _tensors(dest, source, "alltoall"), team=team)
+    key = _tensor_key("alltoall", team, dest, source)
+    if not _replayed(heap, key, dest, source):
+        _kept(heap, key, dest, source,
+              alltoall_bytes(heap, _tensors(dest, source, "alltoall"), team=team))
 
 
 def alltoall_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
@@ -663,8 +718,11 @@ def reduce(heap: Core, dest, source, op: str = "sum", *, team=None) -> None:
         TypeError: the dtypes differ, or torch cannot combine the dtype with op.
         {raises}
     """
-    reduce_bytes(heap, _tensors(dest, source, "reduce"), op,
-                 lambda operand: torch_combiner(heap, op, operand.dtype), team=team)
+    key = _tensor_key("reduce", team, dest, source, op)
+    if not _replayed(heap, key, dest, source):
+        _kept(heap, key, dest, source,
+              reduce_bytes(heap, _tensors(dest, source, "reduce"), op,
+                           lambda operand: torch_combiner(heap, op, operand.dtype), team=team))
 
 
 def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op: str,

@@ -403,3 +403,75 @@ def test_fused_alltoalls_matches_the_general_path(heap, monkeypatch, dtype):
         expected += n * nelems * size <= PAYLOAD
         h.free(src), h.free(dst)
     assert fused_calls == (expected if _fuses(h) else 0)
+
+
+@contextlib.contextmanager
+def _replays(monkeypatch):
+    """A list that grows by one for every call that ran from its memoized Plan."""
+    ran: list = []
+    real = nodecoll.replay
+    with monkeypatch.context() as m:
+        def spy(core, plan):
+            done = real(core, plan)
+            if done:
+                ran.append(plan.call.phase)
+            return done
+        m.setattr(nodecoll, "replay", spy)
+        yield ran
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.float32, torch.float64],
+                         ids=str)
+def test_replayed_torch_calls_match_the_general_path(heap, monkeypatch, dtype):
+    """The torch face's repeated world calls run from the Plan of their first
+    (openshmem/collectives.py: _tensor_key, nodecoll.replay): on new data each
+    round, the general path's bytes on every PE."""
+    h, me, n = heap, heap.my_pe, heap.n_pes
+    source, dest = h.zeros(4 * n, dtype=dtype), h.zeros(4 * n, dtype=dtype)
+    calls = {"broadcast": lambda: h.broadcast(dest[:4], source[:4], n - 1),
+             "fcollect": lambda: h.fcollect(dest, source[:4]),
+             "alltoall": lambda: h.alltoall(dest, source),
+             "reduce": lambda: h.reduce(dest[1:4], source[1:4], "sum")}
+    for name, call in calls.items():
+        with _replays(monkeypatch) as ran:
+            for round_ in range(3):
+                source.copy_(_random(dtype, 4 * n, 100 * round_ + 10 * me + len(name)))
+                results = []
+                for general in (True, False):
+                    with _general(monkeypatch) if general else contextlib.nullcontext():
+                        dest.zero_()
+                        call()
+                        results.append(dest.view(torch.uint8).numpy().tobytes())
+                    h.barrier_all()
+                assert results[0] == results[1], (name, round_)
+            assert bool(ran) == _fuses(h), name
+    h.free(source), h.free(dest)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_replayed_torch_calls_are_agreed_and_check_the_storage(heap, monkeypatch):
+    """A root that differs on one PE raises SymmetryError everywhere; a tensor
+    over the same bytes with a storage of its own (not the heap's) takes the
+    general path's NotSymmetricError, though its key is the Plan's."""
+    from shmemvm import NotSymmetricError
+    h, me = heap, heap.my_pe
+    source, dest = h.zeros(4, dtype=torch.int64), h.zeros(4, dtype=torch.int64)
+    with _replays(monkeypatch) as ran:
+        for _ in range(3):
+            h.broadcast(dest, source, 0)
+        assert bool(ran) == _fuses(h)
+        dest.fill_(-3)
+        with pytest.raises(SymmetryError):
+            h.broadcast(dest, source, 0 if me else 1)
+        assert dest.tolist() == [-3] * 4
+        stranger = torch.from_numpy(dest.numpy())   # the same bytes, another storage
+        assert stranger.data_ptr() == dest.data_ptr()
+        ran.clear()
+        with pytest.raises(NotSymmetricError):
+            h.broadcast(stranger, source, 0)
+        assert not ran
+        h.broadcast(dest, source, 0)
+        assert dest.tolist() == [0] * 4
+    h.barrier_all()
+    h.free(source), h.free(dest)
