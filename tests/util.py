@@ -194,3 +194,22 @@ def barrier_interrupted_on_pe_1(heap) -> None:
     except KeyboardInterrupt:
         interrupted_here = True
     assert interrupted_here == (heap.my_pe == 1)
+
+
+@contextlib.contextmanager
+def replays(monkeypatch):
+    """A list that grows by one (the call's phase) for every collective call
+    that ran from its memoized Plan (transport/nodecoll.py's replay), while active."""
+    from shmemvm.transport import nodecoll
+    ran: list = []
+    real = nodecoll.replay
+
+    def spy(core, plan):
+        done = real(core, plan)
+        if done:
+            ran.append(plan.call.phase)
+        return done
+
+    with monkeypatch.context() as m:
+        m.setattr(nodecoll, "replay", spy)
+        yield ran

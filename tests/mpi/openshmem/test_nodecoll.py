@@ -18,6 +18,7 @@ import hashlib
 import pytest
 import torch
 from mpi4py import MPI
+from util import replays
 
 from shmemvm import SymmetricHeap, SymmetryError
 from shmemvm.agreement.board import PAYLOAD
@@ -405,21 +406,6 @@ def test_fused_alltoalls_matches_the_general_path(heap, monkeypatch, dtype):
     assert fused_calls == (expected if _fuses(h) else 0)
 
 
-@contextlib.contextmanager
-def _replays(monkeypatch):
-    """A list that grows by one for every call that ran from its memoized Plan."""
-    ran: list = []
-    real = nodecoll.replay
-    with monkeypatch.context() as m:
-        def spy(core, plan):
-            done = real(core, plan)
-            if done:
-                ran.append(plan.call.phase)
-            return done
-        m.setattr(nodecoll, "replay", spy)
-        yield ran
-
-
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.float32, torch.float64],
                          ids=str)
@@ -434,7 +420,7 @@ def test_replayed_torch_calls_match_the_general_path(heap, monkeypatch, dtype):
              "alltoall": lambda: h.alltoall(dest, source),
              "reduce": lambda: h.reduce(dest[1:4], source[1:4], "sum")}
     for name, call in calls.items():
-        with _replays(monkeypatch) as ran:
+        with replays(monkeypatch) as ran:
             for round_ in range(3):
                 source.copy_(_random(dtype, 4 * n, 100 * round_ + 10 * me + len(name)))
                 results = []
@@ -457,7 +443,7 @@ def test_replayed_torch_calls_are_agreed_and_check_the_storage(heap, monkeypatch
     from shmemvm import NotSymmetricError
     h, me = heap, heap.my_pe
     source, dest = h.zeros(4, dtype=torch.int64), h.zeros(4, dtype=torch.int64)
-    with _replays(monkeypatch) as ran:
+    with replays(monkeypatch) as ran:
         for _ in range(3):
             h.broadcast(dest, source, 0)
         assert bool(ran) == _fuses(h)

@@ -15,6 +15,7 @@ import hashlib
 import numpy as np
 import pytest
 from mpi4py import MPI
+from util import replays
 
 from shmemvm import rc
 
@@ -118,22 +119,6 @@ def test_the_faces_checked_offsets_are_the_routines_own(world):
     gc.collect()
 
 
-@contextlib.contextmanager
-def _replays(monkeypatch):
-    """A list that grows by one for every collective call that ran from its
-    memoized Plan (shmem/collectives.py's _replayed: nodecoll.replay)."""
-    ran: list = []
-    real = nodecoll.replay
-    with monkeypatch.context() as m:
-        def spy(h, plan):
-            done = real(h, plan)
-            if done:
-                ran.append(plan.call.phase)
-            return done
-        m.setattr(nodecoll, "replay", spy)
-        yield ran
-
-
 def _fuses() -> bool:
     """Whether the world's calls carry their data in the agreed step here
     (a board in C: the compiled piece, more than one PE): else nothing has a Plan."""
@@ -173,7 +158,7 @@ def test_replayed_collectives_give_the_general_paths_bytes(world, monkeypatch, t
         for round_ in range(3):
             source[:] = _values(t, source.size, 1000 * round_ + 10 * me + len(name))
             results = []
-            with _replays(monkeypatch) as ran:
+            with replays(monkeypatch) as ran:
                 for general in (True, False):   # general first: it makes the Plan
                     with _general(monkeypatch) if general else contextlib.nullcontext():
                         target[:] = 0
@@ -201,7 +186,7 @@ def test_a_replayed_call_is_still_agreed(world, monkeypatch):
     me, n = shmem.my_pe(), shmem.n_pes()
     source, target = shmem.zeros(4, dtype="q"), shmem.zeros(4, dtype="q")
     source[:] = me + 1
-    with _replays(monkeypatch) as ran:
+    with replays(monkeypatch) as ran:
         for _ in range(3):
             shmem.broadcast(target, source, 0)
             shmem.sum_reduce(target, source)
@@ -225,7 +210,7 @@ def test_a_replay_accepts_only_what_the_general_path_accepts(world, monkeypatch)
     same bytes that is not the heap's, a freed array, an int subclass."""
     from shmemvm import FreedTensorError, NotSymmetricError
     source, target = shmem.zeros(4, dtype="q"), shmem.zeros(4, dtype="q")
-    with _replays(monkeypatch) as ran:
+    with replays(monkeypatch) as ran:
         for _ in range(3):
             shmem.broadcast(target, source, 0)
         assert ran or not _fuses()
