@@ -53,7 +53,7 @@ from ..agreement.protocol import Phase
 from ..core.state import Core
 from ..errors import ShmemError, plural
 from ..transport import nodecoll
-from . import group, rma
+from . import group
 
 class Operand(NamedTuple):
     """One operand of a collective, as every face gives it: `data`, the bytes of
@@ -190,15 +190,18 @@ def _pair(heap: Core, team: group.Group, what: str, dest: Operand, source: Opera
 
 # -- MPI path helpers -------------------------------------------------------------------
 def _mapped(heap: Core, tensor: torch.Tensor, pe: int) -> torch.Tensor:
-    """rma.ptr() on a node path, where every member is mapped: ShmemError, not
-    a None that later fails somewhere else, where PE `pe`'s copy is not."""
-    view = rma.ptr(heap, tensor, pe)
-    if view is None:
+    """PE `pe`'s copy of `tensor` on a node path, where every member is mapped,
+    for this call's own copies and combines: the peer mapping's cached view
+    (Target.copy_view, as put and get copy through; never handed out), not a
+    new tensor that holds the block, as ptr() makes for a user (15 a call for
+    a large reduce over 16 PEs). ShmemError where PE `pe`'s copy is not mapped."""
+    target = heap.where.locate(tensor, pe, "tensor")
+    if target.address is None:
         raise ShmemError(f"a collective on the node: PE {pe}'s copy of the tensor at heap "
                          f"address {tensor.data_ptr():#x} is not mapped in this process, "
                          f"though the team's node path reads it there (a bug: please report "
                          f"it with SHMEMVM_DEBUG=1's log)")
-    return view
+    return target.copy_view(tensor)
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:
