@@ -432,8 +432,11 @@ class HeapCore:
         return state
 
     def close_features(self) -> None:
-        """Close every feature's state (teardown), the last made first."""
+        """Close every feature's state (teardown), the last made first; forget
+        the memos (their Plans name the world group, a feature)."""
         features, self._features = self._features, {}
+        self._located.clear()
+        self._recalled.clear()
         for state in reversed(list(features.values())):
             close = getattr(state, "close", None)
             if close is not None:
