@@ -1,11 +1,15 @@
 """Run by tests/jobs/memory/test_ownership_jobs.py as its own small MPI job:
 
-    mpiexec -n 2 python tests/helpers/ownership_scenarios.py SCENARIO OUTDIR
+    mpiexec -n 2 python tests/helpers/ownership_scenarios.py SCENARIO[+SCENARIO...] OUTDIR
 
 Ownership cases of the symmetric heap that kill the process where the rules
 are broken (a tensor reading memory that was unmapped under it, torch.save
 walking a storage that spans unmapped holes). Each PE writes its checks to
 OUTDIR/pe<N>.json as it makes them, so a crash still shows how far it got.
+Scenarios joined by "+" run one after another in the job, each with heaps of its
+own, recording into OUTDIR/<scenario>/: one start-up of the PEs for all (issue 33,
+item 16); the first that does not finish ends the job, and those after it report
+nothing.
 
 Scenarios:
   save_ptr   torch.save, pickle, clone, str and repr of ptr() views (whole
@@ -229,18 +233,22 @@ SCENARIOS = {"save_ptr": save_ptr, "outlive": outlive, "evict": evict}
 def main() -> None:
     faulthandler.enable()
     faulthandler.dump_traceback_later(100, exit=True)
-    scenario, outdir = sys.argv[1], sys.argv[2]
-    report = Report(os.path.join(outdir, f"pe{world.rank}.json"))
-    report.data["pe"] = world.rank
-    try:
-        SCENARIOS[scenario](report)
-        report.data["done"] = True
-    except BaseException as exc:  # noqa: BLE001 - reported to the test
-        report.data["error"] = "".join(traceback.format_exception(exc))[-3000:]
-    report.write()
-    sys.stdout.flush()
-    if not report.data["done"]:
-        os._exit(1)          # the other PEs may wait in a collective: do not finalize MPI
+    scenarios, outdir = sys.argv[1].split("+"), sys.argv[2]
+    for scenario in scenarios:
+        folder = os.path.join(outdir, scenario) if len(scenarios) > 1 else outdir
+        os.makedirs(folder, exist_ok=True)
+        report = Report(os.path.join(folder, f"pe{world.rank}.json"))
+        report.data["pe"] = world.rank
+        try:
+            SCENARIOS[scenario](report)
+            report.data["done"] = True
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            report.data["error"] = "".join(traceback.format_exception(exc))[-3000:]
+        report.write()
+        sys.stdout.flush()
+        if not report.data["done"]:
+            os._exit(1)      # the other PEs may wait in a collective: do not finalize MPI
+        world.Barrier()      # every PE done with this scenario before the next
 
 
 if __name__ == "__main__":
