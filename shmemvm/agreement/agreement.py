@@ -459,8 +459,15 @@ def _with_dead(template: array.array, digest: int) -> array.array:
 
 def _digest(offsets) -> int:
     """A digest of a set of heap offsets in 1 .. 2**62 - 1, the same on every PE
-    for the same set: 62 bits of BLAKE2b, so that two PEs whose different sets
-    share one (and would free different blocks) are a 2**-62 chance."""
+    for the same set. One offset (a free's, the usual case) is its own digest,
+    made even ((offset + 1) * 2: heap offsets are below 2**60), so two such sets
+    never share one; several are 62 bits of BLAKE2b, made odd, so that two PEs
+    whose different sets share one (and would free different blocks) are a
+    2**-62 chance."""
+    if len(offsets) == 1:
+        for offset in offsets:
+            if 0 <= offset < 1 << 60:
+                return (offset + 1) << 1
     data = array.array("q", sorted(offsets)).tobytes()
     return (int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2) | 1
 

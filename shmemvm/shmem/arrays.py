@@ -57,10 +57,10 @@ class HeapMemory:
                 "version": 3}
 
     def handle(self) -> torch.Tensor:
-        """A new tensor over the whole allocation (free() empties it, not ours)."""
-        tensor = self.tensor
-        return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(
-            tensor.untyped_storage(), tensor.storage_offset(), tensor.shape)
+        """A new tensor over the whole allocation (free() empties it, not ours):
+        an alias of ours (detach(): 0.4 us against 2.8 for a new tensor set_()
+        to the storage, on every free)."""
+        return self.tensor.detach()
 
 
 def over(tensor: torch.Tensor) -> np.ndarray:

@@ -62,3 +62,18 @@ def test_a_lazy_text_reads_as_the_eager_one_and_an_exact_call_encodes_alike():
     args = (24, torch.float16, (2, 6))
     assert Call(Phase.MALLOC, args, "", None, True).vector() == Call(Phase.MALLOC, args).vector()
     assert Call(Phase.FREE, (1,)).vector() != Call(Phase.FREE, (True,)).vector()
+
+
+def test_dead_block_digests_tell_sets_apart():
+    """A step's digest of its dead blocks (agreement._digest): one offset is its
+    own digest (even), several a BLAKE2b digest (odd); the same set gives the
+    same digest in any order, every digest lies in 1 .. 2**62 - 1, and no two
+    single offsets, nor a single offset and a set, share one here."""
+    from shmemvm.agreement.agreement import _digest
+    singles = [_digest({offset}) for offset in (0, 1, 64, 4096, 1 << 40, (1 << 60) - 1)]
+    assert len(set(singles)) == len(singles) and all(d % 2 == 0 for d in singles)
+    sets = [{0, 64}, {64, 0}, {4096, 1 << 40, 7}, {1 << 61}]   # (the last: too large for one)
+    digests = [_digest(s) for s in sets]
+    assert digests[0] == digests[1] and all(d % 2 == 1 for d in digests)
+    assert len(set(digests[1:])) == 3 and not set(digests) & set(singles)
+    assert all(1 <= d < 1 << 62 for d in singles + digests)
