@@ -48,8 +48,9 @@ IN_TIME = [name for name, job in JOBS.items() if job[1] != STOP]
 #: three of those at most in a job, which takes about as long as the three side by side)
 SHARED = {
     "mpi": ("malloc-mpi", "malloc-segment-mpi", "barrier-mpi", "in-time-mpi"),
-    "board-and-team": ("malloc-board", "barrier-board", "in-time-board",
-                       "team-sync-mpi"),   # last: the helper's cases() says why
+    # first: a team's MPI agreement that timed out, its heap finalized, then more
+    # heaps in the same process (its pending request's buffers must outlive it)
+    "board-and-team": ("team-sync-mpi", "malloc-board", "barrier-board", "in-time-board"),
     "off-node": ("malloc-off-node", "in-time-off-node"),
 }
 

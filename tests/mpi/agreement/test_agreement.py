@@ -369,3 +369,32 @@ def test_timeout_from_the_environment_is_checked(monkeypatch):
     monkeypatch.setenv("SHMEMVM_TIMEOUT", "2.5")
     with SymmetricHeap(world, heap_size="4M", backend="host") as heap:
         assert heap.timeout == 2.5 and parts_of(heap).agreement.timeout == 2.5
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_agreement_closed_with_a_step_still_active_leaves_its_buffers_to_mpi(mpi_heap):
+    """A step that was interrupted (or timed out: a team's sync over MPI, issue
+    33's CI work) may still be active when its agreement is closed (a team
+    destroyed, a heap finalized): MPI writes its result later, so the request
+    and its buffers must outlive the agreement (freed with it, a later heap's
+    PE died of a segmentation fault in pymalloc). They are kept for the
+    process's life; an agreement with nothing active frees its request."""
+    from shmemvm.agreement import agreement as module
+    heap = mpi_heap
+    agreement = parts_of(heap).agreement
+    agreement.close()                    # a new Iallreduce every step from here on
+    barrier_interrupted_on_pe_1(heap)
+    kept = len(module._LEFT_TO_MPI)
+    if heap.my_pe == 1:
+        request, buffers = agreement._interrupted
+        agreement.close()                # (as a team's destroy() would, mid-step)
+        assert len(module._LEFT_TO_MPI) == kept + 1
+        interrupted = module._LEFT_TO_MPI[-1][1]
+        assert interrupted[0] is request and interrupted[1] is buffers
+    heap.barrier_all()                   # the heap goes on: the step is waited for first
+    idle = module.Agreement(world.Dup(), 30.0, heap.my_pe)
+    idle.collective(Call(Phase.BARRIER_ALL))
+    before = len(module._LEFT_TO_MPI)
+    idle.close()                         # nothing active: freed, nothing kept
+    assert len(module._LEFT_TO_MPI) == before
+    idle.comm.Free()
