@@ -306,8 +306,14 @@ class Agreement:
         is freed; not where a step timed out: it may still be active, and a
         PE may be gone). Later steps, if any, make a new Iallreduce each."""
         request, self._request = self._request, False
-        if request and not self.broken:
+        if request and not self.broken and self._interrupted is None:
             request.Free()
+        elif request or self._interrupted is not None:
+            # A step that timed out or was interrupted may still be active: MPI may
+            # write its result later, into buffers that must outlive this agreement
+            # (freed with it, a later heap's PE died of a segmentation fault in
+            # pymalloc after a team's sync over MPI timed out). Kept for good.
+            _LEFT_TO_MPI.append((request, self._interrupted, self._send, self._recv))
         board, self.board = self.board, None
         if board is not None:
             board.freeable = board.freeable and not self.broken
@@ -441,6 +447,11 @@ class Agreement:
         if agreed:
             self.release(agreed)
         return agreed
+
+
+#: what close() leaves to MPI: (request, interrupted step, send, recv) of an agreement
+#: closed while a step may still be active, kept for the process's life
+_LEFT_TO_MPI: list[tuple] = []
 
 
 def _set_dead(vector: array.array, digest: int) -> None:
