@@ -50,6 +50,10 @@ def test_a_cached_zeros_and_its_free_are_one_step_each(heap):
 @pytest.mark.mpi(min_size=2)
 def test_peers_write_at_once_into_a_cached_zeros(heap):
     h, me, n = heap, heap.my_pe, heap.n_pes
+    window = parts_of(h).window
+    if window is None and n > 1 and h.heap_info()["node_pes"] != list(range(n)):
+        pytest.skip(f"a put to another node goes through the heap's MPI window, and there is "
+                    f"none: {parts_of(h).window_error}")
     for round_ in range(4):
         t = h.zeros(8, torch.int64)
         h.put(t[me:me + 1], torch.tensor([round_ + 1]), (me + 1) % n)   # at once, no barrier
