@@ -29,7 +29,6 @@ import io
 import os
 import pickle
 import sys
-import traceback
 
 import torch
 from mpi4py import MPI
@@ -239,12 +238,7 @@ def main() -> None:
         os.makedirs(folder, exist_ok=True)
         report = Report(os.path.join(folder, f"pe{world.rank}.json"))
         report.data["pe"] = world.rank
-        try:
-            SCENARIOS[scenario](report)
-            report.data["done"] = True
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            report.data["error"] = "".join(traceback.format_exception(exc))[-3000:]
-        report.write()
+        report.run(SCENARIOS[scenario])
         sys.stdout.flush()
         if not report.data["done"]:
             os._exit(1)      # the other PEs may wait in a collective: do not finalize MPI

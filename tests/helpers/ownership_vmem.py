@@ -48,6 +48,15 @@ class Report:
             json.dump(self.data, out, indent=1)
         os.replace(self.path + ".tmp", self.path)
 
+    def run(self, scenario) -> None:
+        """scenario(self), its end or its traceback recorded, then written."""
+        try:
+            scenario(self)
+            self.data["done"] = True
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.data["error"] = "".join(traceback.format_exception(exc))[-3000:]
+        self.write()
+
     def stage(self, name: str) -> None:
         """About to do something that may crash the process."""
         self.data["stage"] = name
@@ -185,13 +194,7 @@ def main() -> None:
     faulthandler.enable()
     faulthandler.dump_traceback_later(100, exit=True)
     scenario, outfile = sys.argv[1], sys.argv[2]
-    report = Report(outfile)
-    try:
-        SCENARIOS[scenario](report)
-        report.data["done"] = True
-    except BaseException as exc:  # noqa: BLE001 - reported to the test
-        report.data["error"] = "".join(traceback.format_exception(exc))[-3000:]
-    report.write()
+    Report(outfile).run(SCENARIOS[scenario])
 
 
 if __name__ == "__main__":
