@@ -105,21 +105,25 @@ def _tensors(dest, source, what: str):
     return lambda: (tensor_operand(dest, "dest", what), tensor_operand(source, "source", what))
 
 
-# -- the torch face's replays (a repeated world call: its Plan, nodecoll.replay) ------------
+# -- the torch face's replays (a repeated call: its Plan, nodecoll.replay) ------------------
 def _tensor_key(kind: str, team, dest, source, *values) -> tuple | None:
-    """The memo key (Core.where.recall) of a world call (`team` None) of
-    collective `kind` on torch tensors dest and source with `values` (root,
-    op: ints, strings): what its checks look at of each CPU tensor (address,
-    shape, strides, dtype, conjugate and negative bits); its storage, the
-    one thing a key cannot hold, _replayed() compares. None where there can be
-    no key (a team, a subclass, another type: the general path)."""
-    if team is not None or type(dest) is not torch.Tensor or type(source) is not torch.Tensor \
+    """The memo key (Core.where.recall) of a call of collective `kind` over
+    `team` (None: every PE) on torch tensors dest and source with `values`
+    (root, op: ints, strings): the team, and what its checks look at of each
+    CPU tensor (address, shape, strides, dtype, conjugate and negative bits);
+    its storage, the one thing a key cannot hold, _replayed() compares. None
+    where there can be no key (a subclass, another type: the general path)."""
+    if type(dest) is not torch.Tensor or type(source) is not torch.Tensor \
             or not (dest.is_cpu and source.is_cpu):   # (device memory is never fused)
+        return None
+    if team is not None and not isinstance(team, group.Group):
         return None
     for value in values:
         if type(value) is not int and not isinstance(value, str):
             return None
-    return ("torch " + kind, *_tensor_facts(dest), *_tensor_facts(source), *values)
+    # (a Plan holds its group: the id names one team while the Plan lives)
+    return ("torch " + kind, None if team is None else id(team), *_tensor_facts(dest),
+            *_tensor_facts(source), *values)
 
 
 def _tensor_facts(tensor: torch.Tensor) -> tuple:

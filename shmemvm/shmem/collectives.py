@@ -10,9 +10,9 @@ reduces works, long double and complex long double included; the result is
 the same, bit for bit, on every PE (each element combined in team PE order
 by one PE).
 
-A world call (no team) whose data went in its agreed step leaves a Plan
-(transport/nodecoll.py), which the heap keeps under a key of exactly what the
-call's checks looked at (_world_key: where each array lies on the heap, its
+A call whose data went in its agreed step leaves a Plan (transport/
+nodecoll.py), which the heap keeps under a key of exactly what the call's
+checks looked at (_call_key: the team, where each array lies on the heap, its
 shape, strides, dtype, writability, and root, size, op) while every block
 stays live (Core.where.recall): the same call again is then that one agreed
 step, without checking its arrays a second time (issue 30). Anything else
@@ -89,15 +89,16 @@ def _operand(a: np.ndarray, role: str, count: int | None = None) -> Operand:
     return Operand.of(data, a.itemsize, a.dtype, offset)
 
 
-def _world_key(kind: str, team, target, source, *values) -> tuple | None:
-    """The memo key (Core.where.recall) of a world call (`team` None) of
-    collective `kind` on symmetric arrays target and source with `values`
+def _call_key(kind: str, team, target, source, *values) -> tuple | None:
+    """The memo key (Core.where.recall) of a call of collective `kind` over
+    `team` (None: every PE) on symmetric arrays target and source with `values`
     (root, size, op: ints, strings or None): it names exactly what the call's
-    checks depend on (where each array lies on the heap, its shape, strides
-    and dtype, whether target is writable; whether their blocks are live, the
-    memo itself). None where there can be no key: a team, another type, an
-    array that is not on the heap (the general path says what is wrong)."""
-    if team is not None or type(target) is not np.ndarray or type(source) is not np.ndarray:
+    checks depend on (the team, where each array lies on the heap, its shape,
+    strides and dtype, whether target is writable; whether their blocks are
+    live, the memo itself; the team's own state, its replay). None where there
+    can be no key: another type, an array that is not on the heap (the general
+    path says what is wrong)."""
+    if type(target) is not np.ndarray or type(source) is not np.ndarray:
         return None
     for value in values:
         if value is not None and type(value) is not int and not isinstance(value, str):
@@ -105,8 +106,11 @@ def _world_key(kind: str, team, target, source, *values) -> tuple | None:
     t, s = arrays.heap_address(target), arrays.heap_address(source)
     if t is None or s is None:
         return None
-    return (kind, t, target.shape, target.strides, target.dtype, target.flags.writeable,
-            s, source.shape, source.strides, source.dtype, *values)
+    # (a Plan holds its group: the id names one team while the Plan lives)
+    group = of_collective(team)   # (raises for a bad team, as the general path first does)
+    return (kind, None if group is None else id(group), t, target.shape, target.strides,
+            target.dtype, target.flags.writeable, s, source.shape, source.strides,
+            source.dtype, *values)
 
 
 def _replayed(h, key: tuple | None) -> bool:
@@ -149,7 +153,7 @@ def broadcast(target: np.ndarray, source: np.ndarray, root: int, size: Optional[
         SymmetryError: the PEs made different calls.
     """
     h = arrays.core()
-    key = _world_key("broadcast", team, target, source, root, size)
+    key = _call_key("broadcast", team, target, source, root, size)
     if _replayed(h, key):
         return
 
@@ -204,7 +208,7 @@ def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         As broadcast.
     """
     h = arrays.core()
-    key = _world_key("fcollect", team, target, source, size)
+    key = _call_key("fcollect", team, target, source, size)
     if _replayed(h, key):
         return
     npes = size_of(team)
@@ -235,7 +239,7 @@ def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         As broadcast.
     """
     h = arrays.core()
-    key = _world_key("alltoall", team, target, source, size)
+    key = _call_key("alltoall", team, target, source, size)
     if _replayed(h, key):
         return
     npes = size_of(team)
@@ -324,7 +328,7 @@ def reduce(target: np.ndarray, source: np.ndarray, op: OP = OP_SUM, size: Option
         ValueError: an unknown op; otherwise as broadcast.
     """
     h = arrays.core()
-    key = _world_key("reduce", team, target, source, op, size)
+    key = _call_key("reduce", team, target, source, op, size)
     if _replayed(h, key):
         return
 

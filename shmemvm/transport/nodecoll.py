@@ -295,9 +295,10 @@ def replay(core, plan: Plan) -> bool:
     """Run `plan` again: the same steps as the call that made it, less its
     checks of the operands (the caller's key stands for them): the group's
     lock, the device's work, the payload staged, the agreed step with the same
-    call (a mismatch or a dead, stopped or late PE raise as they would there),
-    and dest written. False where the board cannot carry it now (the caller
-    takes the general path)."""
+    call (a mismatch or a dead, stopped or late PE raise as they would there;
+    a destroyed team or an unusable heap as the general path's checks do: the
+    group's agree() asks), and dest written. False where the board cannot
+    carry it now (the caller takes the general path)."""
     group = plan.group
     fused = fusion(group)
     board = fused.board

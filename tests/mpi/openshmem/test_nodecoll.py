@@ -418,7 +418,11 @@ def test_replayed_torch_calls_match_the_general_path(heap, monkeypatch, dtype):
     calls = {"broadcast": lambda: h.broadcast(dest[:4], source[:4], n - 1),
              "fcollect": lambda: h.fcollect(dest, source[:4]),
              "alltoall": lambda: h.alltoall(dest, source),
-             "reduce": lambda: h.reduce(dest[1:4], source[1:4], "sum")}
+             "reduce": lambda: h.reduce(dest[1:4], source[1:4], "sum"),
+             # a team's own (split: a board of its own where the world has one)
+             "team reduce": lambda: h.reduce(dest[1:4], source[1:4], "sum", team=team),
+             "team fcollect": lambda: h.fcollect(dest, source[:4], team=team)}
+    team = h.team_split_strided(h.team_world(), 0, 1, n)
     for name, call in calls.items():
         with replays(monkeypatch) as ran:
             for round_ in range(3):
@@ -432,6 +436,7 @@ def test_replayed_torch_calls_match_the_general_path(heap, monkeypatch, dtype):
                     h.barrier_all()
                 assert results[0] == results[1], (name, round_)
             assert bool(ran) == _fuses(h), name
+    team.destroy()
     h.free(source), h.free(dest)
 
 

@@ -139,8 +139,23 @@ def _calls(t: str, count: int):
         "sum_reduce": lambda: shmem.sum_reduce(target[1:count], source[1:count]),
         "max_reduce": lambda: shmem.reduce(target[:count], source[:count], "max"),
         "xor_reduce": lambda: shmem.xor_reduce(target, source),
+        # a team's own (split, with a board of its own where the world has one)
+        "team_sum_reduce": lambda: shmem.sum_reduce(target[:count], source[:count],
+                                                     team=_team()),
+        "team_broadcast": lambda: shmem.broadcast(target[:count], source[:count], 0,
+                                                  team=_team()),
     }
     return source, target, calls
+
+
+_TEAMS: list = []
+
+
+def _team():
+    """A team of every PE split from the world (made once, the same on every PE)."""
+    if not _TEAMS:
+        _TEAMS.append(shmem.TEAM_WORLD.split_strided(0, 1, shmem.n_pes()))
+    return _TEAMS[0]
 
 
 @pytest.mark.mpi(min_size=1)
@@ -170,7 +185,7 @@ def test_replayed_collectives_give_the_general_paths_bytes(world, monkeypatch, t
                 digests = WORLD.allgather(hashlib.sha256(results[1]).digest())
                 assert len(set(digests)) == 1, (t, name, round_)
             fused = _fuses() and (not name.endswith("reduce") or
-                                  nodecoll.combinable(np.dtype(t), name.split("_")[0]) is not None)
+                                  nodecoll.combinable(np.dtype(t), name.split("_")[-2]) is not None)
             if round_ and fused:   # (the first round's second call may be what makes it)
                 assert ran, f"{name} never ran from its Plan"
             elif not fused:   # (float min/max: NumPy combines them; 1 PE: no board)
@@ -207,13 +222,24 @@ def test_a_replayed_call_is_still_agreed(world, monkeypatch):
 def test_a_replay_accepts_only_what_the_general_path_accepts(world, monkeypatch):
     """Arrays with a Plan's key in all but one thing the checks ask take the
     general path and its error: a read-only view of target, an array over the
-    same bytes that is not the heap's, a freed array, an int subclass."""
-    from shmemvm import FreedTensorError, NotSymmetricError
+    same bytes that is not the heap's, a freed array, an int subclass, a
+    destroyed team."""
+    from shmemvm import FreedTensorError, NotSymmetricError, ShmemError
     source, target = shmem.zeros(4, dtype="q"), shmem.zeros(4, dtype="q")
     with replays(monkeypatch) as ran:
         for _ in range(3):
             shmem.broadcast(target, source, 0)
         assert ran or not _fuses()
+        team = shmem.TEAM_WORLD.split_strided(0, 1, shmem.n_pes())
+        ran.clear()
+        for _ in range(3):
+            shmem.broadcast(target, source, 0, team=team)
+        assert ran or not _fuses()
+        team.destroy()
+        ran.clear()
+        with pytest.raises(ShmemError, match="TEAM_INVALID"):
+            shmem.broadcast(target, source, 0, team=team)
+        assert not ran
         read_only = target.view()
         read_only.flags.writeable = False
         with pytest.raises(ValueError, match="read-only"):
@@ -225,7 +251,8 @@ def test_a_replay_accepts_only_what_the_general_path_accepts(world, monkeypatch)
         with pytest.raises(TypeError):
             shmem.broadcast(target, source, True)   # (a bool is no PE number, as before)
         ran.clear()
-        shmem.broadcast(target, source, 0)
+        for _ in range(2):   # (a release since, e.g. the team's, forgets the Plan: made again)
+            shmem.broadcast(target, source, 0)
         assert ran or not _fuses()   # (the errors above broke nothing)
         shmem.free(source)
         ran.clear()
