@@ -156,6 +156,7 @@ class Where(Protocol):
     #: a memo of checked operands while their blocks live (the faces' fused collectives)
     def recall(self, key: tuple) -> Any: ...
     def remember(self, key: tuple, value: Any) -> None: ...
+    def forget(self) -> None: ...
     def all_mapped(self, pes: Any) -> bool: ...   # a team's node path
     def heap_bases(self) -> torch.Tensor: ...
 
@@ -564,6 +565,10 @@ class HeapCore:
         if len(self._recalled) >= _LOCATED_MAX:   # (many keys: start again)
             self._recalled.clear()
         self._recalled[key] = value
+
+    def forget(self) -> None:
+        """Forget what remember() kept (a team destroyed: its Plans hold it)."""
+        self._recalled.clear()
 
     def array_address(self, array: Any) -> int | None:
         """Where C-contiguous NumPy `array`'s data starts, where the NumPy face's

@@ -334,6 +334,7 @@ class Team(Group):
             return
         self.destroyed = True
         self._contexts.clear()
+        self.core.where.forget()   # (its calls' Plans hold it: let it go)
         if self.kind != "world" and not self.core.calls.broken:
             self.agreement.close()  # its persistent request (not the heap's: world's is)
         if self.kind == "split" and not self.agreement.broken and not self.core.calls.broken:
