@@ -444,7 +444,8 @@ def test_replayed_torch_calls_match_the_general_path(heap, monkeypatch, dtype):
 def test_replayed_torch_calls_are_agreed_and_check_the_storage(heap, monkeypatch):
     """A root that differs on one PE raises SymmetryError everywhere; a tensor
     over the same bytes with a storage of its own (not the heap's) takes the
-    general path's NotSymmetricError, though its key is the Plan's."""
+    general path's NotSymmetricError, though its key is the Plan's; a
+    conjugated or strided view of a replayed tensor takes its ValueError."""
     from shmemvm import NotSymmetricError
     h, me = heap, heap.my_pe
     source, dest = h.zeros(4, dtype=torch.int64), h.zeros(4, dtype=torch.int64)
@@ -464,5 +465,16 @@ def test_replayed_torch_calls_are_agreed_and_check_the_storage(heap, monkeypatch
         assert not ran
         h.broadcast(dest, source, 0)
         assert dest.tolist() == [0] * 4
+        # the same bytes viewed oddly: a key of its own, the general path's error
+        z, zs = h.zeros(4, dtype=torch.complex64), h.zeros(4, dtype=torch.complex64)
+        for _ in range(3):
+            h.broadcast(z, zs, 0)
+        ran.clear()
+        with pytest.raises(ValueError, match="conjugated"):
+            h.broadcast(z.conj(), zs, 0)
+        with pytest.raises(ValueError, match="not contiguous"):
+            h.broadcast(z[::2], zs[::2], 0)
+        assert not ran
+        h.free(z), h.free(zs)
     h.barrier_all()
     h.free(source), h.free(dest)
