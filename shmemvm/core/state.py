@@ -364,7 +364,7 @@ class HeapCore:
         self._located: dict[tuple[int, int], Target] = {}
         #: recall()'s memo, alike: what a routine checked of its operands (a fused
         #: collective's Plan, transport/nodecoll.py), by a key of the face's, kept
-        #: while every block stays live here (cleared with _located)
+        #: while every block stays live here (forget() clears both)
         self._recalled: dict[tuple, Any] = {}
         #: the releases of allocate()'s one step, held until its block is taken
         #: (release_dead()); None outside it
@@ -436,8 +436,7 @@ class HeapCore:
         """Close every feature's state (teardown), the last made first; forget
         the memos (their Plans name the world group, a feature)."""
         features, self._features = self._features, {}
-        self._located.clear()
-        self._recalled.clear()
+        self.forget()
         for state in reversed(list(features.values())):
             close = getattr(state, "close", None)
             if close is not None:
@@ -466,8 +465,7 @@ class HeapCore:
         if self._held is not None:
             self._held |= offsets
             return
-        self._located.clear()   # (their targets with them)
-        self._recalled.clear()
+        self.forget()   # (their targets and Plans with them)
         for offset in sorted(offsets):
             # An unmap failure of imported memory (logged, returned) is not raised:
             # this runs inside whichever collective call came next, and raising on
@@ -567,7 +565,10 @@ class HeapCore:
         self._recalled[key] = value
 
     def forget(self) -> None:
-        """Forget what remember() kept (a team destroyed: its Plans hold it)."""
+        """Forget what locate_in() and remember() kept: a block stopped being
+        live here (a free, a release), a team was destroyed (its Plans hold
+        its group), or the heap is torn down."""
+        self._located.clear()
         self._recalled.clear()
 
     def array_address(self, array: Any) -> int | None:
@@ -618,8 +619,7 @@ class HeapCore:
     # -- the heap's engine (memory/vmm.py), for alloc.py ---------------------------------
     def retire(self, tensor: torch.Tensor):
         """Start freeing `tensor`'s block (undone unless finish_free() follows)."""
-        self._located.clear()   # its block is live no more: nor its targets
-        self._recalled.clear()
+        self.forget()   # its block is live no more: nor its targets and Plans
         return self.local.retire(tensor)
 
     def stats(self) -> HeapStats:
