@@ -105,53 +105,61 @@ def _tensors(dest, source, what: str):
     return lambda: (tensor_operand(dest, "dest", what), tensor_operand(source, "source", what))
 
 
-# -- the torch face's replays (a repeated call: its Plan, nodecoll.replay) ------------------
-def _tensor_key(kind: str, team, dest, source, *values) -> tuple | None:
-    """The memo key (Core.where.recall) of a call of collective `kind` over
-    `team` (None: every PE) on torch tensors dest and source with `values`
-    (root, op: ints, strings): the team, and what its checks look at of each
-    CPU tensor (address, shape, strides, dtype, conjugate and negative bits);
-    its storage, the one thing a key cannot hold, _replayed() compares. None
-    where there can be no key (a subclass, another type: the general path)."""
-    if type(dest) is not torch.Tensor or type(source) is not torch.Tensor \
-            or not (dest.is_cpu and source.is_cpu):   # (device memory is never fused)
-        return None
-    if team is not None and not isinstance(team, group.Group):
-        return None
+# -- replays (a repeated call: its Plan, nodecoll.replay), for both faces ------------------
+def plan_key(kind: str, group_id: int | None, values: tuple, *facts) -> tuple | None:
+    """The memo key (Core.where.recall) of a call of collective `kind` over the
+    group `group_id` names (None: every PE) with arguments `values` (root,
+    size, op) and `facts`, what the face's checks look at of its operands;
+    None where a value is not a plain int, string or None (the general path
+    checks it). A Plan holds its group, so the id names one team while the
+    Plan lives."""
     for value in values:
-        if type(value) is not int and not isinstance(value, str):
+        if value is not None and type(value) is not int and not isinstance(value, str):
             return None
-    # (a Plan holds its group: the id names one team while the Plan lives)
-    return ("torch " + kind, None if team is None else id(team), *_tensor_facts(dest),
-            *_tensor_facts(source), *values)
+    return (kind, group_id, *facts, *values)
 
 
-def _tensor_facts(tensor: torch.Tensor) -> tuple:
-    return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.is_conj(),
-            tensor.is_neg())
-
-
-def _replayed(heap: Core, key: tuple | None, dest, source) -> bool:
-    """Whether the call that `key` names ran again from its Plan, its tensors
-    over the storages of the call that made it (nodecoll.replay); False where
-    there is none (not made yet, or forgotten: a block freed or released
-    since), another storage, or the board cannot now."""
+def replayed(heap: Core, key: tuple | None, *tensors: torch.Tensor) -> bool:
+    """Whether the call that `key` names ran again from its Plan, `tensors`
+    (the torch face's: a key cannot hold a storage) over the storages of the
+    call that made it (nodecoll.replay); False where there is none (not made
+    yet, or forgotten: a block freed or released since), another storage, or
+    the board cannot now."""
     if key is None:
         return False
     kept = heap.where.recall(key)
     if kept is None:
         return False
-    plan, dest_storage, source_storage = kept
-    return dest_storage() is dest.untyped_storage() and \
-        source_storage() is source.untyped_storage() and nodecoll.replay(heap, plan)
+    plan, storages = kept
+    for storage, tensor in zip(storages, tensors):
+        if storage() is not tensor.untyped_storage():
+            return False
+    return nodecoll.replay(heap, plan)
 
 
-def _kept(heap: Core, key: tuple | None, dest, source, plan: nodecoll.Plan | None) -> None:
+def keep(heap: Core, key: tuple | None, plan: nodecoll.Plan | None,
+         *tensors: torch.Tensor) -> None:
     """Remember the Plan that the general path returned, with weak references
-    to the storages it checked (a Plan keeps no block alive)."""
+    to the storages of `tensors` (a Plan keeps no block alive)."""
     if key is not None and plan is not None:
-        heap.where.remember(key, (plan, weakref.ref(dest.untyped_storage()),
-                                  weakref.ref(source.untyped_storage())))
+        heap.where.remember(key, (plan, tuple(weakref.ref(t.untyped_storage())
+                                              for t in tensors)))
+
+
+def _tensor_key(kind: str, team, dest, source, *values) -> tuple | None:
+    """plan_key() of the torch face's call on tensors dest and source: what
+    its checks look at of each CPU tensor (address, shape, strides, dtype,
+    conjugate and negative bits). None where there can be no key (a subclass,
+    another type, device memory, which is never fused: the general path)."""
+    if type(dest) is not torch.Tensor or type(source) is not torch.Tensor \
+            or not (dest.is_cpu and source.is_cpu):
+        return None
+    if team is not None and not isinstance(team, group.Group):
+        return None
+    return plan_key("torch " + kind, None if team is None else id(team), values,
+                    dest.data_ptr(), dest.shape, dest.stride(), dest.dtype, dest.is_conj(),
+                    dest.is_neg(), source.data_ptr(), source.shape, source.stride(),
+                    source.dtype, source.is_conj(), source.is_neg())
 
 
 # -- checks (local; the agreement turns a local error into the same error everywhere)
@@ -279,9 +287,10 @@ def broadcast(heap: Core, dest, source, root, *, team=None) -> None:
         {raises}
     """
     key = _tensor_key("broadcast", team, dest, source, root)
-    if not _replayed(heap, key, dest, source):
-        _kept(heap, key, dest, source,
-              broadcast_bytes(heap, _tensors(dest, source, "broadcast"), root, team=team))
+    if not replayed(heap, key, dest, source):
+        keep(heap, key,
+             broadcast_bytes(heap, _tensors(dest, source, "broadcast"), root, team=team),
+             dest, source)
 
 
 def broadcast_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], root, *,
@@ -359,9 +368,9 @@ def fcollect(heap: Core, dest, source, *, team=None) -> None:
         {raises}
     """
     key = _tensor_key("fcollect", team, dest, source)
-    if not _replayed(heap, key, dest, source):
-        _kept(heap, key, dest, source,
-              fcollect_bytes(heap, _tensors(dest, source, "fcollect"), team=team))
+    if not replayed(heap, key, dest, source):
+        keep(heap, key, fcollect_bytes(heap, _tensors(dest, source, "fcollect"), team=team),
+             dest, source)
 
 
 def fcollect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
@@ -521,9 +530,9 @@ def alltoall(heap: Core, dest, source, *, team=None) -> None:
         {raises}
     """
     key = _tensor_key("alltoall", team, dest, source)
-    if not _replayed(heap, key, dest, source):
-        _kept(heap, key, dest, source,
-              alltoall_bytes(heap, _tensors(dest, source, "alltoall"), team=team))
+    if not replayed(heap, key, dest, source):
+        keep(heap, key, alltoall_bytes(heap, _tensors(dest, source, "alltoall"), team=team),
+             dest, source)
 
 
 def alltoall_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
@@ -726,10 +735,11 @@ def reduce(heap: Core, dest, source, op: str = "sum", *, team=None) -> None:
         {raises}
     """
     key = _tensor_key("reduce", team, dest, source, op)
-    if not _replayed(heap, key, dest, source):
-        _kept(heap, key, dest, source,
-              reduce_bytes(heap, _tensors(dest, source, "reduce"), op,
-                           lambda operand: torch_combiner(heap, op, operand.dtype), team=team))
+    if not replayed(heap, key, dest, source):
+        keep(heap, key,
+             reduce_bytes(heap, _tensors(dest, source, "reduce"), op,
+                          lambda operand: torch_combiner(heap, op, operand.dtype), team=team),
+             dest, source)
 
 
 def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op: str,

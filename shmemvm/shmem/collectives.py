@@ -12,7 +12,7 @@ by one PE).
 
 A call whose data went in its agreed step leaves a Plan (transport/
 nodecoll.py), which the heap keeps under a key of exactly what the call's
-checks looked at (_call_key: the team, where each array lies on the heap, its
+checks looked at (_call_key, collectives.plan_key: the team, where each array lies on the heap, its
 shape, strides, dtype, writability, and root, size, op) while every block
 stays live (Core.where.recall): the same call again is then that one agreed
 step, without checking its arrays a second time (issue 30). Anything else
@@ -32,7 +32,6 @@ from .. import _args, api
 from ..vocabulary import REDUCE_OPS
 from ..openshmem import collectives
 from ..openshmem.collectives import Operand
-from ..transport import nodecoll
 from . import arrays
 from .constants import OP, OP_SUM, op_name
 from .handles import Team, of_collective, size_of
@@ -90,43 +89,21 @@ def _operand(a: np.ndarray, role: str, count: int | None = None) -> Operand:
 
 
 def _call_key(kind: str, team, target, source, *values) -> tuple | None:
-    """The memo key (Core.where.recall) of a call of collective `kind` over
-    `team` (None: every PE) on symmetric arrays target and source with `values`
-    (root, size, op: ints, strings or None): it names exactly what the call's
-    checks depend on (the team, where each array lies on the heap, its shape,
-    strides and dtype, whether target is writable; whether their blocks are
-    live, the memo itself; the team's own state, its replay). None where there
-    can be no key: another type, an array that is not on the heap (the general
-    path says what is wrong)."""
+    """collectives.plan_key() of a call on symmetric arrays target and source:
+    where each lies on the heap, its shape, strides and dtype, whether target
+    is writable (whether their blocks are live: the memo itself). None where
+    there can be no key: another type, an array that is not on the heap (the
+    general path says what is wrong)."""
     if type(target) is not np.ndarray or type(source) is not np.ndarray:
         return None
-    for value in values:
-        if value is not None and type(value) is not int and not isinstance(value, str):
-            return None
     t, s = arrays.heap_address(target), arrays.heap_address(source)
     if t is None or s is None:
         return None
-    # (a Plan holds its group: the id names one team while the Plan lives)
     group = of_collective(team)   # (raises for a bad team, as the general path first does)
-    return (kind, None if group is None else id(group), t, target.shape, target.strides,
-            target.dtype, target.flags.writeable, s, source.shape, source.strides,
-            source.dtype, *values)
-
-
-def _replayed(h, key: tuple | None) -> bool:
-    """Whether the call that `key` names ran again from its Plan (one agreed
-    step that carries its data: nodecoll.replay()); False where it has none
-    (not made yet, or forgotten: a block freed or released since) or cannot."""
-    if key is None:
-        return False
-    plan = h.where.recall(key)
-    return plan is not None and nodecoll.replay(h, plan)
-
-
-def _kept(h, key: tuple | None, plan) -> None:
-    """Remember the Plan that the general path returned under `key`."""
-    if key is not None and plan is not None:
-        h.where.remember(key, plan)
+    return collectives.plan_key(kind, None if group is None else id(group), values, t,
+                                target.shape, target.strides, target.dtype,
+                                target.flags.writeable, s, source.shape, source.strides,
+                                source.dtype)
 
 
 def _checked(target, source) -> None:
@@ -154,7 +131,7 @@ def broadcast(target: np.ndarray, source: np.ndarray, root: int, size: Optional[
     """
     h = arrays.core()
     key = _call_key("broadcast", team, target, source, root, size)
-    if _replayed(h, key):
+    if collectives.replayed(h, key):
         return
 
     def operands():
@@ -162,7 +139,8 @@ def broadcast(target: np.ndarray, source: np.ndarray, root: int, size: Optional[
         n = arrays.count(size, target.size, source.size)
         return _operand(target, "target", n), _operand(source, "source", n)
 
-    _kept(h, key, collectives.broadcast_bytes(h, operands, root, team=of_collective(team)))
+    collectives.keep(h, key, collectives.broadcast_bytes(h, operands, root,
+                                                         team=of_collective(team)))
 
 
 def collect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
@@ -209,7 +187,7 @@ def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
     """
     h = arrays.core()
     key = _call_key("fcollect", team, target, source, size)
-    if _replayed(h, key):
+    if collectives.replayed(h, key):
         return
     npes = size_of(team)
 
@@ -219,7 +197,7 @@ def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         return (_operand(target, "target", n * npes),
                 _operand(source, "source", n))
 
-    _kept(h, key, collectives.fcollect_bytes(h, operands, team=of_collective(team)))
+    collectives.keep(h, key, collectives.fcollect_bytes(h, operands, team=of_collective(team)))
 
 
 def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
@@ -240,7 +218,7 @@ def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
     """
     h = arrays.core()
     key = _call_key("alltoall", team, target, source, size)
-    if _replayed(h, key):
+    if collectives.replayed(h, key):
         return
     npes = size_of(team)
 
@@ -250,7 +228,7 @@ def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         return (_operand(target, "target", n * npes),
                 _operand(source, "source", n * npes))
 
-    _kept(h, key, collectives.alltoall_bytes(h, operands, team=of_collective(team)))
+    collectives.keep(h, key, collectives.alltoall_bytes(h, operands, team=of_collective(team)))
 
 
 def alltoalls(target: np.ndarray, source: np.ndarray, tst: int = 1, sst: int = 1,
@@ -329,7 +307,7 @@ def reduce(target: np.ndarray, source: np.ndarray, op: OP = OP_SUM, size: Option
     """
     h = arrays.core()
     key = _call_key("reduce", team, target, source, op, size)
-    if _replayed(h, key):
+    if collectives.replayed(h, key):
         return
 
     def operands():
@@ -337,9 +315,9 @@ def reduce(target: np.ndarray, source: np.ndarray, op: OP = OP_SUM, size: Option
         n = arrays.count(size, target.size, source.size)
         return _operand(target, "target", n), _operand(source, "source", n)
 
-    _kept(h, key, collectives.reduce_bytes(h, operands, op_name(op),
-                                           lambda source: combiner(op_name(op), source.dtype),
-                                           team=of_collective(team)))
+    collectives.keep(h, key, collectives.reduce_bytes(
+        h, operands, op_name(op), lambda source: combiner(op_name(op), source.dtype),
+        team=of_collective(team)))
 
 
 def _reducer(op: OP):
