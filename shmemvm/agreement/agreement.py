@@ -73,8 +73,8 @@ log = logging.getLogger("shmemvm")
 _MAX = MPI.MAX
 #: the words of a step's vector that its outcome does not compare (a bit mask)
 _UNCOMPARED = sum(1 << slot for slot in (FLAG_SLOT, DEAD_SLOT, DEAD_DIGEST_SLOT, TIME_SLOT))
-#: the outcome of a plain step (agreed, the flag everywhere, nothing dead)
-_PLAIN = OUTCOMES[True]
+#: the outcomes of an agreed step with nothing dead: the flag everywhere, or not
+_PLAIN, _NOT_EVERYWHERE = OUTCOMES[True], OUTCOMES[False]
 
 
 class Agreement:
@@ -170,10 +170,17 @@ class Agreement:
                               self._prompt if self.liveness is not None else -1)
             if code is not None:
                 recv = board.out
-                # (dead blocks: the plain code does not compare them; _outcome decides)
-                if code == 0 and not dead and not self._debug:
+                if (code == 0 or code == -2) and not self._debug:   # agreed, not late
                     self._entered = -recv[TIME_SLOT]
-                    return _PLAIN
+                    if not dead:
+                        return _PLAIN if code == 0 else _NOT_EVERYWHERE
+                    if -recv[DEAD_SLOT] == recv[DEAD_DIGEST_SLOT]:   # (< 0: on every PE)
+                        # every PE has these dead blocks (the NumPy face's free: its
+                        # array dies after it, on every PE alike), as _outcome decides
+                        released = frozenset(dead)
+                        self.release(released)
+                        return Outcome(code == 0, released)
+                    # (not the same dead blocks everywhere: _outcome's allgather)
                 if code > 0:
                     board.finish(seq, lambda ready: self.wait_until(
                         ready, lambda: self.describe(call), 0))

@@ -29,9 +29,11 @@ loop over the PEs); between calls the caller's wait checks the deadline and
 the PEs' liveness as before. A plain step is one call in all (step(),
 _collective.step: the vector filled from the call's template and stamped
 with the step number, flag and entry time, the slots read for up to
-_STEP_BUDGET_NS, and the outcome compared in C); only a step that is not
-plain (a mismatch, a flag, dead blocks, a late step) or not complete within
-that budget goes back to Python (finish(), agreement.py's outcome). It neither writes nor checks the CRC: its
+_STEP_BUDGET_NS, and the outcome compared in C, the flag and the dead
+blocks that every PE carries alike read from it in a few words of Python);
+only a step that is not agreed (a mismatch, a late step), whose dead blocks
+differ between the PEs, or not complete within that budget goes back to
+Python (finish(), agreement.py's outcome). It neither writes nor checks the CRC: its
 readers trust the step word's acquire, every writer being the same C code
 storing it last with release (all PEs or none run the board in C: voted at
 init; the PEs of one node run one installation). Measured in one process with
@@ -161,12 +163,13 @@ class Board:
     def step(self, template, seq: int, flag: bool, prompt: int) -> int | None:
         """One agreed step in one native call (_collective.step): this PE's
         vector is `template` with the step number, the flag and the entry time
-        filled in (`send` holds it after); `out` the MAX of every PE's. Returns
-        0 where every slot was read and the outcome is plain (every compared
-        word equal, the flag everywhere, no PE entered more than `prompt` ticks
-        ago), -1 where every slot was read but the caller must decide from
-        `send` and `out`, the PEs left (> 0) where finish() must wait for
-        them, or None where this board cannot (allreduce_max() then)."""
+        filled in (`send` holds it after); `out` the MAX of every PE's. Returns,
+        once every slot was read, 0 where the step is agreed (every compared
+        word equal, no PE entered more than `prompt` ticks ago) and the flag is
+        everywhere, -2 where it is agreed but the flag is not everywhere, -1
+        where the caller must decide from `send` and `out`; or the PEs left
+        (> 0) where finish() must wait for them, or None where this board
+        cannot (allreduce_max() then)."""
         head = self._step_head
         if head is None or self._unfinished is not None:
             return None

@@ -237,12 +237,13 @@ end:
  * at time_word; then exchange() as above, its spins repeated while PEs are
  * left, for at most `budget_ns`. Returns the PEs left (> 0: the caller waits
  * with the deadline and the liveness checks, as for exchange()), or once
- * every slot is read, 0 where the outcome is the plain one: every word equal
- * to this PE's but those in the bit mask `skip` (the flag, dead-block and
- * time words), the flag on every PE, no dead blocks on every PE, and no PE
- * entered more than `prompt` ticks ago (prompt < 0: never late); else -1
+ * every slot is read: 0 where every word is equal to this PE's but those in
+ * the bit mask `skip` (the flag, dead-block and time words), no PE entered
+ * more than `prompt` ticks ago (prompt < 0: never late) and the flag is on
+ * every PE; -2 where all that holds but the flag is not on every PE; else -1
  * (the caller then decides the outcome from `send` and `out` itself: a
- * mismatch, a flag, dead blocks, a late step). */
+ * mismatch, a late step). Dead blocks are the caller's to look at in `out`
+ * either way. */
 static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 static long long now_ns(void) {
@@ -331,11 +332,11 @@ static PyObject *coll_step(PyObject *self, PyObject *const *args, Py_ssize_t nar
         result = PyLong_FromSsize_t(left);
         goto end;
     }
-    int plain = acc[flag_word] == -1;
-    for (Py_ssize_t w = 0; w < words && plain; w++)
-        if (!(w < 64 && (skip >> w) & 1) && acc[w] != mine[w]) plain = 0;
-    if (plain && prompt >= 0 && now_ns() / tick + acc[time_word] > prompt) plain = 0;
-    result = PyLong_FromLong(plain ? 0 : -1);
+    int agreed = 1;
+    for (Py_ssize_t w = 0; w < words && agreed; w++)
+        if (!(w < 64 && (skip >> w) & 1) && acc[w] != mine[w]) agreed = 0;
+    if (agreed && prompt >= 0 && now_ns() / tick + acc[time_word] > prompt) agreed = 0;
+    result = PyLong_FromLong(!agreed ? -1 : acc[flag_word] == -1 ? 0 : -2);
 end:
     Py_XDECREF(left_obj);
     if (template.obj) PyBuffer_Release(&template);
@@ -554,7 +555,7 @@ static PyMethodDef methods[] = {
      "step(board, nbytes, size, rank, slot_words, words, seq_word, spins, neg_seq_word, "
      "flag_word, time_word, skip, tick_ns, prompt, budget_ns, seq, template, flag, send, out, "
      "done, payload, payload_len, scratch, part, src_offset, dst_stride, only) -> PEs left, "
-     "0 (the plain outcome) or -1"},
+     "0 (agreed, the flag everywhere), -2 (agreed, the flag not everywhere) or -1"},
     {"combine", (PyCFunction)(void (*)(void))coll_combine, METH_FASTCALL,
      "combine(dst, nbytes, scratch, n, kind, op)"},
     {"combine_from", (PyCFunction)(void (*)(void))coll_combine_from, METH_FASTCALL,

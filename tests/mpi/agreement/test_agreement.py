@@ -6,6 +6,7 @@ tests, in one process, are tests/unit/agreement/test_protocol.py.
 
 from __future__ import annotations
 
+import gc
 import re
 
 import pytest
@@ -88,6 +89,32 @@ def test_flag_is_reduced_not_compared(heap):
     assert outcome.flag_everywhere is True
     assert parts_of(heap).agreement.all_ok(me != 1, Call(Phase.BACKING, text="vote")) is False
     assert parts_of(heap).agreement.all_ok(True, Call(Phase.BACKING, text="vote")) is True
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("path", ["board", "mpi"])
+def test_an_agreed_step_gives_the_same_flag_and_releases_on_the_board_as_over_mpi(path):
+    """The board's one native call decides an agreed step whose flag is not
+    everywhere, or that carries the same dead block on every PE, without the
+    general outcome (agreement.py's fast branch): the same Outcome as the
+    MPI path's, which always takes the general one."""
+    heap = SymmetricHeap(world, "16M", agreement=path, **HEAP_OPTIONS)
+    try:
+        me, core = heap.my_pe, heap._core
+        step = Call(Phase.BARRIER_ALL, text="barrier")
+        outcome = core.agree(step, flag=me != 0)
+        assert outcome.flag_everywhere is False and outcome.released == frozenset()
+        for flag, everywhere in ((me != 0, False), (True, True)):
+            dropped = heap.empty(16, torch.float32)
+            offset = parts_of(heap).local.offset_of(dropped)
+            del dropped             # dead on every PE alike: the same digest everywhere
+            gc.collect()
+            outcome = core.agree(step, flag=flag)
+            assert outcome.flag_everywhere is everywhere
+            assert outcome.released == frozenset({offset})
+            assert heap.heap_info()["live_allocations"] == 0
+    finally:
+        heap.finalize()
 
 
 @pytest.mark.mpi(min_size=2)

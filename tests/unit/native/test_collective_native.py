@@ -165,9 +165,9 @@ def test_step_fills_the_vector_and_says_whether_the_outcome_is_plain():
     other = array.array("q", [5, 0, 0, 0, 0, 41])
     assert _step(board, nbytes, 2, 0, 8, template, send0, out0, done0) == 1
     assert _step(board, nbytes, 2, 1, 8, other, send1, out1, done1) == -1
-    # the flag not set on one PE: not plain either
+    # the flag not set on one PE: agreed, but not everywhere (-2)
     assert _step(board, nbytes, 2, 0, 9, template, send0, out0, done0, flag=False) == 1
-    assert _step(board, nbytes, 2, 1, 9, template, send1, out1, done1) == -1
+    assert _step(board, nbytes, 2, 1, 9, template, send1, out1, done1) == -2   # agreed, no flag
     # entered long ago (a tick of 1 ns, no ticks of slack): late, not plain
     assert _step(board, nbytes, 2, 0, 10, template, send0, out0, done0, tick=1) == 1
     assert _step(board, nbytes, 2, 1, 10, template, send1, out1, done1, tick=1,
