@@ -108,7 +108,8 @@ class VMMBackend(abc.ABC):
         return None
 
     def synchronize(self) -> None:
-        """Wait for the work queued on the current device stream."""
+        """Wait for the work queued on the current device stream (none here:
+        host memory has no stream; see waits())."""
 
     def import_external(self, tensor: torch.Tensor) -> list:
         """The physical pieces under memory another allocator made, if this
@@ -127,3 +128,11 @@ class VMMBackend(abc.ABC):
 
     def describe(self) -> dict:
         return {"backend": self.name, "granularity": self.granularity, "device": str(self.device)}
+
+
+def waits(backend) -> bool:
+    """Whether `backend.synchronize()` has work to wait for: not the base
+    class's no-op (host memory). Callers that synchronize on every call (a
+    barrier's quiet, a fused collective) skip the call where it would do
+    nothing."""
+    return getattr(type(backend), "synchronize", None) is not VMMBackend.synchronize

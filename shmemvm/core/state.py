@@ -39,7 +39,7 @@ from .. import _args
 from ..agreement.agreement import Agreement
 from ..agreement.liveness import Liveness
 from ..agreement.protocol import Call, Outcome, Phase
-from ..backends.base import VMMBackend
+from ..backends.base import VMMBackend, waits
 from ..errors import HeapExhaustedError, NotSymmetricError, ShmemError, UnsupportedError
 from ..memory.buddy import Block, Segment
 from ..memory.heapmem import HeapMemory
@@ -336,6 +336,10 @@ class HeapCore:
         self.agreement = agreement = parts.agreement
         self.liveness = parts.liveness
         self.completion = parts.completion
+        self._device = waits(self.backend)   # (synchronize(): a stream to wait for)
+        #: the default context's tracker (quiet() completes it): an attribute, not a
+        #: property, as every put, get and barrier reads it
+        self.tracker: CompletionTracker = parts.completion
         self.routes = parts.routes
         self.locator = parts.locator
         self.peer_pids = parts.peer_pids
@@ -473,12 +477,6 @@ class HeapCore:
             # is replaced when the offset is mapped again.
             self.local.release(offset)
         self._pending -= offsets
-
-    # -- the default context -------------------------------------------------------------
-    @property
-    def tracker(self) -> CompletionTracker:
-        """The default context's tracker (quiet() completes it)."""
-        return self.completion
 
     # -- arguments every routine checks --------------------------------------------------
     def check_pe(self, pe) -> int:
@@ -702,8 +700,10 @@ class HeapCore:
         return steps.import_external(self, tensor)
 
     def synchronize(self) -> None:
-        """Wait for the device's work so far (the backend's; nothing on the host)."""
-        self.backend.synchronize()
+        """Wait for the device's work so far (the backend's; nothing on the host,
+        where it is not called: a fused collective's every call asks)."""
+        if self._device:
+            self.backend.synchronize()
 
     def offset_of(self, tensor: torch.Tensor) -> int:
         """Heap offset of a symmetric tensor's first element (the same on every PE)."""

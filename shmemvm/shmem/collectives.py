@@ -30,7 +30,7 @@ import torch
 
 from .. import _args, api
 from ..vocabulary import REDUCE_OPS
-from ..openshmem import collectives
+from ..openshmem import barrier, collectives
 from ..openshmem.collectives import Operand
 from . import arrays
 from .constants import OP, OP_SUM, op_name
@@ -46,7 +46,7 @@ def barrier_all() -> None:
     Raises:
         SymmetryError, PeerTimeoutError: as shmemvm.barrier_all.
     """
-    api.default_heap().barrier_all()   # (arrays.heap(), less a call)
+    barrier.barrier_all(api.default_core())   # (the routine: no heap method between)
 
 
 def sync_all() -> None:
@@ -58,7 +58,7 @@ def sync_all() -> None:
     Raises:
         SymmetryError, PeerTimeoutError: as shmemvm.sync_all.
     """
-    api.default_heap().sync_all()
+    barrier.sync_all(api.default_core())
 
 
 def sync(team: Optional[Team] = None) -> None:

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from ..backends.base import waits
+
 
 @dataclass
 class _Deferred:
@@ -58,6 +60,9 @@ class CompletionTracker:
         issuing() run on a stream of this tracker's own."""
         self.backend = backend
         self._current_stream = current_stream
+        #: quiet() synchronizes the current stream: the default context's, on a
+        #: backend that has one (a barrier's quiet would call a no-op each time)
+        self._sync_current = current_stream and waits(backend)
         self._own_stream = None                    # made on first device copy (Ctx)
         self._lock = threading.Lock()              # several threads may issue (THREAD_MULTIPLE)
         self._streams: dict = {}                   # key -> stream with unfinished copies
@@ -113,7 +118,7 @@ class CompletionTracker:
     def quiet(self) -> None:
         """Complete every operation recorded here: device copies, then MPI
         operations (with the heap's deadline; PeerTimeoutError at it)."""
-        if self._current_stream:
+        if self._sync_current:
             self.backend.synchronize()
         if not self._streams and not self._deferred:
             return  # nothing recorded (what another thread records meanwhile is not ours to wait for)

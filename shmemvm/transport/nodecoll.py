@@ -258,12 +258,19 @@ class Fusion:
         if staged is None or board is None or after is None or board.carried is not staged:
             return False
         board.carried = self.staged = None   # (nothing left for __exit__ to forget)
-        if len(after) == 2:
-            _collective.deliver(after[0], board.scratch, 0, after[1])
-        else:
-            address, nbytes, kind, code = after
-            _collective.combine(address, nbytes, board.scratch, self.n, kind, code)
+        _deliver(board, self.n, after)
         return True
+
+
+def _deliver(board: Board, n: int, after: tuple) -> None:
+    """Write dest from the payloads of the `n` PEs that the last step carried
+    into the board's scratch: `after` is (address, nbytes) for a copy, or
+    (address, nbytes, kind, op) for a reduction combined in C."""
+    if len(after) == 2:
+        _collective.deliver(after[0], board.scratch, 0, after[1])
+    else:
+        address, nbytes, kind, code = after
+        _collective.combine(address, nbytes, board.scratch, n, kind, code)
 
 
 def combined(views: list, dtype, op: str, native: bool,
@@ -300,18 +307,25 @@ def replay(core, plan: Plan) -> bool:
     group's agree() asks), and dest written. False where the board cannot
     carry it now (the caller takes the general path)."""
     group = plan.group
-    fused = fusion(group)
-    board = fused.board
+    # (a Plan is made only where fusion() gave the group a board; its board and
+    # members do not change while the group lives: no Fusion to make again)
+    board = group.agreement.board
     if board is None or not board.can_carry:
         return False
-    with group.lock, fused:
+    with group.lock:
         core.calls.synchronize()
-        fused.stage_args, fused.after = plan.stage, plan.after
-        fused.staged = board.stage(*plan.stage)
-        group.agree(plan.call)
-        if not fused.deliver():   # (can_carry: a step that ran carried it)
+        staged = board.stage(*plan.stage)
+        try:
+            group.agree(plan.call)
+        finally:
+            carried = board.carried is staged
+            if not carried:
+                board.unstage()   # (as Fusion's exit: the call raised before its step)
+        if not carried:   # (can_carry: a step that ran carried it)
             raise ShmemError("a fused collective's agreed step did not carry its payload (a "
                              "bug: please report it with SHMEMVM_DEBUG=1's log)")
+        board.carried = None
+        _deliver(board, len(group.pes), plan.after)
     return True
 
 
