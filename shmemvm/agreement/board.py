@@ -27,7 +27,7 @@ step is then one call into native/_collective.c per spin budget (exchange():
 this PE's slot written, every other PE's read and folded with MAX, no Python
 loop over the PEs); between calls the caller's wait checks the deadline and
 the PEs' liveness as before. A plain step is one call in all (step(),
-_collective.step: the vector filled from the call's template and stamped
+_collective.Stepper.step: the vector filled from the call's template and stamped
 with the step number, flag and entry time, the slots read for up to
 _STEP_BUDGET_NS, and the outcome compared in C, the flag and the dead
 blocks that every PE carries alike read from it in a few words of Python);
@@ -120,9 +120,10 @@ class Board:
         #: (out: the MAX vector of the last native step, valid until the next)
         self._out = self.out = array.array("q", bytes(words * _WORD))
         self._done = bytearray(self.size)
-        #: step()'s constant arguments (prepare_steps()), the vector it sent, and
-        #: the payload of a step whose reading finish() completes
-        self._step_head: tuple | None = None
+        #: step()'s one call, its constant arguments checked once (prepare_steps(): a
+        #: _collective.Stepper, which holds send, out and done), the vector it sent,
+        #: and the payload of a step whose reading finish() completes
+        self._stepper = None
         self.send = array.array("q", bytes(words * _WORD))
         self._waiting: tuple | None = None
         #: the payload of the next step (stage()), and the one the last step carried
@@ -158,10 +159,12 @@ class Board:
         time (in ticks of `tick_ns`), and which words (bit mask `skip`) its
         outcome does not compare."""
         if self._head is not None:
-            self._step_head = (*self._head, neg_seq_word, flag_word, time_word, skip, tick_ns)
+            self._stepper = _collective.Stepper(*self._head, neg_seq_word, flag_word,
+                                                time_word, skip, tick_ns, self.send, self._out,
+                                                self._done)
 
     def step(self, template, seq: int, flag: bool, prompt: int) -> int | None:
-        """One agreed step in one native call (_collective.step): this PE's
+        """One agreed step in one native call (_collective.Stepper.step): this PE's
         vector is `template` with the step number, the flag and the entry time
         filled in (`send` holds it after); `out` the MAX of every PE's. Returns,
         once every slot was read, 0 where the step is agreed (every compared
@@ -170,12 +173,12 @@ class Board:
         where the caller must decide from `send` and `out`; or the PEs left
         (> 0) where finish() must wait for them, or None where this board
         cannot (allreduce_max() then)."""
-        head = self._step_head
-        if head is None or self._unfinished is not None:
+        stepper = self._stepper
+        if stepper is None or self._unfinished is not None:
             return None
         staged, self._staged = self._staged, None
-        code = _collective.step(*head, prompt, _STEP_BUDGET_NS, seq, template, flag, self.send,
-                                self._out, self._done, *(staged or _NO_PAYLOAD))
+        code = stepper.step(prompt, _STEP_BUDGET_NS, seq, template, flag,
+                            *(staged or _NO_PAYLOAD))
         if code > 0:
             self._waiting = staged
         else:
@@ -201,7 +204,7 @@ class Board:
     def can_carry(self) -> bool:
         """Whether the next step is step()'s one call, which carries a staged
         payload (no earlier step is left to finish first)."""
-        return self._step_head is not None and self._unfinished is None
+        return self._stepper is not None and self._unfinished is None
 
     @property
     def fuses(self) -> bool:
@@ -335,6 +338,7 @@ class Board:
         """Free the shared window (collective over the board's PEs: only when
         every PE has a board and no step is left hanging)."""
         window, self._window = self._window, None
+        self._stepper = self._head = None   # (they address the window: no step after this)
         for view in (self._words, self._bytes):
             view.release()
         self._bytes = self._words = memoryview(b"")   # (none of the window's)

@@ -17,6 +17,9 @@
  *       pe * dst_stride (only PE `only`'s where only >= 0). So one call per
  *       spin budget, not one per PE, and the caller's wait checks the deadline
  *       and the PEs' liveness between calls.
+ *   Stepper(...).step(...)
+ *       a whole agreed step in one call, its constant arguments checked once
+ *       (below, where it is defined).
  *   combine(dst, nbytes, scratch, n, kind, op)
  *       dst[j] <- scratch[0][j] op scratch[1][j] op ... op scratch[n-1][j],
  *       folded left in that order (team PE order) in the element type `kind`,
@@ -81,118 +84,140 @@ static int get_ssize(PyObject *obj, Py_ssize_t *out, Py_ssize_t least, const cha
     return 0;
 }
 
-/* exchange(...): see the top of the file */
-static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 19) {
-        PyErr_SetString(PyExc_TypeError, "exchange(board, nbytes, size, rank, slot_words, "
-                        "words, seq_word, spins, seq, vector, out, done, payload, payload_len, "
-                        "scratch, part, src_offset, dst_stride, only)");
-        return NULL;
-    }
-    Py_ssize_t nbytes, size, rank, slot_words, words, seq_word, payload_len, part, src_offset,
-        dst_stride;
-    long long spins = PyLong_AsLongLong(args[7]), seq = PyLong_AsLongLong(args[8]);
-    long only = PyLong_AsLong(args[18]);
-    if (PyErr_Occurred()) return NULL;
-    if (get_ssize(args[1], &nbytes, 0, "exchange: nbytes") < 0
-        || get_ssize(args[2], &size, 1, "exchange: size") < 0
-        || get_ssize(args[3], &rank, 0, "exchange: rank") < 0
-        || get_ssize(args[4], &slot_words, 0, "exchange: slot_words") < 0
-        || get_ssize(args[5], &words, 1, "exchange: words") < 0
-        || get_ssize(args[6], &seq_word, 0, "exchange: seq_word") < 0
-        || get_ssize(args[13], &payload_len, 0, "exchange: payload_len") < 0
-        || get_ssize(args[15], &part, 0, "exchange: part") < 0
-        || get_ssize(args[16], &src_offset, 0, "exchange: src_offset") < 0
-        || get_ssize(args[17], &dst_stride, 0, "exchange: dst_stride") < 0)
-        return NULL;
-    if (rank >= size || words > MAX_WORDS || seq_word >= words || slot_words < words + 2
-        || only < -1 || only >= size) {
+/* The board and this PE's place on it (exchange()'s first 8 arguments), checked. */
+typedef struct {
+    int64_t *board;
+    Py_ssize_t nbytes, size, rank, slot_words, words, seq_word;
+    long long spins;
+} Head;
+
+static int parse_head(PyObject *const *args, Head *h) {
+    h->spins = PyLong_AsLongLong(args[7]);
+    if (h->spins == -1 && PyErr_Occurred()) return -1;
+    if (get_ssize(args[1], &h->nbytes, 0, "exchange: nbytes") < 0
+        || get_ssize(args[2], &h->size, 1, "exchange: size") < 0
+        || get_ssize(args[3], &h->rank, 0, "exchange: rank") < 0
+        || get_ssize(args[4], &h->slot_words, 0, "exchange: slot_words") < 0
+        || get_ssize(args[5], &h->words, 1, "exchange: words") < 0
+        || get_ssize(args[6], &h->seq_word, 0, "exchange: seq_word") < 0)
+        return -1;
+    if (h->rank >= h->size || h->words > MAX_WORDS || h->seq_word >= h->words
+        || h->slot_words < h->words + 2) {
         PyErr_Format(PyExc_ValueError, "exchange: rank %zd of %zd PEs, %zd words (at most %d) "
-                     "with the step number at %zd, slots of %zd words, only %ld: out of range",
-                     rank, size, words, MAX_WORDS, seq_word, slot_words, only);
-        return NULL;
+                     "with the step number at %zd, slots of %zd words: out of range",
+                     h->rank, h->size, h->words, MAX_WORDS, h->seq_word, h->slot_words);
+        return -1;
     }
-    Py_ssize_t capacity = (slot_words - words - 2) * 8;   /* a slot's payload area */
-    if (part > capacity || src_offset > capacity - part) {
-        PyErr_Format(PyExc_ValueError, "exchange: %zd bytes at %zd of a payload area of %zd",
-                     part, src_offset, capacity);
-        return NULL;
-    }
-    if (size > PY_SSIZE_T_MAX / 2 / 8 / slot_words || 2 * size * slot_words * 8 > nbytes) {
+    if (h->size > PY_SSIZE_T_MAX / 2 / 8 / h->slot_words
+        || 2 * h->size * h->slot_words * 8 > h->nbytes) {
         PyErr_Format(PyExc_ValueError, "exchange: %zd PEs with slots of %zd words do not fit "
-                     "a board of %zd bytes", size, slot_words, nbytes);
-        return NULL;
+                     "a board of %zd bytes", h->size, h->slot_words, h->nbytes);
+        return -1;
     }
     uintptr_t board;
-    if (parse_address(args[0], &board, (unsigned long long)nbytes, 8, "exchange: board") < 0)
-        return NULL;
-    Py_buffer vector = {0}, out = {0}, done = {0}, scratch = {0};
-    PyObject *result = NULL;
-    int writing = args[9] != Py_None;
-    uintptr_t payload = 0;
-    if (payload_len > capacity) {
+    if (parse_address(args[0], &board, (unsigned long long)h->nbytes, 8, "exchange: board") < 0)
+        return -1;
+    h->board = (int64_t *)board;
+    return 0;
+}
+
+/* A step's payload (exchange()'s last 7 arguments: payload, payload_len, scratch,
+ * part, src_offset, dst_stride, only), checked against the head; it holds
+ * scratch's buffer until release_payload(). */
+typedef struct {
+    uintptr_t payload;
+    Py_ssize_t payload_len, part, src_offset, dst_stride;
+    long only;
+    Py_buffer scratch;   /* .obj NULL: none */
+} Payload;
+
+static void release_payload(Payload *p) {
+    if (p->scratch.obj) PyBuffer_Release(&p->scratch);
+}
+
+static int parse_payload(const Head *h, PyObject *const *args, int writing, Payload *p) {
+    memset(p, 0, sizeof *p);
+    p->only = PyLong_AsLong(args[6]);
+    if (p->only == -1 && PyErr_Occurred()) return -1;
+    if (get_ssize(args[1], &p->payload_len, 0, "exchange: payload_len") < 0
+        || get_ssize(args[3], &p->part, 0, "exchange: part") < 0
+        || get_ssize(args[4], &p->src_offset, 0, "exchange: src_offset") < 0
+        || get_ssize(args[5], &p->dst_stride, 0, "exchange: dst_stride") < 0)
+        return -1;
+    if (p->only < -1 || p->only >= h->size) {
+        PyErr_Format(PyExc_ValueError, "exchange: only %ld of %zd PEs: out of range", p->only,
+                     h->size);
+        return -1;
+    }
+    Py_ssize_t capacity = (h->slot_words - h->words - 2) * 8;   /* a slot's payload area */
+    if (p->part > capacity || p->src_offset > capacity - p->part) {
+        PyErr_Format(PyExc_ValueError, "exchange: %zd bytes at %zd of a payload area of %zd",
+                     p->part, p->src_offset, capacity);
+        return -1;
+    }
+    if (p->payload_len > capacity) {
         PyErr_Format(PyExc_ValueError, "exchange: a payload of %zd bytes does not fit a "
-                     "slot's %zd", payload_len, capacity);
-        return NULL;
+                     "slot's %zd", p->payload_len, capacity);
+        return -1;
     }
-    if (writing && payload_len
-        && parse_address(args[12], &payload, (unsigned long long)payload_len, 0,
+    if (writing && p->payload_len
+        && parse_address(args[0], &p->payload, (unsigned long long)p->payload_len, 0,
                          "exchange: payload") < 0)
-        return NULL;
-    if (PyObject_GetBuffer(args[10], &out, PyBUF_WRITABLE) < 0) goto end;
-    if (PyObject_GetBuffer(args[11], &done, PyBUF_WRITABLE) < 0) goto end;
-    if (out.len < words * 8 || done.len < size) {
-        PyErr_Format(PyExc_ValueError, "exchange: out has %zd bytes (%zd needed), done %zd "
-                     "(%zd needed)", out.len, words * 8, done.len, size);
-        goto end;
+        return -1;
+    if (args[2] == Py_None) {
+        if (p->part) {
+            PyErr_SetString(PyExc_ValueError, "exchange: part > 0 needs a scratch buffer");
+            return -1;
+        }
+        return 0;
     }
-    if (args[14] != Py_None) {
-        if (PyObject_GetBuffer(args[14], &scratch, PyBUF_WRITABLE) < 0) goto end;
-        Py_ssize_t reach = part;   /* the last byte written: at (size - 1) * dst_stride + part */
-        if (only < 0 && size > 1) {
-            if (dst_stride > (PY_SSIZE_T_MAX - part) / (size - 1)) reach = -1;
-            else reach = (size - 1) * dst_stride + part;
-        } else if (only >= 0) {
-            reach = dst_stride > (PY_SSIZE_T_MAX - part) / (size) ? -1 : only * dst_stride + part;
-        }
-        if (reach < 0 || scratch.len < reach) {
-            PyErr_Format(PyExc_ValueError, "exchange: scratch has %zd bytes, too few for %zd "
-                         "PEs' %zd bytes %zd apart", scratch.len, size, part, dst_stride);
-            goto end;
-        }
-    } else if (part) {
-        PyErr_SetString(PyExc_ValueError, "exchange: part > 0 needs a scratch buffer");
-        goto end;
+    if (PyObject_GetBuffer(args[2], &p->scratch, PyBUF_WRITABLE) < 0) return -1;
+    /* the last byte written: at last * dst_stride + part */
+    Py_ssize_t reach, last = p->only < 0 ? h->size - 1 : p->only;
+    if (last && p->dst_stride > (PY_SSIZE_T_MAX - p->part) / last) reach = -1;
+    else reach = last * p->dst_stride + p->part;
+    if (reach < 0 || p->scratch.len < reach) {
+        PyErr_Format(PyExc_ValueError, "exchange: scratch has %zd bytes, too few for %zd "
+                     "PEs' %zd bytes %zd apart", p->scratch.len, h->size, p->part,
+                     p->dst_stride);
+        release_payload(p);
+        return -1;
     }
-    unsigned char *flags = (unsigned char *)done.buf;
-    int64_t *bank = (int64_t *)board + (seq & 1) * size * slot_words;
-    unsigned char *gather = (unsigned char *)scratch.buf;
-    if (writing) {
-        if (PyObject_GetBuffer(args[9], &vector, PyBUF_SIMPLE) < 0) goto end;
-        if (vector.len != words * 8) {
-            PyErr_Format(PyExc_ValueError, "exchange: the vector has %zd bytes, not %zd",
-                         vector.len, words * 8);
-            goto end;
-        }
-        int64_t *mine = bank + rank * slot_words;
+    return 0;
+}
+
+/* The exchange itself on checked arguments (see the top of the file): `vector`
+ * (NULL: read only) written into this PE's slot of step `seq`, then the others'
+ * read for at most `spins` rounds without the GIL. `acc` (the MAX vector) and
+ * `flags` (the PEs read) have `words` words and `size` bytes. The PEs left. */
+static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vector,
+                               int64_t *acc, unsigned char *flags, const Payload *p) {
+    Py_ssize_t size = h->size, words = h->words, slot_words = h->slot_words;
+    int64_t *bank = h->board + (seq & 1) * size * slot_words;
+    unsigned char *gather = (unsigned char *)p->scratch.buf;
+    Py_ssize_t part = p->part, src_offset = p->src_offset, dst_stride = p->dst_stride;
+    long only = p->only;
+    if (vector) {
+        int64_t *mine = bank + h->rank * slot_words;
         /* (no CRC in the check word: every reader of this board is this code, see
          * the reader below; a CRC of 240 bytes was a third of a step's own cost) */
-        memcpy(mine + 1, vector.buf, (size_t)words * 8);
-        if (payload_len) memcpy(mine + 2 + words, (const void *)payload, (size_t)payload_len);
+        memcpy(mine + 1, vector, (size_t)words * 8);
+        if (p->payload_len)
+            memcpy(mine + 2 + words, (const void *)p->payload, (size_t)p->payload_len);
         /* last, with release order: a reader that sees the step sees all of the above */
         __atomic_store_n(mine, (int64_t)seq, __ATOMIC_RELEASE);
-        memcpy(out.buf, vector.buf, (size_t)words * 8);
-        flags[rank] = 1;
-        if (part && (only < 0 || only == rank))
-            memcpy(gather + (only < 0 ? rank : only) * dst_stride,
+        if (acc != vector) memcpy(acc, vector, (size_t)words * 8);
+        flags[h->rank] = 1;
+        if (part && (only < 0 || only == h->rank))
+            memcpy(gather + (only < 0 ? h->rank : only) * dst_stride,
                    (unsigned char *)(mine + 2 + words) + src_offset, (size_t)part);
     }
     Py_ssize_t left = 0;
     for (Py_ssize_t pe = 0; pe < size; pe++) left += !flags[pe];
-    int64_t *acc = (int64_t *)out.buf;
+    if (!left) return 0;
     Py_BEGIN_ALLOW_THREADS
     int64_t theirs[MAX_WORDS];
-    for (long long i = 0; i < spins && left; i++) {
+    for (long long i = 0; i < h->spins && left; i++) {
         for (Py_ssize_t pe = 0; pe < size; pe++) {
             if (flags[pe]) continue;
             int64_t *slot = bank + pe * slot_words;
@@ -204,7 +229,7 @@ static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t
              * it cost 0.1-0.5 us a slot). The bank argument (board.py) keeps it
              * from being rewritten meanwhile. */
             memcpy(theirs, slot + 1, (size_t)words * 8);
-            if (theirs[seq_word] != seq)
+            if (theirs[h->seq_word] != seq)
                 continue;   /* not this step's (never seen: a sanity check) */
             for (Py_ssize_t w = 0; w < words; w++)
                 if (theirs[w] > acc[w]) acc[w] = theirs[w];
@@ -217,34 +242,82 @@ static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t
         if (left && i >= 64) sched_yield();
     }
     Py_END_ALLOW_THREADS
-    result = PyLong_FromSsize_t(left);
+    return left;
+}
+
+/* exchange(...): see the top of the file */
+static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 19) {
+        PyErr_SetString(PyExc_TypeError, "exchange(board, nbytes, size, rank, slot_words, "
+                        "words, seq_word, spins, seq, vector, out, done, payload, payload_len, "
+                        "scratch, part, src_offset, dst_stride, only)");
+        return NULL;
+    }
+    Head h;
+    Payload p;
+    long long seq = PyLong_AsLongLong(args[8]);
+    if ((seq == -1 && PyErr_Occurred()) || parse_head(args, &h) < 0) return NULL;
+    int writing = args[9] != Py_None;
+    if (parse_payload(&h, args + 12, writing, &p) < 0) return NULL;
+    Py_buffer vector = {0}, out = {0}, done = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(args[10], &out, PyBUF_WRITABLE) < 0) goto end;
+    if (PyObject_GetBuffer(args[11], &done, PyBUF_WRITABLE) < 0) goto end;
+    if (out.len < h.words * 8 || done.len < h.size) {
+        PyErr_Format(PyExc_ValueError, "exchange: out has %zd bytes (%zd needed), done %zd "
+                     "(%zd needed)", out.len, h.words * 8, done.len, h.size);
+        goto end;
+    }
+    if (writing) {
+        if (PyObject_GetBuffer(args[9], &vector, PyBUF_SIMPLE) < 0) goto end;
+        if (vector.len != h.words * 8) {
+            PyErr_Format(PyExc_ValueError, "exchange: the vector has %zd bytes, not %zd",
+                         vector.len, h.words * 8);
+            goto end;
+        }
+    }
+    result = PyLong_FromSsize_t(run_exchange(&h, seq, writing ? (int64_t *)vector.buf : NULL,
+                                             (int64_t *)out.buf, (unsigned char *)done.buf, &p));
 end:
+    release_payload(&p);
     if (vector.obj) PyBuffer_Release(&vector);
-    if (scratch.obj) PyBuffer_Release(&scratch);
     if (done.obj) PyBuffer_Release(&done);
     if (out.obj) PyBuffer_Release(&out);
     return result;
 }
 
-/* step(board, nbytes, size, rank, slot_words, words, seq_word, spins, neg_seq_word,
- *      flag_word, time_word, skip, tick_ns, prompt, budget_ns,
- *      seq, template, flag, send, out, done, payload, payload_len, scratch, part,
- *      src_offset, dst_stride, only) -> int
- * A whole agreed step (agreement.py's collective()) where nothing is unusual:
- * `send` <- `template` (the call's vector) with the step number at seq_word,
- * its negation at neg_seq_word, -1 at flag_word where `flag`, and minus this
- * PE's entry time in ticks of `tick_ns` (CLOCK_REALTIME, as time.time_ns())
- * at time_word; then exchange() as above, its spins repeated while PEs are
- * left, for at most `budget_ns`. Returns the PEs left (> 0: the caller waits
- * with the deadline and the liveness checks, as for exchange()), or once
- * every slot is read: 0 where every word is equal to this PE's but those in
- * the bit mask `skip` (the flag, dead-block and time words), no PE entered
- * more than `prompt` ticks ago (prompt < 0: never late) and the flag is on
- * every PE; -2 where all that holds but the flag is not on every PE; else -1
- * (the caller then decides the outcome from `send` and `out` itself: a
- * mismatch, a late step). Dead blocks are the caller's to look at in `out`
- * either way. */
-static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* Stepper(board, nbytes, size, rank, slot_words, words, seq_word, spins,
+ *         neg_seq_word, flag_word, time_word, skip, tick_ns, send, out, done)
+ * A whole agreed step (agreement.py's collective()) where nothing is unusual,
+ * its arguments that never change checked once (the board's, and the vectors'
+ * buffers, held while the Stepper lives):
+ *
+ *   step(prompt, budget_ns, seq, template, flag, payload, payload_len, scratch,
+ *        part, src_offset, dst_stride, only) -> int
+ *       `send` <- `template` (the call's vector) with the step number at
+ *       seq_word, its negation at neg_seq_word, -1 at flag_word where `flag`,
+ *       and minus this PE's entry time in ticks of `tick_ns` (CLOCK_REALTIME,
+ *       as time.time_ns()) at time_word; then exchange() as above (`out` the
+ *       MAX vector, `done` the PEs read), its spins repeated while PEs are
+ *       left, for at most `budget_ns`. Returns the PEs left (> 0: the caller
+ *       waits with the deadline and the liveness checks, through exchange()),
+ *       or once every slot is read: 0 where every word is equal to this PE's
+ *       but those in the bit mask `skip` (the flag, dead-block and time
+ *       words), no PE entered more than `prompt` ticks ago (prompt < 0: never
+ *       late) and the flag is on every PE; -2 where all that holds but the
+ *       flag is not on every PE; else -1 (the caller then decides the outcome
+ *       from `send` and `out` itself: a mismatch, a late step). Dead blocks
+ *       are the caller's to look at in `out` either way.
+ *
+ * The board's memory must outlive the Stepper's steps (board.py drops it first). */
+typedef struct {
+    PyObject_HEAD
+    Head h;
+    Py_ssize_t neg_word, flag_word, time_word;
+    unsigned long long skip;
+    long long tick;
+    Py_buffer send, out, done;
+} Stepper;
 
 static long long now_ns(void) {
     struct timespec t;
@@ -258,92 +331,134 @@ static long long monotonic_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static PyObject *coll_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 28) {
-        PyErr_SetString(PyExc_TypeError, "step(board, nbytes, size, rank, slot_words, words, "
-                        "seq_word, spins, neg_seq_word, flag_word, time_word, skip, tick_ns, "
-                        "prompt, budget_ns, seq, template, flag, send, out, done, payload, "
+static void stepper_dealloc(Stepper *self) {
+    if (self->send.obj) PyBuffer_Release(&self->send);
+    if (self->out.obj) PyBuffer_Release(&self->out);
+    if (self->done.obj) PyBuffer_Release(&self->done);
+    PyTypeObject *type = Py_TYPE(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != 16) {
+        PyErr_SetString(PyExc_TypeError, "Stepper(board, nbytes, size, rank, slot_words, "
+                        "words, seq_word, spins, neg_seq_word, flag_word, time_word, skip, "
+                        "tick_ns, send, out, done)");
+        return NULL;
+    }
+    PyObject *const *a = &PyTuple_GET_ITEM(args, 0);
+    Stepper *self = (Stepper *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    if (parse_head(a, &self->h) < 0) goto fail;
+    self->tick = PyLong_AsLongLong(a[12]);
+    self->skip = PyLong_AsUnsignedLongLong(a[11]);
+    if (PyErr_Occurred()) goto fail;
+    Py_ssize_t words = self->h.words;
+    if (get_ssize(a[8], &self->neg_word, 0, "Stepper: neg_seq_word") < 0
+        || get_ssize(a[9], &self->flag_word, 0, "Stepper: flag_word") < 0
+        || get_ssize(a[10], &self->time_word, 0, "Stepper: time_word") < 0)
+        goto fail;
+    if (self->neg_word >= words || self->flag_word >= words || self->time_word >= words
+        || self->tick < 1) {
+        PyErr_Format(PyExc_ValueError, "Stepper: %zd words with the step number negated at "
+                     "%zd, the flag at %zd and the time at %zd, ticks of %lld ns: out of range",
+                     words, self->neg_word, self->flag_word, self->time_word, self->tick);
+        goto fail;
+    }
+    if (PyObject_GetBuffer(a[13], &self->send, PyBUF_WRITABLE) < 0
+        || PyObject_GetBuffer(a[14], &self->out, PyBUF_WRITABLE) < 0
+        || PyObject_GetBuffer(a[15], &self->done, PyBUF_WRITABLE) < 0)
+        goto fail;
+    if (self->send.len != words * 8 || self->out.len < words * 8
+        || self->done.len < self->h.size) {
+        PyErr_Format(PyExc_ValueError, "Stepper: send has %zd bytes, out %zd (%zd each "
+                     "needed), done %zd (%zd needed)", self->send.len, self->out.len,
+                     words * 8, self->done.len, self->h.size);
+        goto fail;
+    }
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static PyObject *stepper_step(Stepper *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "step(prompt, budget_ns, seq, template, flag, payload, "
                         "payload_len, scratch, part, src_offset, dst_stride, only)");
         return NULL;
     }
-    Py_ssize_t words, seq_word, neg_word, flag_word, time_word;
-    long long tick = PyLong_AsLongLong(args[12]), prompt = PyLong_AsLongLong(args[13]);
-    long long budget = PyLong_AsLongLong(args[14]), seq = PyLong_AsLongLong(args[15]);
-    unsigned long long skip = PyLong_AsUnsignedLongLong(args[11]);
-    int flag = PyObject_IsTrue(args[17]);
+    const Head *h = &self->h;
+    long long prompt = PyLong_AsLongLong(args[0]), budget = PyLong_AsLongLong(args[1]);
+    long long seq = PyLong_AsLongLong(args[2]);
+    int flag = PyObject_IsTrue(args[4]);
     if (PyErr_Occurred() || flag < 0) return NULL;
-    if (get_ssize(args[5], &words, 1, "step: words") < 0
-        || get_ssize(args[6], &seq_word, 0, "step: seq_word") < 0
-        || get_ssize(args[8], &neg_word, 0, "step: neg_seq_word") < 0
-        || get_ssize(args[9], &flag_word, 0, "step: flag_word") < 0
-        || get_ssize(args[10], &time_word, 0, "step: time_word") < 0)
-        return NULL;
-    if (words > MAX_WORDS || seq_word >= words || neg_word >= words || flag_word >= words
-        || time_word >= words || tick < 1 || budget < 0) {
-        PyErr_Format(PyExc_ValueError, "step: %zd words (at most %d) with the step number at "
-                     "%zd, %zd, the flag at %zd and the time at %zd, ticks of %lld ns, a "
-                     "budget of %lld ns: out of range", words, MAX_WORDS, seq_word, neg_word,
-                     flag_word, time_word, tick, budget);
+    if (budget < 0) {
+        PyErr_Format(PyExc_ValueError, "step: a budget of %lld ns", budget);
         return NULL;
     }
-    Py_buffer template = {0}, send = {0}, out = {0};
-    PyObject *result = NULL, *left_obj = NULL;
-    if (PyObject_GetBuffer(args[16], &template, PyBUF_SIMPLE) < 0) goto end;
-    if (PyObject_GetBuffer(args[18], &send, PyBUF_WRITABLE) < 0) goto end;
-    if (PyObject_GetBuffer(args[19], &out, PyBUF_WRITABLE) < 0) goto end;
-    if (template.len != words * 8 || send.len != words * 8 || out.len < words * 8) {
-        PyErr_Format(PyExc_ValueError, "step: the template has %zd bytes, send %zd, out %zd: "
-                     "%zd each needed", template.len, send.len, out.len, words * 8);
-        goto end;
+    Payload p;
+    if (parse_payload(h, args + 5, 1, &p) < 0) return NULL;
+    Py_buffer template;
+    if (PyObject_GetBuffer(args[3], &template, PyBUF_SIMPLE) < 0) {
+        release_payload(&p);
+        return NULL;
     }
-    Py_buffer done;
-    if (PyObject_GetBuffer(args[20], &done, PyBUF_WRITABLE) < 0) goto end;
-    memset(done.buf, 0, (size_t)done.len);    /* no PE read yet (exchange() checks its length) */
-    PyBuffer_Release(&done);
-    int64_t *mine = (int64_t *)send.buf, *acc = (int64_t *)out.buf;
-    memcpy(mine, template.buf, (size_t)words * 8);
-    mine[seq_word] = seq;
-    mine[neg_word] = -seq;
-    if (flag) mine[flag_word] = -1;
-    mine[time_word] = -(now_ns() / tick);
-    /* exchange()'s arguments: the first 8, then seq, send, out, done and the payload's */
-    PyObject *call[19];
-    for (int i = 0; i < 8; i++) call[i] = args[i];
-    call[8] = args[15];
-    call[9] = args[18];
-    call[10] = args[19];
-    call[11] = args[20];
-    for (int i = 0; i < 7; i++) call[12 + i] = args[21 + i];
-    left_obj = coll_exchange(self, call, 19);
-    if (left_obj == NULL) goto end;
-    Py_ssize_t left = PyLong_AsSsize_t(left_obj);
+    if (template.len != h->words * 8) {
+        PyErr_Format(PyExc_ValueError, "step: the template has %zd bytes, not %zd",
+                     template.len, h->words * 8);
+        PyBuffer_Release(&template);
+        release_payload(&p);
+        return NULL;
+    }
+    int64_t *mine = (int64_t *)self->send.buf, *acc = (int64_t *)self->out.buf;
+    unsigned char *flags = (unsigned char *)self->done.buf;
+    memcpy(mine, template.buf, (size_t)h->words * 8);
+    PyBuffer_Release(&template);
+    memset(flags, 0, (size_t)h->size);    /* no PE read yet */
+    mine[h->seq_word] = seq;
+    mine[self->neg_word] = -seq;
+    if (flag) mine[self->flag_word] = -1;
+    mine[self->time_word] = -(now_ns() / self->tick);
+    Py_ssize_t left = run_exchange(h, seq, mine, acc, flags, &p);
     if (left > 0 && budget > 0) {
-        /* go on reading (no write: the vector is None) until the budget is spent */
-        call[9] = Py_None;
+        /* go on reading (no write) until the budget is spent */
         long long until = monotonic_ns() + budget;
-        while (left > 0 && monotonic_ns() < until) {
-            Py_DECREF(left_obj);
-            left_obj = coll_exchange(self, call, 19);
-            if (left_obj == NULL) goto end;
-            left = PyLong_AsSsize_t(left_obj);
-        }
+        while (left > 0 && monotonic_ns() < until)
+            left = run_exchange(h, seq, NULL, acc, flags, &p);
     }
-    if (left > 0) {
-        result = PyLong_FromSsize_t(left);
-        goto end;
-    }
+    release_payload(&p);
+    if (left > 0) return PyLong_FromSsize_t(left);
     int agreed = 1;
-    for (Py_ssize_t w = 0; w < words && agreed; w++)
-        if (!(w < 64 && (skip >> w) & 1) && acc[w] != mine[w]) agreed = 0;
-    if (agreed && prompt >= 0 && now_ns() / tick + acc[time_word] > prompt) agreed = 0;
-    result = PyLong_FromLong(!agreed ? -1 : acc[flag_word] == -1 ? 0 : -2);
-end:
-    Py_XDECREF(left_obj);
-    if (template.obj) PyBuffer_Release(&template);
-    if (send.obj) PyBuffer_Release(&send);
-    if (out.obj) PyBuffer_Release(&out);
-    return result;
+    for (Py_ssize_t w = 0; w < h->words && agreed; w++)
+        if (!(w < 64 && (self->skip >> w) & 1) && acc[w] != mine[w]) agreed = 0;
+    if (agreed && prompt >= 0 && now_ns() / self->tick + acc[self->time_word] > prompt)
+        agreed = 0;
+    return PyLong_FromLong(!agreed ? -1 : acc[self->flag_word] == -1 ? 0 : -2);
 }
+
+static PyMethodDef stepper_methods[] = {
+    {"step", (PyCFunction)(void (*)(void))stepper_step, METH_FASTCALL,
+     "step(prompt, budget_ns, seq, template, flag, payload, payload_len, scratch, part, "
+     "src_offset, dst_stride, only) -> PEs left, 0 (agreed, the flag everywhere), -2 (agreed, "
+     "the flag not everywhere) or -1"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot stepper_slots[] = {
+    {Py_tp_new, stepper_new},
+    {Py_tp_dealloc, stepper_dealloc},
+    {Py_tp_methods, stepper_methods},
+    {Py_tp_doc, "Stepper(board, nbytes, size, rank, slot_words, words, seq_word, spins, "
+                "neg_seq_word, flag_word, time_word, skip, tick_ns, send, out, done): a whole "
+                "agreed step in one call (step()); see the source"},
+    {0, NULL},
+};
+
+static PyType_Spec stepper_spec = {
+    "shmemvm.native._collective.Stepper", sizeof(Stepper), 0, Py_TPFLAGS_DEFAULT, stepper_slots,
+};
 
 /* element kinds, exported as KINDS by the array/struct typecode of their bits (the
  * same numbering as _native.c's WORDS), and reduce's ops, exported as REDUCE_OPS by
@@ -551,11 +666,6 @@ static PyMethodDef methods[] = {
     {"exchange", (PyCFunction)(void (*)(void))coll_exchange, METH_FASTCALL,
      "exchange(board, nbytes, size, rank, slot_words, words, seq_word, spins, seq, vector, "
      "out, done, payload, payload_len, scratch, part, src_offset, dst_stride, only) -> PEs left"},
-    {"step", (PyCFunction)(void (*)(void))coll_step, METH_FASTCALL,
-     "step(board, nbytes, size, rank, slot_words, words, seq_word, spins, neg_seq_word, "
-     "flag_word, time_word, skip, tick_ns, prompt, budget_ns, seq, template, flag, send, out, "
-     "done, payload, payload_len, scratch, part, src_offset, dst_stride, only) -> PEs left, "
-     "0 (agreed, the flag everywhere), -2 (agreed, the flag not everywhere) or -1"},
     {"combine", (PyCFunction)(void (*)(void))coll_combine, METH_FASTCALL,
      "combine(dst, nbytes, scratch, n, kind, op)"},
     {"combine_from", (PyCFunction)(void (*)(void))coll_combine_from, METH_FASTCALL,
@@ -566,6 +676,11 @@ static PyMethodDef methods[] = {
 };
 
 static int exec_module(PyObject *module) {
+    PyObject *stepper = PyType_FromSpec(&stepper_spec);
+    if (stepper == NULL) return -1;
+    int failed = PyModule_AddObjectRef(module, "Stepper", stepper) < 0;
+    Py_DECREF(stepper);
+    if (failed) return -1;
     if (add_numbering(module, "KINDS", kind_codes, K_COUNT) < 0) return -1;
     return add_numbering(module, "REDUCE_OPS", op_names, O_COUNT);
 }

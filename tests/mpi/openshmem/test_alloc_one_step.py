@@ -119,7 +119,7 @@ def _count_slow_steps(monkeypatch, core) -> list:
     """A list that grows by one for every step the board takes the long way
     (allreduce_max: more than one native call); skips where no board step exists."""
     board = core.agreement.board
-    if board is None or board._step_head is None:
+    if board is None or board._stepper is None:
         pytest.skip("no one-call board step here: the compiled piece's _collective is not "
                     "built (SHMEMVM_NATIVE=0), or the agreement runs over MPI")
     slow: list = []

@@ -141,11 +141,15 @@ def test_every_entry_point_refuses_bad_arguments():
 STEP_WORDS, SKIP = 6, (1 << 3) | (1 << 4)       # the flag and the time are not compared
 
 
+def _stepper(board, nbytes, size, rank, send, out, done, *, tick=10**9):
+    return _collective.Stepper(board, nbytes, size, rank, SLOT, STEP_WORDS, 1, 16, 2, 3, 4, SKIP,
+                               tick, send, out, done)
+
+
 def _step(board, nbytes, size, rank, seq, template, send, out, done, *, flag=True,
           prompt=-1, budget=0, tick=10**9):
-    return _collective.step(board, nbytes, size, rank, SLOT, STEP_WORDS, 1, 16, 2, 3, 4, SKIP,
-                            tick, prompt, budget, seq, template, flag, send, out, done,
-                            0, 0, None, 0, 0, 0, -1)
+    stepper = _stepper(board, nbytes, size, rank, send, out, done, tick=tick)
+    return stepper.step(prompt, budget, seq, template, flag, 0, 0, None, 0, 0, 0, -1)
 
 
 def _step_buffers():
@@ -191,10 +195,17 @@ def test_step_refuses_bad_arguments():
         lambda: _step(board, nbytes, 2, 0, 1, template, send, out, done, budget=-1),
         lambda: _step(board, nbytes, 2, 2, 1, template, send, out, done),         # rank >= size
         lambda: _step(0, nbytes, 2, 0, 1, template, send, out, done),             # null board
+        lambda: _step(board, nbytes, 2, 0, 1, template, send, out, bytearray(1)),  # done < size
+        lambda: _stepper(board, nbytes, 2, 0, send, out, done).step(            # a payload
+            -1, 0, 1, template, True, 0, 1 << 20, None, 0, 0, 0, -1),             # too long
+        lambda: _stepper(board, nbytes, 2, 0, send, out, done).step(            # part without
+            -1, 0, 1, template, True, 0, 0, None, 8, 0, 0, -1),                   # a scratch
     ]
     for i, call in enumerate(bad):
         with pytest.raises(ValueError):
             call()
             pytest.fail(f"case {i} was accepted")
     with pytest.raises(TypeError):
-        _collective.step(board, nbytes)
+        _collective.Stepper(board, nbytes)
+    with pytest.raises(TypeError):
+        _stepper(board, nbytes, 2, 0, send, out, done).step(-1, 0, 1)
