@@ -139,10 +139,10 @@ class HeapMemory(VMemPow2Allocator):
         returns."""
         return self._finish_free(retirement, release_now)
 
-    #: take_dead() -> list[int]: offsets of blocks nothing here views any more
-    #: (GC'd, or freed and their last view gone), handed over to be released
-    #: (release()); the engine's own, not a wrapper: every collective step calls it
-    take_dead = VMemPow2Allocator._take_dead
+    def take_dead(self) -> list[int]:
+        """Offsets of blocks nothing here views any more (GC'd, or freed and
+        their last view gone), handed over to be released (release())."""
+        return self._take_dead()
 
     def release(self, offset: int) -> Exception | None:
         """Give the block back to the allocator (its segment is cached).
