@@ -286,12 +286,12 @@ class Agreement:
     def make_board(self) -> Board:
         """A board for this agreement's steps (collective over `comm`, whose
         PEs must share memory); use_board() once every PE has one."""
-        return Board(self.comm, len(EMPTY_VECTOR) // 8, SEQ_SLOT)
+        return Board(self.comm, len(EMPTY_VECTOR) // 8, SEQ_SLOT, _UNCOMPARED)
 
     def use_board(self, board: Board) -> None:
         """Take every later step through `board` (every PE at the same step)."""
         board.freeable = True
-        board.prepare_steps(NEG_SEQ_SLOT, FLAG_SLOT, TIME_SLOT, _UNCOMPARED, self._tick)
+        board.prepare_steps(NEG_SEQ_SLOT, FLAG_SLOT, TIME_SLOT, self._tick)
         self.board = board
 
     def _persistent_request(self) -> MPI.Prequest | Literal[False]:

@@ -8,10 +8,16 @@ compares are the same ones: Board.allreduce_max gives what MPI's MAX
 allreduce would give.
 
 Layout: two banks of one slot per PE. A slot is the step number, the vector
-and a check word. Steps alternate between the banks: a PE writes step s+1
-only after it has read every slot of step s, so it never overwrites a slot
-of step s-1 that a slower PE still has to read (that PE has not finished step
-s-1, so nobody can have finished step s).
+and a check word. In the compiled piece's steps the step number shares its
+first cache line with a summary: a hash of the vector's words but the volatile
+ones (the flag, the dead blocks, the entry time: those that may differ between
+PEs that agree) and those words; a reader whose own hash it is reads that line
+only (one cache line a PE, not the vector's four), any other the whole vector.
+
+Steps alternate between the banks: a PE writes step s+1 only after it has
+read every slot of step s, so it never overwrites a slot of step s-1 that a
+slower PE still has to read (that PE has not finished step s-1, so nobody can
+have finished step s).
 
 A reader never trusts the order in which another core's stores arrive (Python
 has no memory barriers): it takes a slot as written only when its step word
@@ -69,6 +75,9 @@ except ImportError:
     _collective = None
 
 _WORD = 8
+#: words of a slot's first cache line in the compiled piece's layout: the step
+#: word, the hash of the vector's words but the volatile ones, and those
+_SUMMARY = 8
 #: bytes of a slot's payload area (a small collective's data, transport/nodecoll.py)
 PAYLOAD = 4096
 #: a wait lets MPI make progress (_Poll) every _PROGRESS_EVERY polls once it
@@ -88,13 +97,17 @@ class Board:
     """The board of one agreement over `comm`, whose PEs share memory (a
     collective constructor, like MPI_Win_allocate_shared that it calls).
     `words`: the length of the vectors; `seq_word`: where a vector holds its
-    step number."""
+    step number; `volatile`: a bit mask of the words that may differ between
+    PEs in a step they agree on (the flag, the dead blocks, the entry time):
+    the compiled piece's slot summary carries them (_collective.c's Head)."""
 
-    def __init__(self, comm: MPI.Comm, words: int, seq_word: int):
+    def __init__(self, comm: MPI.Comm, words: int, seq_word: int, volatile: int = 0):
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.words, self.seq_word = words, seq_word
+        self.words, self.seq_word, self.volatile = words, seq_word, volatile
         self._comm = comm
-        self._slot = words + 2 + PAYLOAD // _WORD     # step, vector, check, payload
+        # step word and summary (one cache line, the compiled piece's), vector, check
+        # word, payload; whole cache lines, so that each slot's first line is its own
+        self._slot = -(-(_SUMMARY + words + 1 + PAYLOAD // _WORD) // 8) * 8
         nbytes = 2 * self.size * self._slot * _WORD
         self._window: MPI.Win | None = MPI.Win.Allocate_shared(   # (an agreement's comm:
             nbytes if self.rank == 0 else 0, _WORD, comm=cast(MPI.Intracomm, comm))  # intra)
@@ -150,17 +163,17 @@ class Board:
         self.native = True
         if _collective is not None:
             self._head = (self._address, self._nbytes, self.size, self.rank, self._slot,
-                          self.words, self.seq_word, _NATIVE_SPINS)
+                          self.words, self.seq_word, _NATIVE_SPINS, self.volatile)
 
-    def prepare_steps(self, neg_seq_word: int, flag_word: int, time_word: int, skip: int,
+    def prepare_steps(self, neg_seq_word: int, flag_word: int, time_word: int,
                       tick_ns: int) -> None:
         """Let step() take a whole step in one call (native mode with _collective):
         where the vector holds the negated step number, the flag and the entry
-        time (in ticks of `tick_ns`), and which words (bit mask `skip`) its
-        outcome does not compare."""
+        time (in ticks of `tick_ns`); its outcome compares every word but the
+        volatile ones."""
         if self._head is not None:
             self._stepper = _collective.Stepper(*self._head, neg_seq_word, flag_word,
-                                                time_word, skip, tick_ns, self.send, self._out,
+                                                time_word, tick_ns, self.send, self._out,
                                                 self._done)
 
     def step(self, template, seq: int, flag: bool, prompt: int) -> int | None:

@@ -3,16 +3,19 @@
  * (issue 30). The board's layout and protocol are agreement/board.py's.
  *
  *   exchange(board, nbytes, size, rank, slot_words, words, seq_word, spins,
- *            seq, vector, out, done, payload, payload_len, scratch, part,
- *            src_offset, dst_stride, only) -> the number of PEs not read yet
+ *            volatile, seq, vector, out, done, payload, payload_len, scratch,
+ *            part, src_offset, dst_stride, only) -> the number of PEs not read yet
  *       With `vector` (not None): write this PE's slot of step `seq` (the
- *       vector, `payload_len` bytes at address `payload` (0 where
+ *       vector and its summary: see Head; `volatile` is the bit mask of the
+ *       words that may differ between PEs in a step every PE agrees on,
+ *       `payload_len` bytes at address `payload` (0 where
  *       payload_len is 0) into the slot's payload area, the step
  *       word last with release order), copy `vector` into `out` and mark this
  *       PE in `done`. Then, at most `spins` times without the GIL, read every
  *       other PE's slot of step `seq` that is not `done` yet: once it holds the
  *       step (the step word, acquire; the step number inside the vector) fold
- *       its vector into `out` with MAX word by word and copy
+ *       its vector into `out` with MAX word by word (only its volatile words,
+ *       from its summary, where its summary's hash is this PE's) and copy
  *       `part` bytes of its payload from `src_offset` into `scratch` at
  *       pe * dst_stride (only PE `only`'s where only >= 0). So one call per
  *       spin budget, not one per PE, and the caller's wait checks the deadline
@@ -89,11 +92,42 @@ typedef struct {
     int64_t *board;
     Py_ssize_t nbytes, size, rank, slot_words, words, seq_word;
     long long spins;
+    unsigned long long volatile_words;   /* bit mask: the words a summary carries */
 } Head;
+
+/* A slot: its first cache line is the step word and the summary (the hash of
+ * the vector's words but the volatile ones, then those, in word order), then
+ * the vector, the check word and the payload area. A reader whose summary hash
+ * equals its own folds only the volatile words: one cache line a PE instead of
+ * the vector's four, where every PE makes the same call (the common case). */
+#define SUMMARY 8                       /* words: the step word and 7 more */
+#define MAX_VOLATILE (SUMMARY - 2)
+#define VECTOR_AT SUMMARY               /* the vector's first word in a slot */
+
+/* splitmix64's finalizer: the hash mixes each word in with its position */
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* The hash of `vector`'s words but the volatile ones: equal vectors (in those
+ * words) hash alike; unequal ones collide with a chance of about 2**-64 */
+static int64_t summary_hash(const int64_t *vector, Py_ssize_t words, unsigned long long vol) {
+    uint64_t h = mix64((uint64_t)words);
+    for (Py_ssize_t w = 0; w < words; w++)
+        if (!(w < 64 && (vol >> w) & 1))
+            h = mix64(h ^ mix64((uint64_t)vector[w] + 0x9e3779b97f4a7c15ULL * (uint64_t)(w + 1)));
+    return (int64_t)h;
+}
 
 static int parse_head(PyObject *const *args, Head *h) {
     h->spins = PyLong_AsLongLong(args[7]);
     if (h->spins == -1 && PyErr_Occurred()) return -1;
+    h->volatile_words = PyLong_AsUnsignedLongLong(args[8]);
+    if (h->volatile_words == (unsigned long long)-1 && PyErr_Occurred()) return -1;
     if (get_ssize(args[1], &h->nbytes, 0, "exchange: nbytes") < 0
         || get_ssize(args[2], &h->size, 1, "exchange: size") < 0
         || get_ssize(args[3], &h->rank, 0, "exchange: rank") < 0
@@ -102,10 +136,16 @@ static int parse_head(PyObject *const *args, Head *h) {
         || get_ssize(args[6], &h->seq_word, 0, "exchange: seq_word") < 0)
         return -1;
     if (h->rank >= h->size || h->words > MAX_WORDS || h->seq_word >= h->words
-        || h->slot_words < h->words + 2) {
+        || h->slot_words < VECTOR_AT + h->words + 1 || h->slot_words % 8
+        || __builtin_popcountll(h->volatile_words) > MAX_VOLATILE
+        || (h->words < 64 && h->volatile_words >> h->words)
+        || (h->volatile_words >> h->seq_word) & 1) {
         PyErr_Format(PyExc_ValueError, "exchange: rank %zd of %zd PEs, %zd words (at most %d) "
-                     "with the step number at %zd, slots of %zd words: out of range",
-                     h->rank, h->size, h->words, MAX_WORDS, h->seq_word, h->slot_words);
+                     "with the step number at %zd, slots of %zd words (a multiple of 8, at "
+                     "least %zd), volatile words %#llx (at most %d of the vector's, not the "
+                     "step number): out of range", h->rank, h->size, h->words, MAX_WORDS,
+                     h->seq_word, h->slot_words, VECTOR_AT + h->words + 1,
+                     h->volatile_words, MAX_VOLATILE);
         return -1;
     }
     if (h->size > PY_SSIZE_T_MAX / 2 / 8 / h->slot_words
@@ -149,7 +189,7 @@ static int parse_payload(const Head *h, PyObject *const *args, int writing, Payl
                      h->size);
         return -1;
     }
-    Py_ssize_t capacity = (h->slot_words - h->words - 2) * 8;   /* a slot's payload area */
+    Py_ssize_t capacity = (h->slot_words - VECTOR_AT - h->words - 1) * 8;   /* payload area */
     if (p->part > capacity || p->src_offset > capacity - p->part) {
         PyErr_Format(PyExc_ValueError, "exchange: %zd bytes at %zd of a payload area of %zd",
                      p->part, p->src_offset, capacity);
@@ -197,24 +237,31 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
     unsigned char *gather = (unsigned char *)p->scratch.buf;
     Py_ssize_t part = p->part, src_offset = p->src_offset, dst_stride = p->dst_stride;
     long only = p->only;
+    unsigned long long vol = h->volatile_words;
+    int64_t *mine = bank + h->rank * slot_words;
     if (vector) {
-        int64_t *mine = bank + h->rank * slot_words;
         /* (no CRC in the check word: every reader of this board is this code, see
          * the reader below; a CRC of 240 bytes was a third of a step's own cost) */
-        memcpy(mine + 1, vector, (size_t)words * 8);
+        memcpy(mine + VECTOR_AT, vector, (size_t)words * 8);
+        mine[1] = summary_hash(vector, words, vol);
+        int k = 2;
+        for (Py_ssize_t w = 0; w < words && w < 64; w++)
+            if ((vol >> w) & 1) mine[k++] = vector[w];
         if (p->payload_len)
-            memcpy(mine + 2 + words, (const void *)p->payload, (size_t)p->payload_len);
+            memcpy(mine + VECTOR_AT + words + 1, (const void *)p->payload,
+                   (size_t)p->payload_len);
         /* last, with release order: a reader that sees the step sees all of the above */
         __atomic_store_n(mine, (int64_t)seq, __ATOMIC_RELEASE);
         if (acc != vector) memcpy(acc, vector, (size_t)words * 8);
         flags[h->rank] = 1;
         if (part && (only < 0 || only == h->rank))
             memcpy(gather + (only < 0 ? h->rank : only) * dst_stride,
-                   (unsigned char *)(mine + 2 + words) + src_offset, (size_t)part);
+                   (unsigned char *)(mine + VECTOR_AT + words + 1) + src_offset, (size_t)part);
     }
     Py_ssize_t left = 0;
     for (Py_ssize_t pe = 0; pe < size; pe++) left += !flags[pe];
     if (!left) return 0;
+    const int64_t my_hash = mine[1];   /* (this step's: this PE wrote its slot first) */
     Py_BEGIN_ALLOW_THREADS
     int64_t theirs[MAX_WORDS];
     for (long long i = 0; i < h->spins && left; i++) {
@@ -228,14 +275,26 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
              * so the slot is whole: no CRC (the Python board's readers need one;
              * it cost 0.1-0.5 us a slot). The bank argument (board.py) keeps it
              * from being rewritten meanwhile. */
-            memcpy(theirs, slot + 1, (size_t)words * 8);
-            if (theirs[h->seq_word] != seq)
-                continue;   /* not this step's (never seen: a sanity check) */
-            for (Py_ssize_t w = 0; w < words; w++)
-                if (theirs[w] > acc[w]) acc[w] = theirs[w];
+            if (slot[1] == my_hash) {
+                /* the same words as this PE's but the volatile ones (summary_hash):
+                 * those alone can raise the MAX, and they are on this cache line */
+                int k = 2;
+                for (Py_ssize_t w = 0; w < words && w < 64; w++)
+                    if ((vol >> w) & 1) {
+                        if (slot[k] > acc[w]) acc[w] = slot[k];
+                        k++;
+                    }
+            } else {
+                memcpy(theirs, slot + VECTOR_AT, (size_t)words * 8);
+                if (theirs[h->seq_word] != seq)
+                    continue;   /* not this step's (never seen: a sanity check) */
+                for (Py_ssize_t w = 0; w < words; w++)
+                    if (theirs[w] > acc[w]) acc[w] = theirs[w];
+            }
             if (part && (only < 0 || only == pe))
                 memcpy(gather + (only < 0 ? pe : only) * dst_stride,
-                       (unsigned char *)(slot + 2 + words) + src_offset, (size_t)part);
+                       (unsigned char *)(slot + VECTOR_AT + words + 1) + src_offset,
+                       (size_t)part);
             flags[pe] = 1;
             left--;
         }
@@ -247,29 +306,29 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
 
 /* exchange(...): see the top of the file */
 static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 19) {
+    if (nargs != 20) {
         PyErr_SetString(PyExc_TypeError, "exchange(board, nbytes, size, rank, slot_words, "
-                        "words, seq_word, spins, seq, vector, out, done, payload, payload_len, "
-                        "scratch, part, src_offset, dst_stride, only)");
+                        "words, seq_word, spins, volatile, seq, vector, out, done, payload, "
+                        "payload_len, scratch, part, src_offset, dst_stride, only)");
         return NULL;
     }
     Head h;
     Payload p;
-    long long seq = PyLong_AsLongLong(args[8]);
+    long long seq = PyLong_AsLongLong(args[9]);
     if ((seq == -1 && PyErr_Occurred()) || parse_head(args, &h) < 0) return NULL;
-    int writing = args[9] != Py_None;
-    if (parse_payload(&h, args + 12, writing, &p) < 0) return NULL;
+    int writing = args[10] != Py_None;
+    if (parse_payload(&h, args + 13, writing, &p) < 0) return NULL;
     Py_buffer vector = {0}, out = {0}, done = {0};
     PyObject *result = NULL;
-    if (PyObject_GetBuffer(args[10], &out, PyBUF_WRITABLE) < 0) goto end;
-    if (PyObject_GetBuffer(args[11], &done, PyBUF_WRITABLE) < 0) goto end;
+    if (PyObject_GetBuffer(args[11], &out, PyBUF_WRITABLE) < 0) goto end;
+    if (PyObject_GetBuffer(args[12], &done, PyBUF_WRITABLE) < 0) goto end;
     if (out.len < h.words * 8 || done.len < h.size) {
         PyErr_Format(PyExc_ValueError, "exchange: out has %zd bytes (%zd needed), done %zd "
                      "(%zd needed)", out.len, h.words * 8, done.len, h.size);
         goto end;
     }
     if (writing) {
-        if (PyObject_GetBuffer(args[9], &vector, PyBUF_SIMPLE) < 0) goto end;
+        if (PyObject_GetBuffer(args[10], &vector, PyBUF_SIMPLE) < 0) goto end;
         if (vector.len != h.words * 8) {
             PyErr_Format(PyExc_ValueError, "exchange: the vector has %zd bytes, not %zd",
                          vector.len, h.words * 8);
@@ -287,7 +346,7 @@ end:
 }
 
 /* Stepper(board, nbytes, size, rank, slot_words, words, seq_word, spins,
- *         neg_seq_word, flag_word, time_word, skip, tick_ns, send, out, done)
+ *         volatile, neg_seq_word, flag_word, time_word, tick_ns, send, out, done)
  * A whole agreed step (agreement.py's collective()) where nothing is unusual,
  * its arguments that never change checked once (the board's, and the vectors'
  * buffers, held while the Stepper lives):
@@ -302,7 +361,7 @@ end:
  *       left, for at most `budget_ns`. Returns the PEs left (> 0: the caller
  *       waits with the deadline and the liveness checks, through exchange()),
  *       or once every slot is read: 0 where every word is equal to this PE's
- *       but those in the bit mask `skip` (the flag, dead-block and time
+ *       but those in the bit mask `volatile` (the flag, dead-block and time
  *       words), no PE entered more than `prompt` ticks ago (prompt < 0: never
  *       late) and the flag is on every PE; -2 where all that holds but the
  *       flag is not on every PE; else -1 (the caller then decides the outcome
@@ -314,7 +373,6 @@ typedef struct {
     PyObject_HEAD
     Head h;
     Py_ssize_t neg_word, flag_word, time_word;
-    unsigned long long skip;
     long long tick;
     Py_buffer send, out, done;
 } Stepper;
@@ -343,7 +401,7 @@ static void stepper_dealloc(Stepper *self) {
 static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != 16) {
         PyErr_SetString(PyExc_TypeError, "Stepper(board, nbytes, size, rank, slot_words, "
-                        "words, seq_word, spins, neg_seq_word, flag_word, time_word, skip, "
+                        "words, seq_word, spins, volatile, neg_seq_word, flag_word, time_word, "
                         "tick_ns, send, out, done)");
         return NULL;
     }
@@ -352,12 +410,11 @@ static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     if (self == NULL) return NULL;
     if (parse_head(a, &self->h) < 0) goto fail;
     self->tick = PyLong_AsLongLong(a[12]);
-    self->skip = PyLong_AsUnsignedLongLong(a[11]);
     if (PyErr_Occurred()) goto fail;
     Py_ssize_t words = self->h.words;
-    if (get_ssize(a[8], &self->neg_word, 0, "Stepper: neg_seq_word") < 0
-        || get_ssize(a[9], &self->flag_word, 0, "Stepper: flag_word") < 0
-        || get_ssize(a[10], &self->time_word, 0, "Stepper: time_word") < 0)
+    if (get_ssize(a[9], &self->neg_word, 0, "Stepper: neg_seq_word") < 0
+        || get_ssize(a[10], &self->flag_word, 0, "Stepper: flag_word") < 0
+        || get_ssize(a[11], &self->time_word, 0, "Stepper: time_word") < 0)
         goto fail;
     if (self->neg_word >= words || self->flag_word >= words || self->time_word >= words
         || self->tick < 1) {
@@ -432,7 +489,7 @@ static PyObject *stepper_step(Stepper *self, PyObject *const *args, Py_ssize_t n
     if (left > 0) return PyLong_FromSsize_t(left);
     int agreed = 1;
     for (Py_ssize_t w = 0; w < h->words && agreed; w++)
-        if (!(w < 64 && (self->skip >> w) & 1) && acc[w] != mine[w]) agreed = 0;
+        if (!(w < 64 && (h->volatile_words >> w) & 1) && acc[w] != mine[w]) agreed = 0;
     if (agreed && prompt >= 0 && now_ns() / self->tick + acc[self->time_word] > prompt)
         agreed = 0;
     return PyLong_FromLong(!agreed ? -1 : acc[self->flag_word] == -1 ? 0 : -2);
@@ -451,7 +508,7 @@ static PyType_Slot stepper_slots[] = {
     {Py_tp_dealloc, stepper_dealloc},
     {Py_tp_methods, stepper_methods},
     {Py_tp_doc, "Stepper(board, nbytes, size, rank, slot_words, words, seq_word, spins, "
-                "neg_seq_word, flag_word, time_word, skip, tick_ns, send, out, done): a whole "
+                "volatile, neg_seq_word, flag_word, time_word, tick_ns, send, out, done): a whole "
                 "agreed step in one call (step()); see the source"},
     {0, NULL},
 };
@@ -664,8 +721,9 @@ static PyObject *coll_deliver(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 static PyMethodDef methods[] = {
     {"exchange", (PyCFunction)(void (*)(void))coll_exchange, METH_FASTCALL,
-     "exchange(board, nbytes, size, rank, slot_words, words, seq_word, spins, seq, vector, "
-     "out, done, payload, payload_len, scratch, part, src_offset, dst_stride, only) -> PEs left"},
+     "exchange(board, nbytes, size, rank, slot_words, words, seq_word, spins, volatile, seq, "
+     "vector, out, done, payload, payload_len, scratch, part, src_offset, dst_stride, only) -> "
+     "PEs left"},
     {"combine", (PyCFunction)(void (*)(void))coll_combine, METH_FASTCALL,
      "combine(dst, nbytes, scratch, n, kind, op)"},
     {"combine_from", (PyCFunction)(void (*)(void))coll_combine_from, METH_FASTCALL,

@@ -12,7 +12,9 @@ import pytest
 
 _collective = pytest.importorskip("shmemvm.native._collective")
 
-WORDS, SEQ_WORD, SLOT = 4, 1, 4 + 2 + 8   # a vector of 4 words, 64 payload bytes
+# a slot: the step word and its summary (8 words), a vector of 4 words, its check word and
+# 88 payload bytes (whole cache lines: 24 words)
+WORDS, SEQ_WORD, SLOT, VECTOR_AT = 4, 1, 24, 8
 
 
 def _board(size: int):
@@ -21,8 +23,10 @@ def _board(size: int):
 
 
 def _exchange(board, nbytes, size, rank, seq, vector, out, done, payload=0, payload_len=0,
-              scratch=None, part=0, src_offset=0, dst_stride=0, only=-1):
-    return _collective.exchange(board, nbytes, size, rank, SLOT, WORDS, SEQ_WORD, 16, seq,
+              scratch=None, part=0, src_offset=0, dst_stride=0, only=-1, *, volatile=0,
+              slot=SLOT):
+    return _collective.exchange(board, nbytes, size, rank, slot, WORDS, SEQ_WORD, 16, volatile,
+                                seq,
                                 vector, out, done, payload, payload_len, scratch, part,
                                 src_offset, dst_stride, only)
 
@@ -38,7 +42,7 @@ def test_one_pe_step_writes_its_slot_and_gathers_its_payload():
     assert list(out) == list(vector) and done == b"\x01"
     assert bytes(scratch) == payload.tobytes()
     slot = memory[SLOT:2 * SLOT]          # step 3: bank 1
-    assert slot[0] == 3 and list(slot[1:5]) == list(vector)
+    assert slot[0] == 3 and list(slot[VECTOR_AT:VECTOR_AT + 4]) == list(vector)
 
 
 def test_a_missing_pe_is_left_and_the_max_is_taken_once_it_writes():
@@ -49,6 +53,40 @@ def test_a_missing_pe_is_left_and_the_max_is_taken_once_it_writes():
     assert _exchange(board, nbytes, 2, 1, 2, array.array("q", [4, 2, -1, 8]), out1, done1) == 0
     assert _exchange(board, nbytes, 2, 0, 2, None, out0, done0) == 0
     assert list(out0) == list(out1) == [4, 2, 5, 8]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_summary_line_gives_the_max_of_every_word_as_the_whole_vectors_do(seed):
+    """A PE whose summary hash is the reader's own folds only its volatile words
+    (one cache line); any other its whole vector. Either way `out` is the MAX of
+    every word over every PE: vectors that agree but for the volatile words,
+    that differ in one other word on one PE, or anywhere."""
+    rng = np.random.default_rng(seed)
+    size, volatile = int(rng.integers(1, 6)), 0b1100      # words 2 and 3 may differ
+    memory, board, nbytes = _board(size)
+    common = rng.integers(-2**62, 2**62, WORDS)
+    vectors = []
+    for pe in range(size):
+        v = common.copy()
+        v[2:] = rng.integers(-2**62, 2**62, 2)           # the volatile words: each PE's own
+        case = seed % 3
+        if case == 1 and pe == size - 1:
+            v[0] += int(rng.choice([-1, 1]))              # one other word, one PE
+        elif case == 2:
+            v[0] = rng.integers(-2**62, 2**62)            # every word anywhere
+        v[SEQ_WORD] = 5
+        vectors.append(array.array("q", v.tolist()))
+    outs, dones = [], []
+    for pe in range(size):
+        out, done = array.array("q", bytes(8 * WORDS)), bytearray(size)
+        _exchange(board, nbytes, size, pe, 5, vectors[pe], out, done, volatile=volatile)
+        outs.append(out)
+        dones.append(done)
+    expected = np.max(np.array([list(v) for v in vectors]), axis=0).tolist()
+    for pe in range(size):   # (the early PEs read the later ones' slots now)
+        assert _exchange(board, nbytes, size, pe, 5, None, outs[pe], dones[pe],
+                         volatile=volatile) == 0
+        assert list(outs[pe]) == expected, (pe, seed)
 
 
 @pytest.mark.parametrize("dtype,kind", [("i1", 0), ("u1", 1), ("i2", 2), ("u2", 3), ("i4", 4),
@@ -111,14 +149,17 @@ def test_every_entry_point_refuses_bad_arguments():
         lambda: _exchange(board, nbytes, 2, 0, 1, array.array("q", [1]), out, done),
         lambda: _exchange(board, nbytes, 2, 0, 1, vector, array.array("q", [0]), done),
         lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, bytearray(1)),
-        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 65),     # > payload area
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 89),     # > payload area
         lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, -1),
         lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 8),      # null payload
         lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 0, bytearray(8), 8, 0,
                           8),                                                    # scratch short
         lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 0, None, 8),
         lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, 0, 0, bytearray(64), 8,
-                          60, 0),                                                # past the area
+                          84, 0),                                                # past the area
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, volatile=0b10),  # seq word
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, volatile=0b10000),  # > words
+        lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, slot=SLOT - 1),  # not lines
         lambda: _exchange(board, nbytes, 2, 0, 1, vector, out, done, only=2),
         lambda: _collective.combine(out.buffer_info()[0], 8, bytearray(8), 2, 6, 0),  # scratch
         lambda: _collective.combine(out.buffer_info()[0], -8, bytearray(8), 1, 6, 0),
@@ -142,7 +183,7 @@ STEP_WORDS, SKIP = 6, (1 << 3) | (1 << 4)       # the flag and the time are not 
 
 
 def _stepper(board, nbytes, size, rank, send, out, done, *, tick=10**9):
-    return _collective.Stepper(board, nbytes, size, rank, SLOT, STEP_WORDS, 1, 16, 2, 3, 4, SKIP,
+    return _collective.Stepper(board, nbytes, size, rank, SLOT, STEP_WORDS, 1, 16, SKIP, 2, 3, 4,
                                tick, send, out, done)
 
 
@@ -179,8 +220,8 @@ def test_step_fills_the_vector_and_says_whether_the_outcome_is_plain():
 
 
 def _exchange_step(board, nbytes, rank, seq, out, done):
-    return _collective.exchange(board, nbytes, 2, rank, SLOT, STEP_WORDS, 1, 16, seq, None, out,
-                                done, 0, 0, None, 0, 0, 0, -1)
+    return _collective.exchange(board, nbytes, 2, rank, SLOT, STEP_WORDS, 1, 16, SKIP, seq, None,
+                                out, done, 0, 0, None, 0, 0, 0, -1)
 
 
 def test_step_refuses_bad_arguments():
