@@ -139,6 +139,11 @@ def _calls(t: str, count: int):
         "sum_reduce": lambda: shmem.sum_reduce(target[1:count], source[1:count]),
         "max_reduce": lambda: shmem.reduce(target[:count], source[:count], "max"),
         "xor_reduce": lambda: shmem.xor_reduce(target, source),
+        # 0-d views (a new view object each call: the key is where it lies, not the object)
+        "broadcast_0d": lambda: shmem.broadcast(target[1:2].reshape(()),
+                                                source[2:3].reshape(()), n - 1),
+        "sum_reduce_0d": lambda: shmem.sum_reduce(target[:1].reshape(()),
+                                                  source[3:4].reshape(())),
         # a team's own (split, with a board of its own where the world has one)
         "team_sum_reduce": lambda: shmem.sum_reduce(target[:count], source[:count],
                                                      team=_team()),
