@@ -12,11 +12,12 @@ by one PE).
 
 A call whose data went in its agreed step leaves a Plan (transport/
 nodecoll.py), which the heap keeps under a key of exactly what the call's
-checks looked at (_call_key, collectives.plan_key: the team, where each array lies on the heap, its
-shape, strides, dtype, writability, and root, size, op) while every block
-stays live (Core.where.recall): the same call again is then that one agreed
-step, without checking its arrays a second time (issue 30). Anything else
-takes the general path, whose checks and errors are the ones above.
+checks looked at (_call_key, collectives.plan_key: the team, where each array
+lies on the heap, its shape, strides, dtype, writability, and root, size, op)
+while every block stays live (Core.where.recall): the same call again is then
+that one agreed step, without checking its arrays a second time (issue 30;
+collectives.replayed and keep, both faces' one mechanism). Anything else takes
+the general path, whose checks and errors are the ones above.
 """
 
 from __future__ import annotations
