@@ -439,12 +439,33 @@ def collect(heap: Core, dest, source, *, team=None) -> None:
         TypeError: the dtypes differ.
         {raises}
     """
-    collect_bytes(heap, _tensors(dest, source, "collect"), team=team)
+    key = _tensor_key("collect", team, dest, source)
+    if not replayed(heap, key, dest, source):
+        keep(heap, key, collect_bytes(heap, _tensors(dest, source, "collect"), team=team),
+             dest, source)
+
+
+def _collect_fits(what: str, d: int, s: int, dest_count: int, size: int,
+                  counts: list[int]) -> int:
+    """The total of every PE's count of elements (of `size` bytes), where they
+    fit dest (`dest_count` elements at heap offset d) without overlapping a
+    source (at s); else ValueError. The same counts on every PE (agreed or
+    gathered): every PE raises alike."""
+    total = sum(counts)
+    if total > dest_count:
+        raise ValueError(f"{what}: dest has {dest_count} elements, but the team's PEs "
+                         f"contribute {total} (team PE i: {counts[:16]}"
+                         f"{' ...' if len(counts) > 16 else ''}); allocate dest with at "
+                         f"least {total} elements")
+    _disjoint(what, d, total * size, s, max(counts) * size)
+    return total
 
 
 def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *,
-                  team=None) -> None:
-    """collect() of the Operands that `operands()` makes (see broadcast_bytes)."""
+                  team=None) -> nodecoll.Plan | None:
+    """collect() of the Operands that `operands()` makes (see broadcast_bytes).
+    Returns the Plan of a call whose counts and data went in its agreed step
+    (its replay checks every PE's count again: they are not agreed)."""
     what = "collect"
     t = group.resolve(heap, team, what)
     made: list = []
@@ -457,9 +478,9 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
         _same_dtype(what, dest, source)
         made[:] = dest, source
         fused.collect(dest, source)
-        return (d, s, source.dtype, dest.count), (
-            f"{t.label}collect(dest at heap offset {d:#x} of {dest.count} x {dest.dtype}, "
-            f"source at {s:#x})")
+        return fused.agreeing(Phase.COLLECT, (d, s, source.dtype, dest.count), (
+            "{}collect(dest at heap offset {:#x} of {} x {}, source at {:#x})", t.label, d,
+            dest.count, dest.dtype, s))
 
     with t.lock, fused:   # the group's own: one heap-wide lock would hold other teams up
         heap.calls.synchronize()
@@ -467,25 +488,20 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
                                               check)
         dest, source = made
         text = f"{t.label}collect"
+        size = source.itemsize
         carried = fused.collected()   # every PE's byte count, where the step carried them
         if carried is not None:
-            counts = [count // source.itemsize for count in carried]
+            counts = [count // size for count in carried]
         else:
             counts = [int.from_bytes(data, "little") for data in t.allgather(
                 Phase.COLLECT_SIZES, source.count.to_bytes(8, "little"), f"{text} (the sizes)")]
-        total, size = sum(counts), source.itemsize
-        # The same inputs on every PE (agreed or gathered): every PE raises alike.
-        if total > dest_count:
-            raise ValueError(f"{what}: dest has {dest_count} elements, but the team's PEs "
-                             f"contribute {total} (team PE i: {counts[:16]}"
-                             f"{' ...' if len(counts) > 16 else ''}); allocate dest with at "
-                             f"least {total} elements")
-        _disjoint(what, d, total * size, s, max(counts) * size)
+        total = _collect_fits(what, d, s, dest_count, size, counts)
         if total == 0:
-            return
+            return None
         if carried is not None:
             fused.deliver_collected(carried, dest.data.data_ptr())
-            return
+            return fused.plan(t, nodecoll.Collected(dest.data.data_ptr(), functools.partial(
+                _collect_settled, what, d, s, dest_count, size)))
         counts = [c * size for c in counts]           # in bytes from here on
         displs = [sum(counts[:i]) for i in range(len(counts))]
         flat = dest.data
@@ -498,12 +514,19 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
                     theirs = torch.as_strided(data, (counts[i],), (1,), data.storage_offset())
                     flat[displs[i]:displs[i] + counts[i]].copy_(_mapped(heap, theirs, pe))
             t.step(Phase.COLLECT_COPIED, f"{text} (copied)")
-            return
+            return None
         target = flat[:sum(counts)]
         send, receive = _host(source.data), _receive_buffer(target)
         t.wait(t.comm.Iallgatherv(_bytes(send), _vector(receive, counts, displs)), text)
         if receive is not target:
             target.copy_(receive)
+    return None
+
+
+def _collect_settled(what: str, d: int, s: int, dest_count: int, size: int,
+                     carried: list[int]) -> None:
+    """A replayed collect's check of every PE's byte count (nodecoll.Collected)."""
+    _collect_fits(what, d, s, dest_count, size, [count // size for count in carried])
 
 
 # -- alltoall ---------------------------------------------------------------------------------

@@ -25,13 +25,15 @@ stages depends only on what the agreement compares (sizes, dtype, op, root)
 and on what is the same on every PE (the board, the compiled piece, the
 heap's device), so either every PE of an agreed call stages or none does.
 
-A call whose payload depends only on its checked operands (broadcast,
-fcollect, alltoall, reduce; not collect's or alltoalls', assembled here) also
-leaves a Plan (Fusion.plan()): its group, its agreed call and its payload's
-addresses. replay() runs it again for a face that keyed it (shmem/
-collectives.py): the same lock, step and delivery, without the checks, while
-the heap vouches that the blocks it names are still live (a free or a
-release forgets every Plan).
+A fused call (broadcast, fcollect, collect, alltoall, reduce; not alltoalls',
+gathered with strides here) also leaves a Plan (Fusion.plan()): its group,
+its agreed call and its payload's addresses. replay() runs it again for a
+face that keyed it (shmem/collectives.py, openshmem/collectives.py): the same
+lock, step and delivery, without the checks, while the heap vouches that the
+blocks it names are still live (a free or a release forgets every Plan).
+collect's payload (this PE's count, then its bytes) is a buffer of the Plan's
+own, filled from the source before each step (Plan.refresh), and its counts,
+which are not agreed, are checked at every step (Collected).
 
 reduce combines in C for integer and float32/float64 dtypes, folded in team
 PE order 0, 1, ..., n-1 as the Python combiners fold (bit-identical results
@@ -49,6 +51,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .. import native
 from ..agreement.board import PAYLOAD, Board
 from ..agreement.protocol import Call, Phase
 from ..errors import ShmemError
@@ -94,17 +97,30 @@ def element_kind(dtype) -> int | None:
     return _NUMPY_KINDS.get((str(kind), int(itemsize)))
 
 
+class Collected(NamedTuple):
+    """What a collect's step leaves to do (its `after`): every PE's byte count
+    checked by `settle(counts)`, which raises alike on every PE where they do
+    not fit dest (it depends on the other PEs' counts: checked every call),
+    then the carried bytes written at address `dest`, in team order."""
+    dest: int
+    settle: Any
+
+
 class Plan(NamedTuple):
     """A fused call as its checks left it (Fusion.plan()): its group, the
     agreed call (encoded once: fixed), the payload board.stage() takes and
     what deliver() writes, all from checked operands (addresses inside live
     blocks of the heap's CPU memory). replay() runs it again without those
     checks, while the face's key (Core.where.recall) says the operands are the
-    same and their blocks still live."""
+    same and their blocks still live. A payload assembled here (collect's:
+    the count, then the bytes) lives in `held`, which `refresh` (dst, src,
+    nbytes) fills again from the source before each step."""
     group: Any
     call: Call
     stage: tuple
     after: tuple
+    refresh: tuple = ()
+    held: Any = None
 
 
 class Fusion:
@@ -112,7 +128,8 @@ class Fusion:
     manager that forgets a payload whose step never came (the call raised
     before it)."""
 
-    __slots__ = ("board", "n", "staged", "after", "held", "stage_args", "call")
+    __slots__ = ("board", "n", "staged", "after", "held", "stage_args", "call", "refresh",
+                 "kept")
 
     def __init__(self, board: Board | None, n: int):
         self.board, self.n = board, n
@@ -121,10 +138,14 @@ class Fusion:
         #: a payload assembled here (collect's), alive until its step
         self.held: torch.Tensor | None = None
         #: board.stage()'s arguments, where they depend only on the checked operands
-        #: (not on a payload assembled here): what plan() keeps
+        #: (and on collect's buffer, which plan() keeps): what plan() keeps
         self.stage_args: tuple | None = None
         #: (phase, args, text) of the call that carries the payload (agreeing())
         self.call: tuple | None = None
+        #: a payload assembled here that a Plan can fill again (collect's): how
+        #: (Plan.refresh), and the buffer (Plan.held)
+        self.refresh: tuple = ()
+        self.kept: torch.Tensor | None = None
 
     def __enter__(self) -> Fusion:
         return self
@@ -153,13 +174,16 @@ class Fusion:
         self.call = (phase, args, text)
         return args, text
 
-    def plan(self, group) -> Plan | None:
-        """This call over `group` as a Plan, once deliver() wrote its result;
-        None where it staged nothing that a Plan can repeat (no payload, or
-        one assembled here: collect's, alltoalls')."""
-        if self.stage_args is None or self.call is None or self.after is None:
+    def plan(self, group, after: tuple | None = None) -> Plan | None:
+        """This call over `group` as a Plan, once deliver() wrote its result
+        (`after`: what replay() does after the step, where not deliver()'s: a
+        Collected); None where it staged nothing that a Plan can repeat (no
+        payload, or alltoalls', gathered with strides here)."""
+        after = self.after if after is None else after
+        if self.stage_args is None or self.call is None or after is None:
             return None
-        return Plan(group, Call(*self.call).fixed(), self.stage_args, self.after)
+        return Plan(group, Call(*self.call).fixed(), self.stage_args, after, self.refresh,
+                    self.kept)
 
     # -- staging, from inside a call's check (operands checked) ----------------------------
     def broadcast(self, dest, source, root: int, me: int) -> None:
@@ -196,13 +220,15 @@ class Fusion:
         if 0 < room <= PAYLOAD - 8 and self._usable(dest, source):
             m = source.data.numel()
             sent = m if m <= room else 0
-            self.held = held = torch.empty(8 + sent, dtype=torch.uint8)
+            self.held = self.kept = held = torch.empty(8 + sent, dtype=torch.uint8)
             held[:8].view(torch.int64)[0] = m
             held[8:].copy_(source.data[:sent])
             board = self.board
             assert board is not None   # (_usable() said so)
-            self.staged = board.stage(held.data_ptr(), 8 + sent, 8 + room, 0, PAYLOAD, -1)
-            self.after = ()
+            self.stage_args = (held.data_ptr(), 8 + sent, 8 + room, 0, PAYLOAD, -1)
+            self.staged = board.stage(*self.stage_args)
+            if sent:   # (a Plan's step fills the count's bytes again from the source)
+                self.refresh = (held.data_ptr() + 8, source.data.data_ptr(), sent)
 
     def alltoalls(self, dest, source, ds: int, ss: int, count: int, size: int, me: int) -> None:
         """alltoalls' payload: this PE's n * count elements of `size` bytes
@@ -236,8 +262,7 @@ class Fusion:
         staged, board = self.staged, self.board
         if staged is None or board is None or board.carried is not staged:
             return None
-        words, stride = board.scratch, PAYLOAD // 8
-        return [words[pe * stride] for pe in range(self.n)]
+        return _carried_counts(board, self.n)
 
     def deliver_collected(self, counts: list[int], dest: int) -> None:
         """Write the carried bytes into dest (its address; counts: collected(),
@@ -245,11 +270,7 @@ class Fusion:
         board = self.board
         assert board is not None and board.carried is self.staged
         board.carried = self.staged = self.held = None
-        offset = 0
-        for pe, count in enumerate(counts):
-            if count:
-                _collective.deliver(dest + offset, board.scratch, pe * PAYLOAD + 8, count)
-            offset += count
+        _deliver_collected(board, counts, dest)
 
     def deliver(self) -> bool:
         """Write dest from the payloads the agreed step carried; False where it
@@ -262,11 +283,30 @@ class Fusion:
         return True
 
 
+def _carried_counts(board: Board, n: int) -> list[int]:
+    """collect's byte count of each of the `n` PEs that the last step carried."""
+    words, stride = board.scratch, PAYLOAD // 8
+    return [words[pe * stride] for pe in range(n)]
+
+
+def _deliver_collected(board: Board, counts: list[int], dest: int) -> None:
+    offset = 0
+    for pe, count in enumerate(counts):
+        if count:
+            _collective.deliver(dest + offset, board.scratch, pe * PAYLOAD + 8, count)
+        offset += count
+
+
 def _deliver(board: Board, n: int, after: tuple) -> None:
     """Write dest from the payloads of the `n` PEs that the last step carried
-    into the board's scratch: `after` is (address, nbytes) for a copy, or
-    (address, nbytes, kind, op) for a reduction combined in C."""
-    if len(after) == 2:
+    into the board's scratch: `after` is (address, nbytes) for a copy,
+    (address, nbytes, kind, op) for a reduction combined in C, or a Collected
+    (collect's: the counts checked first)."""
+    if type(after) is Collected:
+        counts = _carried_counts(board, n)
+        after.settle(counts)   # (raises on every PE alike: nothing written)
+        _deliver_collected(board, counts, after.dest)
+    elif len(after) == 2:
         _collective.deliver(after[0], board.scratch, 0, after[1])
     else:
         address, nbytes, kind, code = after
@@ -314,6 +354,8 @@ def replay(core, plan: Plan) -> bool:
         return False
     with group.lock:
         core.calls.synchronize()
+        if plan.refresh:   # (collect's: this PE's bytes into its payload, after the count)
+            native.copy(*plan.refresh)
         staged = board.stage(*plan.stage)
         try:
             group.agree(plan.call)

@@ -417,6 +417,7 @@ def test_replayed_torch_calls_match_the_general_path(heap, monkeypatch, dtype):
     source, dest = h.zeros(4 * n, dtype=dtype), h.zeros(4 * n, dtype=dtype)
     calls = {"broadcast": lambda: h.broadcast(dest[:4], source[:4], n - 1),
              "fcollect": lambda: h.fcollect(dest, source[:4]),
+             "collect": lambda: h.collect(dest, source[:4 - me % 2]),   # (its own count)
              "alltoall": lambda: h.alltoall(dest, source),
              "reduce": lambda: h.reduce(dest[1:4], source[1:4], "sum"),
              # a team's own (split: a board of its own where the world has one)

@@ -129,12 +129,14 @@ def _fuses() -> bool:
 
 def _calls(t: str, count: int):
     """Each memoized collective of the NumPy face on fresh arrays of dtype t."""
-    n = WORLD.Get_size()
+    n, me = WORLD.Get_size(), WORLD.Get_rank()
     source, target = shmem.zeros(count * n, dtype=t), shmem.zeros(count * n, dtype=t)
     calls = {
         "broadcast": lambda: shmem.broadcast(target[:count], source[:count], n - 1),
         "broadcast_size": lambda: shmem.broadcast(target, source, 0, size=count - 1),
         "fcollect": lambda: shmem.fcollect(target, source[:count]),
+        # (each PE its own count: the others' are checked again at every replay)
+        "collect": lambda: shmem.collect(target, source[:count - me % 2]),
         "alltoall": lambda: shmem.alltoall(target, source),
         "sum_reduce": lambda: shmem.sum_reduce(target[1:count], source[1:count]),
         "max_reduce": lambda: shmem.reduce(target[:count], source[:count], "max"),
@@ -219,6 +221,35 @@ def test_a_replayed_call_is_still_agreed(world, monkeypatch):
         assert target.tolist() == [-7] * 4
         shmem.sum_reduce(target, source)   # and the heap goes on
         assert target.tolist() == [n * (n + 1) // 2] * 4
+    shmem.barrier_all()
+    shmem.free(source), shmem.free(target)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_replayed_collect_checks_the_other_pes_counts_at_every_call(world, monkeypatch):
+    """A collect's counts are not agreed, so a PE whose own call stays the same
+    (it replays) reads the others' counts from every step: they may change,
+    and where they no longer fit dest every PE raises, the replaying one too,
+    and nothing is written."""
+    me, n = shmem.my_pe(), shmem.n_pes()
+    source, target = shmem.zeros(8, dtype="i4"), shmem.zeros(4 * n, dtype="i4")
+    source[:] = np.arange(8, dtype="i4") + 100 * me
+    with replays(monkeypatch) as ran:
+        for count in (2, 2, 2, 3, 1, 0, 4, 2):   # PE 0 keeps 2 (it replays), the others vary
+            target[:] = -1
+            shmem.collect(target, source[:2 if me == 0 else count])
+            expected = np.concatenate([np.arange(2 if pe == 0 else count) + 100 * pe
+                                       for pe in range(n)])
+            assert target[:expected.size].tolist() == expected.tolist(), count
+            assert (target[expected.size:] == -1).all()
+        assert (len(ran) == 7 if me == 0 else len(ran) >= 2) or not _fuses()   # PE 0: 7 of 8
+        ran.clear()
+        target[:] = -1
+        with pytest.raises(ValueError, match="allocate dest with at least"):
+            shmem.collect(target, source[:2 if me == 0 else 8])   # 2 + 8 (n - 1) > 4 n
+        assert (target == -1).all()
+        shmem.collect(target, source[:2])   # and the heap goes on
+        assert target[:2 * n].tolist() == [v + 100 * pe for pe in range(n) for v in (0, 1)]
     shmem.barrier_all()
     shmem.free(source), shmem.free(target)
 
