@@ -103,15 +103,16 @@ def copy(dst: int, src: int, nbytes: int) -> None:
     _native.copy(dst, src, nbytes)
 
 
-def _interface_address(buffer) -> int:
-    """Where C-contiguous NumPy array `buffer` starts, by its array interface."""
+def interface_address(buffer) -> int:
+    """Where NumPy array `buffer` starts (its first element, any layout), by its
+    array interface."""
     return buffer.__array_interface__["data"][0]
 
 
 #: address(buffer): where C-contiguous `buffer` (a NumPy array) starts; the compiled
 #: piece's own function where it is built (0.1 us against the array interface's 0.8,
 #: and no Python call around it: the NumPy face asks it for every array it is given)
-address = _native.address if _native is not None else _interface_address
+address = _native.address if _native is not None else interface_address
 
 
 def copy_from(dst: int, buffer, nbytes: int) -> None:

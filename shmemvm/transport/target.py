@@ -39,7 +39,7 @@ def data_address(array) -> int:
     where built, for C-contiguous arrays)."""
     if array.flags.c_contiguous:
         return native.address(array)
-    return array.__array_interface__["data"][0]
+    return native.interface_address(array)
 
 
 class Target:
