@@ -128,24 +128,22 @@ class Fusion:
     manager that forgets a payload whose step never came (the call raised
     before it)."""
 
-    __slots__ = ("board", "n", "staged", "after", "held", "stage_args", "call", "refresh",
-                 "kept")
+    __slots__ = ("board", "n", "staged", "after", "held", "stage_args", "call", "refresh")
 
     def __init__(self, board: Board | None, n: int):
         self.board, self.n = board, n
         self.staged: tuple | None = None
         self.after: tuple | None = None
-        #: a payload assembled here (collect's), alive until its step
+        #: a payload assembled here (collect's, alltoalls'), alive as long as the
+        #: call's Fusion (its step reads it; a Plan of collect keeps it: Plan.held)
         self.held: torch.Tensor | None = None
         #: board.stage()'s arguments, where they depend only on the checked operands
         #: (and on collect's buffer, which plan() keeps): what plan() keeps
         self.stage_args: tuple | None = None
         #: (phase, args, text) of the call that carries the payload (agreeing())
         self.call: tuple | None = None
-        #: a payload assembled here that a Plan can fill again (collect's): how
-        #: (Plan.refresh), and the buffer (Plan.held)
+        #: how a Plan fills `held` again (collect's: Plan.refresh)
         self.refresh: tuple = ()
-        self.kept: torch.Tensor | None = None
 
     def __enter__(self) -> Fusion:
         return self
@@ -183,7 +181,7 @@ class Fusion:
         if self.stage_args is None or self.call is None or after is None:
             return None
         return Plan(group, Call(*self.call).fixed(), self.stage_args, after, self.refresh,
-                    self.kept)
+                    self.held)
 
     # -- staging, from inside a call's check (operands checked) ----------------------------
     def broadcast(self, dest, source, root: int, me: int) -> None:
@@ -220,7 +218,7 @@ class Fusion:
         if 0 < room <= PAYLOAD - 8 and self._usable(dest, source):
             m = source.data.numel()
             sent = m if m <= room else 0
-            self.held = self.kept = held = torch.empty(8 + sent, dtype=torch.uint8)
+            self.held = held = torch.empty(8 + sent, dtype=torch.uint8)
             held[:8].view(torch.int64)[0] = m
             held[8:].copy_(source.data[:sent])
             board = self.board
@@ -250,7 +248,7 @@ class Fusion:
         staged, board, after = self.staged, self.board, self.after
         if staged is None or board is None or after is None or board.carried is not staged:
             return False
-        board.carried = self.staged = self.held = None
+        board.carried = self.staged = None
         _, size, m = after
         into.copy_(torch.frombuffer(board.scratch, dtype=torch.uint8)[:m * size].view(m, size))
         return True
@@ -269,7 +267,7 @@ class Fusion:
         whose total the caller checked to fit dest), in team order."""
         board = self.board
         assert board is not None and board.carried is self.staged
-        board.carried = self.staged = self.held = None
+        board.carried = self.staged = None
         _deliver_collected(board, counts, dest)
 
     def deliver(self) -> bool:
