@@ -254,6 +254,38 @@ def test_a_replayed_collect_checks_the_other_pes_counts_at_every_call(world, mon
     shmem.free(source), shmem.free(target)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_replayed_collect_refuses_a_total_that_reaches_the_source(world, monkeypatch):
+    """dest and source are views of one array, source after dest's first 2 n
+    elements. PE 0 collects 1 element every call (it replays); where the others'
+    counts make the total reach into source, every PE raises the general path's
+    overlap error, the replaying one too, and neither view is written."""
+    me, n = shmem.my_pe(), shmem.n_pes()
+    whole = shmem.zeros(3 * n + 4, dtype="i4")
+    dest, source = whole[:3 * n], whole[2 * n:2 * n + 4]
+    reaching = (2 * n - 1) // (n - 1) + 1   # the least count with 1 + (n-1) count > 2 n
+    assert 2 * n < 1 + (n - 1) * reaching <= 3 * n   # (it fits dest: only the overlap is wrong)
+    with replays(monkeypatch) as ran:
+        for _ in range(3):   # 1 + 2 (n - 1) = 2 n - 1 elements: short of source
+            dest[:] = -1
+            source[:] = np.arange(4, dtype="i4") + 100 * me
+            shmem.collect(dest, source[:1 if me == 0 else 2])
+            expected = [100 * pe + i for pe in range(n) for i in range(1 if pe == 0 else 2)]
+            assert dest[:2 * n - 1].tolist() == expected
+        assert me != 0 or len(ran) == 2 or not _fuses()   # PE 0 replays 2 of the 3
+        dest[:2 * n] = -1
+        source[:] = np.arange(4, dtype="i4") + 100 * me
+        before = whole.copy()
+        with pytest.raises(ValueError, match="overlap"):
+            shmem.collect(dest, source[:1 if me == 0 else reaching])
+        assert whole.tolist() == before.tolist()
+        shmem.collect(dest, source[:1 if me == 0 else 2])   # and the heap goes on
+        assert dest[:2 * n - 1].tolist() == [100 * pe + i for pe in range(n)
+                                             for i in range(1 if pe == 0 else 2)]
+    shmem.barrier_all()
+    shmem.free(whole)
+
+
 @pytest.mark.mpi(min_size=1)
 def test_a_replay_accepts_only_what_the_general_path_accepts(world, monkeypatch):
     """Arrays with a Plan's key in all but one thing the checks ask take the
