@@ -148,7 +148,7 @@ class Agreement:
         return text
 
     # -- steps --------------------------------------------------------------------------
-    def collective(self, call: Call, *, dead: Set[int] = frozenset(),
+    def collective(self, call: Call, dead: Set[int] = frozenset(),
                    flag: bool = True) -> Outcome:
         """Agree that every PE makes this same step; release the offsets that are
         in `dead` on every PE; reduce `flag` (not compared) with MIN. Raises

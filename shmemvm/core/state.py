@@ -460,7 +460,7 @@ class HeapCore:
         dead = self.local.take_dead()
         if dead:
             self._pending.update(dead)
-        return agreement.collective(call, dead=self._pending, flag=flag)
+        return agreement.collective(call, self._pending, flag)   # (positional: no keyword parsing)
 
     def release_dead(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more (the

@@ -11,7 +11,8 @@
  *       `payload_len` bytes at address `payload` (0 where
  *       payload_len is 0) into the slot's payload area, the step
  *       word last with release order), copy `vector` into `out` and mark this
- *       PE in `done`. Then, at most `spins` times without the GIL, read every
+ *       PE in `done`. Then, at most `spins` times (all but the first few
+ *       without the GIL: HOT_SPINS), read every
  *       other PE's slot of step `seq` that is not `done` yet: once it holds the
  *       step (the step word, acquire; the step number inside the vector) fold
  *       its vector into `out` with MAX word by word (only its volatile words,
@@ -114,13 +115,16 @@ static uint64_t mix64(uint64_t x) {
 }
 
 /* The hash of `vector`'s words but the volatile ones: equal vectors (in those
- * words) hash alike; unequal ones collide with a chance of about 2**-64 */
+ * words) hash alike; unequal ones collide with a chance of about 2**-64. Each
+ * word is mixed with its position on its own and the results summed: the
+ * words' mixes do not wait for each other (half the time of a chain of them,
+ * 45 against 92 ns for the agreement's 30 words) */
 static int64_t summary_hash(const int64_t *vector, Py_ssize_t words, unsigned long long vol) {
     uint64_t h = mix64((uint64_t)words);
     for (Py_ssize_t w = 0; w < words; w++)
         if (!(w < 64 && (vol >> w) & 1))
-            h = mix64(h ^ mix64((uint64_t)vector[w] + 0x9e3779b97f4a7c15ULL * (uint64_t)(w + 1)));
-    return (int64_t)h;
+            h += mix64((uint64_t)vector[w] + 0x9e3779b97f4a7c15ULL * (uint64_t)(w + 1));
+    return (int64_t)mix64(h);
 }
 
 static int parse_head(PyObject *const *args, Head *h) {
@@ -226,9 +230,12 @@ static int parse_payload(const Head *h, PyObject *const *args, int writing, Payl
     return 0;
 }
 
+/* reads of the others' slots that a step makes before it lets other threads run */
+#define HOT_SPINS 32
+
 /* The exchange itself on checked arguments (see the top of the file): `vector`
  * (NULL: read only) written into this PE's slot of step `seq`, then the others'
- * read for at most `spins` rounds without the GIL. `acc` (the MAX vector) and
+ * read for at most `spins` rounds (after HOT_SPINS without the GIL). `acc` (the MAX vector) and
  * `flags` (the PEs read) have `words` words and `size` bytes. The PEs left. */
 static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vector,
                                int64_t *acc, unsigned char *flags, const Payload *p) {
@@ -262,9 +269,13 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
     for (Py_ssize_t pe = 0; pe < size; pe++) left += !flags[pe];
     if (!left) return 0;
     const int64_t my_hash = mine[1];   /* (this step's: this PE wrote its slot first) */
-    Py_BEGIN_ALLOW_THREADS
     int64_t theirs[MAX_WORDS];
+    /* The first HOT_SPINS reads keep the GIL: a step whose PEs arrive together
+     * (a barrier in a loop) ends in them, and releasing and taking the GIL again
+     * cost about as much as the wait itself there. The rest go without it. */
+    PyThreadState *released = NULL;
     for (long long i = 0; i < h->spins && left; i++) {
+        if (i == HOT_SPINS) released = PyEval_SaveThread();
         for (Py_ssize_t pe = 0; pe < size; pe++) {
             if (flags[pe]) continue;
             int64_t *slot = bank + pe * slot_words;
@@ -300,7 +311,7 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
         }
         if (left && i >= 64) sched_yield();
     }
-    Py_END_ALLOW_THREADS
+    if (released) PyEval_RestoreThread(released);
     return left;
 }
 
