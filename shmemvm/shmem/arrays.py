@@ -138,33 +138,29 @@ def check_array(a, role: str, writable: bool) -> np.ndarray:
     return a
 
 
-def _within(a: np.ndarray) -> tuple[HeapMemory, int] | None:
-    """(its allocation, the byte offset in it) of an array whose bytes lie
-    inside the allocation its base chain ends at; None for any other array."""
-    memory = owner(a)
-    if memory is None:
-        return None
-    offset = address(a) - memory.address
-    return (memory, offset) if 0 <= offset <= memory.nbytes - a.nbytes else None
-
-
 def locate(a: np.ndarray, role: str) -> tuple[HeapMemory, int]:
     """(its allocation, the byte offset in it) of a symmetric array, or NotSymmetricError."""
-    found = _within(a)
-    if found is None:
+    start = heap_address(a)
+    if start is None:
         raise NotSymmetricError(
             f"the {role} (at {address(a):#x}) is not an array on the symmetric heap: "
             f"allocate it with shmem.zeros/empty/full/array/new_array/alloc (and do not free "
             f"it before use)")
-    return found
+    memory = owner(a)
+    assert memory is not None   # (heap_address() found it)
+    return memory, start - memory.address
 
 
 def heap_address(a: np.ndarray) -> int | None:
     """Where array `a` starts, where its bytes lie inside the allocation its
     base chain ends at (as locate() asks; whether that block is still live is
-    not asked here); None for any other array."""
-    found = _within(a)
-    return None if found is None else found[0].address + found[1]
+    not asked here); None for any other array. One frame: every replayed
+    collective asks it for both its arrays."""
+    memory = owner(a)
+    if memory is None:
+        return None
+    start, first = address(a), memory.address
+    return start if first <= start <= first + memory.nbytes - a.nbytes else None
 
 
 def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[HeapCore, HeapMemory, int] | None:
