@@ -31,8 +31,9 @@ signal turned into one), every open heap's record says "left" first, so that
 every waiting PE raises PeerDeadError naming this PE within a check (about a
 fifth of a second), and a PE in a collective step raises too; then the
 traceback is printed as before, the others are given a moment to see it, and
-the job is aborted (MPI_Abort, as `python -m mpi4py` does), so that no PE
-waits in MPI_Finalize for one that has left. Ctrl-C (SIGINT) raises
+the job is aborted (MPI_Abort, as `python -m mpi4py` does, once the
+launcher has read what was printed), so that no PE waits in MPI_Finalize
+for one that has left. Ctrl-C (SIGINT) raises
 KeyboardInterrupt as Python's own handler does, except inside shmemvm's
 callbacks that the garbage collector runs (an exception there would be
 "ignored" and the interrupt lost): there it is delivered again once the
@@ -46,6 +47,8 @@ import atexit
 import logging
 import os
 import signal
+import stat
+import struct
 import sys
 import threading
 import time
@@ -226,11 +229,46 @@ def _abort(status: int) -> None:
         from mpi4py import MPI
         if not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() < 2:
             return
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _drain_output()
         MPI.COMM_WORLD.Abort(status)
     except Exception:  # noqa: BLE001 - at exit: nothing else to do
         pass
+
+
+#: how long MPI_Abort waits for the launcher to read what this process printed
+DRAIN_S = 0.5
+
+
+def _drain_output() -> None:
+    """Flush stdout and stderr, then wait (at most DRAIN_S) until the launcher
+    has read what is still in them where they are pipes (hydra's, Open MPI's):
+    MPI_Abort ends its forwarding at once, and the traceback just printed
+    would be lost with it (a Ctrl-C that printed no KeyboardInterrupt)."""
+    pipes = []
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+            fd = stream.fileno()
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                pipes.append(fd)
+        except (AttributeError, OSError, ValueError):    # closed, replaced, not a file
+            continue
+    until = time.monotonic() + DRAIN_S
+    while pipes and time.monotonic() < until:
+        pipes = [fd for fd in pipes if _unread(fd) > 0]
+        if pipes:
+            time.sleep(0.002)
+
+
+def _unread(fd: int) -> int:
+    """Bytes written to the pipe `fd` and not yet read (FIONREAD answers on
+    either end of a pipe); 0 where it cannot tell."""
+    import fcntl
+    import termios
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 def _at_exit() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 from shmemvm.agreement import process
@@ -58,3 +59,51 @@ def test_an_interrupt_elsewhere_is_a_keyboard_interrupt_at_once():
 def test_the_handler_is_installed_with_the_first_heap_only_over_pythons_own():
     """process.install() replaces Python's default SIGINT handler only."""
     assert signal.getsignal(signal.SIGINT) in (signal.default_int_handler, process.on_sigint)
+
+
+def _pipe_as_stderr(monkeypatch):
+    """A pipe in place of stderr (as under hydra): its write end and read end."""
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(write_end, "w")
+    monkeypatch.setattr(process.sys, "stderr", stream)
+    return stream, read_end
+
+
+def test_the_job_is_aborted_only_once_the_launcher_has_read_the_traceback(monkeypatch):
+    # CI saw a Ctrl-C whose KeyboardInterrupt traceback never reached the log:
+    # MPI_Abort ended hydra's forwarding while the traceback was still in the pipe
+    stream, read_end = _pipe_as_stderr(monkeypatch)
+    monkeypatch.setattr(process, "DRAIN_S", 5.0)      # it returns on the read, long before
+    got = []
+
+    def launcher():                       # reads the pipe a moment later
+        time.sleep(0.15)
+        got.append(os.read(read_end, 1 << 16))
+
+    reader = threading.Thread(target=launcher)
+    try:
+        stream.write("Traceback ...\nKeyboardInterrupt\n")     # printed, not yet flushed
+        reader.start()
+        start = time.monotonic()
+        process._drain_output()
+        waited = time.monotonic() - start
+        reader.join()
+        assert got == [b"Traceback ...\nKeyboardInterrupt\n"]
+        assert 0.1 < waited < 4.0, waited
+    finally:
+        stream.close()
+        os.close(read_end)
+
+
+def test_output_nobody_reads_holds_the_abort_back_no_longer_than_the_limit(monkeypatch):
+    stream, read_end = _pipe_as_stderr(monkeypatch)
+    try:
+        stream.write("x" * 100)
+        start = time.monotonic()
+        process._drain_output()
+        waited = time.monotonic() - start
+        assert process.DRAIN_S <= waited < process.DRAIN_S + 1.0, waited
+        assert os.read(read_end, 1000) == b"x" * 100      # flushed, not dropped
+    finally:
+        stream.close()
+        os.close(read_end)
