@@ -153,6 +153,8 @@ class Where(Protocol):
     def locate(self, tensor: torch.Tensor, pe: int, role: str) -> Target: ...
     def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None: ...
     def array_address(self, array: Any) -> int | None: ...   # the NumPy face's one pass
+    #: the NumPy face's collective memo key in one native call, or None (the Locator's)
+    call_key: Callable[..., tuple | None] | None
     #: a memo of checked operands while their blocks live (the faces' fused collectives)
     def recall(self, key: tuple) -> Any: ...
     def remember(self, key: tuple, value: Any) -> None: ...
@@ -342,6 +344,8 @@ class HeapCore:
         self.tracker: CompletionTracker = parts.completion
         self.routes = parts.routes
         self.locator = parts.locator
+        #: Where.call_key: the Locator's (an attribute: every replayed NumPy collective reads it)
+        self.call_key = parts.locator.call_key
         self.peer_pids = parts.peer_pids
         self.peer_paths = parts.peer_paths
         # the agreement releases the blocks every PE dropped through this core

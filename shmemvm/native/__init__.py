@@ -115,6 +115,12 @@ def interface_address(buffer) -> int:
 address = _native.address if _native is not None else interface_address
 
 
+#: call_key(kind, group_id, values, target, source, ndarray, memory): the NumPy
+#: face's memo key of a collective call in one call (_collective.c; None where
+#: not built; shmem/collectives.py checks it reads NumPy's arrays right first)
+call_key = _collective.call_key if _collective is not None else None
+
+
 def copy_from(dst: int, buffer, nbytes: int) -> None:
     """memmove(dst, buffer's first nbytes); ValueError where it has fewer."""
     _native.copy_from(dst, buffer, nbytes)

@@ -35,6 +35,12 @@
  *       the same from a tuple of addresses (each PE's source through the
  *       node's mappings, in team PE order): a larger reduce on the node.
  *   deliver(dst, scratch, offset, nbytes)   memmove scratch[offset:+nbytes] to dst.
+ *   call_key(kind, group_id, values, target, source, ndarray, memory)
+ *       the NumPy face's memo key of a collective call on arrays target and
+ *       source (shmem/collectives.py's python_key, the same tuple), read from
+ *       NumPy's array struct in one call; None where either is not exactly an
+ *       ndarray over the face's HeapMemory (`memory`) with its bytes inside it,
+ *       or a value is not None, an int or a str (Python decides those).
  *
  * Checks: every argument is checked here (C cannot tell a mapped address,
  * so the addresses come from Python code that does: the board's own window,
@@ -730,6 +736,134 @@ static PyObject *coll_deliver(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+
+/* -- call_key: a replayed collective's memo key of the NumPy face -------------------
+ * The leading fields of a NumPy array, as NumPy's PyArrayObject_fields lays
+ * them out. They are NumPy's ABI (its PyArray_DATA()... macros compile these
+ * offsets into every extension) and have not moved from NumPy 1.7 to 2.x; the
+ * caller still checks that this reading agrees with NumPy's own answers on
+ * probe arrays before it uses call_key (shmem/collectives.py), and it is read
+ * only from objects whose type is exactly the ndarray type it is given. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} numpy_array;
+#define NUMPY_WRITEABLE 0x0400
+
+/* the attribute names call_key reads, interned once (exec_module) */
+static PyObject *name_address, *name_nbytes, *name_itemsize;
+
+/* An int attribute of `obj` as a non-negative long long; -1 (error set) if not. */
+static long long int_attribute(PyObject *obj, PyObject *name) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) return -1;
+    long long v = PyLong_Check(value) ? PyLong_AsLongLong(value) : -1;
+    Py_DECREF(value);
+    if (v < 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "call_key: %U is not an int >= 0", name);
+    return v < 0 ? -1 : v;
+}
+
+/* The facts of array `a` that a collective's checks read, as four new
+ * references in `facts` (its data address, shape, strides, dtype), where `a` is
+ * exactly an ndarray whose base chain of exact ndarrays ends at an object of
+ * exactly type `memory` (the face's HeapMemory) and whose bytes lie inside it
+ * (its `address` and `nbytes`). 1 where they were made, 0 where `a` is
+ * anything else (the caller's Python path decides then), -1 on an error. */
+static int array_facts(PyObject *a, PyTypeObject *ndarray, PyTypeObject *memory,
+                       PyObject *facts[4]) {
+    if (Py_TYPE(a) != ndarray) return 0;
+    numpy_array *array = (numpy_array *)a;
+    PyObject *owner = array->base;
+    while (owner != NULL && Py_TYPE(owner) == ndarray) owner = ((numpy_array *)owner)->base;
+    if (owner == NULL || Py_TYPE(owner) != memory || array->nd < 0 || array->nd > 64) return 0;
+    long long first = int_attribute(owner, name_address);
+    if (first < 0) return -1;
+    long long extent = int_attribute(owner, name_nbytes);
+    if (extent < 0) return -1;
+    long long itemsize = int_attribute(array->descr, name_itemsize);
+    if (itemsize < 0) return -1;
+    __int128 nbytes = itemsize;
+    for (int i = 0; i < array->nd; i++) nbytes *= array->dimensions[i];
+    __int128 start = (__int128)(uintptr_t)array->data;
+    if (start < first || start > (__int128)first + extent - nbytes) return 0;
+    PyObject *shape = PyTuple_New(array->nd), *strides = PyTuple_New(array->nd);
+    PyObject *address = PyLong_FromVoidPtr(array->data);
+    if (shape == NULL || strides == NULL || address == NULL) goto failed;
+    for (int i = 0; i < array->nd; i++) {
+        PyObject *dim = PyLong_FromSsize_t(array->dimensions[i]);
+        if (dim == NULL) goto failed;
+        PyTuple_SET_ITEM(shape, i, dim);
+        PyObject *stride = PyLong_FromSsize_t(array->strides[i]);
+        if (stride == NULL) goto failed;
+        PyTuple_SET_ITEM(strides, i, stride);
+    }
+    facts[0] = address;
+    facts[1] = shape;
+    facts[2] = strides;
+    facts[3] = Py_NewRef(array->descr);
+    return 1;
+failed:
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    Py_XDECREF(address);
+    return -1;
+}
+
+/* call_key(kind, group_id, values, target, source, ndarray, memory) */
+static PyObject *coll_call_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyTuple_Check(args[2]) || !PyType_Check(args[5]) || !PyType_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "call_key(kind, group_id, values: tuple, target, source, ndarray: type, "
+                        "memory: type)");
+        return NULL;
+    }
+    PyObject *values = args[2];
+    Py_ssize_t n_values = PyTuple_GET_SIZE(values);
+    for (Py_ssize_t i = 0; i < n_values; i++) {
+        PyObject *v = PyTuple_GET_ITEM(values, i);
+        if (v != Py_None && !PyLong_CheckExact(v) && !PyUnicode_Check(v)) Py_RETURN_NONE;
+    }
+    PyTypeObject *ndarray = (PyTypeObject *)args[5], *memory = (PyTypeObject *)args[6];
+    /* the fields are read only from NumPy's own array type (by name and size) */
+    if (strcmp(ndarray->tp_name, "numpy.ndarray") != 0
+            || ndarray->tp_basicsize < (Py_ssize_t)sizeof(numpy_array)) {
+        PyErr_Format(PyExc_TypeError, "call_key: ndarray must be numpy.ndarray, got %s",
+                     ndarray->tp_name);
+        return NULL;
+    }
+    PyObject *target[4], *source[4];
+    int got = array_facts(args[3], ndarray, memory, target);
+    if (got != 1) {
+        if (got < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    got = array_facts(args[4], ndarray, memory, source);
+    PyObject *key = got == 1 ? PyTuple_New(11 + n_values) : NULL;
+    if (key == NULL) {
+        for (int i = 0; i < 4; i++) Py_DECREF(target[i]);
+        if (got == 1) for (int i = 0; i < 4; i++) Py_DECREF(source[i]);
+        if (got < 0 || PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    /* collectives.plan_key's order: (kind, group_id, target's address, shape, strides,
+     * dtype, writeable, source's address, shape, strides, dtype, *values) */
+    PyTuple_SET_ITEM(key, 0, Py_NewRef(args[0]));
+    PyTuple_SET_ITEM(key, 1, Py_NewRef(args[1]));
+    for (int i = 0; i < 4; i++) PyTuple_SET_ITEM(key, 2 + i, target[i]);
+    PyTuple_SET_ITEM(key, 6, PyBool_FromLong(((numpy_array *)args[3])->flags & NUMPY_WRITEABLE));
+    for (int i = 0; i < 4; i++) PyTuple_SET_ITEM(key, 7 + i, source[i]);
+    for (Py_ssize_t i = 0; i < n_values; i++)
+        PyTuple_SET_ITEM(key, 11 + i, Py_NewRef(PyTuple_GET_ITEM(values, i)));
+    return key;
+}
+
 static PyMethodDef methods[] = {
     {"exchange", (PyCFunction)(void (*)(void))coll_exchange, METH_FASTCALL,
      "exchange(board, nbytes, size, rank, slot_words, words, seq_word, spins, volatile, seq, "
@@ -741,10 +875,18 @@ static PyMethodDef methods[] = {
      "combine_from(dst, nbytes, sources, kind, op)"},
     {"deliver", (PyCFunction)(void (*)(void))coll_deliver, METH_FASTCALL,
      "deliver(dst, scratch, offset, nbytes)"},
+    {"call_key", (PyCFunction)(void (*)(void))coll_call_key, METH_FASTCALL,
+     "call_key(kind, group_id, values, target, source, ndarray, memory) -> key or None"},
     {NULL, NULL, 0, NULL},
 };
 
 static int exec_module(PyObject *module) {
+    if (name_address == NULL) {   /* (immortal once interned: a second module object shares them) */
+        name_address = PyUnicode_InternFromString("address");
+        name_nbytes = PyUnicode_InternFromString("nbytes");
+        name_itemsize = PyUnicode_InternFromString("itemsize");
+        if (name_address == NULL || name_nbytes == NULL || name_itemsize == NULL) return -1;
+    }
     PyObject *stepper = PyType_FromSpec(&stepper_spec);
     if (stepper == NULL) return -1;
     int failed = PyModule_AddObjectRef(module, "Stepper", stepper) < 0;

@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .. import _args, api
+from .. import _args, api, native
 from ..vocabulary import REDUCE_OPS
 from ..openshmem import barrier, collectives
 from ..openshmem.collectives import Operand
@@ -89,22 +89,63 @@ def _operand(a: np.ndarray, role: str, count: int | None = None) -> Operand:
     return Operand.of(data, a.itemsize, a.dtype, offset)
 
 
-def _call_key(kind: str, team, target, source, *values) -> tuple | None:
-    """collectives.plan_key() of a call on symmetric arrays target and source:
-    where each lies on the heap, its shape, strides and dtype, whether target
-    is writable (whether their blocks are live: the memo itself). None where
-    there can be no key: another type, an array that is not on the heap (the
-    general path says what is wrong)."""
+def _call_key(h, kind: str, team, target, source, *values) -> tuple | None:
+    """collectives.plan_key() of a call on symmetric arrays target and source
+    of the heap whose core is `h`: where each lies on the heap, its shape,
+    strides and dtype, whether target is writable (whether their blocks are
+    live: the memo itself). None where there can be no key: another type, an
+    array that is not on the heap (the general path says what is wrong).
+    Built in one native call where the heap has one (Where.call_key: the
+    same key, tests/unit/shmem/test_shmem_call_key.py), in Python where it
+    has not or that call steps aside."""
     if type(target) is not np.ndarray or type(source) is not np.ndarray:
         return None
+    group = None if team is None else of_collective(team)   # (raises for a bad team, as
+    make = h.where.call_key                                  # the general path first does)
+    if make is not None and NATIVE_KEY:
+        key = make(kind, None if group is None else id(group), values, target, source,
+                   np.ndarray, arrays.HeapMemory)
+        if key is not None:
+            return key
+    return python_key(kind, group, target, source, *values)
+
+
+def python_key(kind: str, group, target: np.ndarray, source: np.ndarray,
+               *values) -> tuple | None:
+    """_call_key's key, in Python, over the team `group` (of_collective's)."""
     t, s = arrays.heap_address(target), arrays.heap_address(source)
     if t is None or s is None:
         return None
-    group = of_collective(team)   # (raises for a bad team, as the general path first does)
     return collectives.plan_key(kind, None if group is None else id(group), values, t,
                                 target.shape, target.strides, target.dtype,
                                 target.flags.writeable, s, source.shape, source.strides,
                                 source.dtype)
+
+
+def _native_key_agrees() -> bool:
+    """Whether native.call_key reads NumPy arrays as NumPy itself does (it reads
+    the fields of NumPy's array struct): the same key as python_key on probe
+    arrays of several layouts, and no key where python_key has none."""
+    make = native.call_key
+    if make is None:
+        return False
+    memory = arrays.HeapMemory(torch.zeros(256, dtype=torch.uint8))
+    whole = np.asarray(memory)
+    probes = [whole, whole[8:40].view(np.float64), whole[3:19], whole[40:0:-1],
+              whole.view(np.int32).reshape(8, 8)[1:5, ::3], whole[:0],
+              whole.view(np.int16)[5:6].reshape(()), whole[::-2], np.zeros(4), whole[:8].copy()]
+    probes[2].flags.writeable = False
+    try:
+        return all(make("k", None, values, target, source, np.ndarray, arrays.HeapMemory)
+                   == python_key("k", None, target, source, *values)
+                   for target in probes for source in (whole, probes[3])
+                   for values in ((0, None), ("sum", 3)))
+    except TypeError:    # (not NumPy's array type as it knows it)
+        return False
+
+
+#: whether _call_key may use native.call_key (probed once, at import)
+NATIVE_KEY = _native_key_agrees()
 
 
 def _checked(target, source) -> None:
@@ -131,7 +172,7 @@ def broadcast(target: np.ndarray, source: np.ndarray, root: int, size: Optional[
         SymmetryError: the PEs made different calls.
     """
     h = arrays.core()
-    key = _call_key("broadcast", team, target, source, root, size)
+    key = _call_key(h, "broadcast", team, target, source, root, size)
     if collectives.replayed(h, key):
         return
 
@@ -162,7 +203,7 @@ def collect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         As broadcast.
     """
     h = arrays.core()
-    key = _call_key("collect", team, target, source, size)
+    key = _call_key(h, "collect", team, target, source, size)
     if collectives.replayed(h, key):
         return
 
@@ -192,7 +233,7 @@ def fcollect(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         As broadcast.
     """
     h = arrays.core()
-    key = _call_key("fcollect", team, target, source, size)
+    key = _call_key(h, "fcollect", team, target, source, size)
     if collectives.replayed(h, key):
         return
     npes = size_of(team)
@@ -223,7 +264,7 @@ def alltoall(target: np.ndarray, source: np.ndarray, size: Optional[int] = None,
         As broadcast.
     """
     h = arrays.core()
-    key = _call_key("alltoall", team, target, source, size)
+    key = _call_key(h, "alltoall", team, target, source, size)
     if collectives.replayed(h, key):
         return
     npes = size_of(team)
@@ -312,7 +353,7 @@ def reduce(target: np.ndarray, source: np.ndarray, op: OP = OP_SUM, size: Option
         ValueError: an unknown op; otherwise as broadcast.
     """
     h = arrays.core()
-    key = _call_key("reduce", team, target, source, op, size)
+    key = _call_key(h, "reduce", team, target, source, op, size)
     if collectives.replayed(h, key):
         return
 

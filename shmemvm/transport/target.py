@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from .. import native
+from ..native import call_key as native_call_key
 from ..backends.base import VMMBackend
 from ..errors import UnsupportedError
 from ..memory.buddy import Block
@@ -105,6 +106,9 @@ class Locator:
         self.kernel_atomics = routes.atomics is AtomicPath.KERNEL
         #: the NumPy face's one-pass paths (a copy or an atomic by the CPU itself) apply
         self.one_pass = self.cpu_copies or self.cpu_atomics
+        #: the NumPy face's memo key of a collective call in one call, where every PE
+        #: has the compiled piece (native.call_key); None: the face's Python key
+        self.call_key = native_call_key if native else None
 
     def array_address(self, array) -> int | None:
         """Where C-contiguous NumPy `array`'s data starts (the compiled piece
