@@ -46,6 +46,9 @@ class Request:
     fill: Callable[[torch.Tensor], None] | None = None
     #: more arguments every PE must pass alike (the face's shape, dtype, ...), compared
     key: tuple = ()
+    #: _checked()'s answer, kept by allocate() where it asked nothing of the heap (no
+    #: alignment): a face that gives the same Request again is not checked twice
+    checked: tuple | None = None
 
 
 def _checked(heap: Core, request: Request, what: str) -> tuple:
@@ -68,7 +71,7 @@ def _checked(heap: Core, request: Request, what: str) -> tuple:
     return nbytes, alignment or 0, hints, request.fill is not None, request.key
 
 
-def allocate(heap: Core, request: Callable[[], Request], text: str, *,
+def allocate(heap: Core, request: Callable[[], Request], text: str | tuple, *,
              phase: Phase = Phase.ALLOCATE, what: str = "alloc") -> torch.Tensor:
     """Symmetric memory as a 1-D uint8 tensor, as `request()` asks for it
     (collective): both faces' one allocation with alignment, hints and a fill.
@@ -80,7 +83,8 @@ def allocate(heap: Core, request: Callable[[], Request], text: str, *,
 
     Args:
         request: makes the Request from the face's arguments, or raises.
-        text: the call as messages name it.
+        text: the call as messages name it (or (format, *values): made into text
+            only where a message needs it).
         phase: the call's phase (the agreement compares it too).
         what: the routine's name, for messages.
 
@@ -96,7 +100,12 @@ def allocate(heap: Core, request: Callable[[], Request], text: str, *,
     made = None
     try:
         made = request()
-        call.args = _checked(heap, made, what)
+        args = made.checked
+        if args is None:
+            args = _checked(heap, made, what)
+            if made.alignment is None:
+                made.checked = args
+        call.args = args
     except (TypeError, ValueError) as exc:
         call.error = exc
     if call.error is not None:

@@ -121,6 +121,29 @@ def fromalloc(mem: memoryview, shape: Optional[Shape] = None, dtype: Any = None,
     return a.reshape(dims, order=arrays.order_of(order))
 
 
+#: _new()'s Requests (with the array's dims, dtype and order) by the plain
+#: arguments they were made of (_request_key): the same arguments make the same
+#: Request, so a repeated allocation does not work it out again (issue 30).
+#: Only what request() returned is kept, never an error; a program of many
+#: shapes keeps its first REQUESTS_KEPT.
+_REQUESTS: dict[tuple, tuple] = {}
+REQUESTS_KEPT = 256
+
+
+def _request_key(shape, dtype, order, align, hints, clear: bool) -> tuple | None:
+    """_REQUESTS' key of these arguments, where request() makes its Request
+    from them alone: the shape an int or a tuple of ints, the dtype None, a
+    type or a string, the order a string, no alignment or hints (which it
+    checks against the heap); else None."""
+    if align is not None or hints is not None or type(order) is not str or \
+            (dtype is not None and type(dtype) is not type and type(dtype) is not str):
+        return None
+    if type(shape) is not int and not (type(shape) is tuple and
+                                       all(type(d) is int for d in shape)):
+        return None
+    return shape, dtype, order, clear
+
+
 def _new(shape: Shape, dtype: Any, order: str, align: Optional[int], hints: Optional[int],
          what: str, *, clear: bool = False, value=None, infer=None) -> np.ndarray:
     """A symmetric array of shape, dtype and order (collective), zeroed
@@ -128,8 +151,14 @@ def _new(shape: Shape, dtype: Any, order: str, align: Optional[int], hints: Opti
     (neither: uninitialised); the arguments are checked inside the agreement,
     where a dtype of None is infer()'s."""
     made: list = []
+    memo = _request_key(shape, dtype, order, align, hints, clear) \
+        if value is None and infer is None else None
 
     def request() -> Request:
+        kept = _REQUESTS.get(memo) if memo is not None else None
+        if kept is not None:
+            made[:] = kept[1]
+            return kept[0]
         dims = arrays.shape_of(shape)
         kind = arrays.dtype_of(infer() if dtype is None and infer is not None else dtype)
         layout = arrays.order_of(order)
@@ -140,10 +169,14 @@ def _new(shape: Shape, dtype: Any, order: str, align: Optional[int], hints: Opti
             def fill(raw: torch.Tensor) -> None:
                 np.copyto(arrays.shaped(raw, dims, kind, layout), filler, casting="unsafe")
         made[:] = dims, kind, layout
-        return Request(arrays.nbytes_of(dims, kind), align, hints, fill,
-                       key=(dims, kind.str, layout))
+        asked = Request(arrays.nbytes_of(dims, kind), align, hints, fill,
+                        key=(dims, kind.str, layout))
+        if memo is not None and len(_REQUESTS) < REQUESTS_KEPT:
+            _REQUESTS[memo] = asked, (dims, kind, layout)
+        return asked
 
-    raw = routines.allocate(arrays.core(), request, f"{what}(shape={shape!r}, dtype={dtype!r})")
+    raw = routines.allocate(arrays.core(), request, ("{}(shape={!r}, dtype={!r})", what, shape,
+                                                     dtype))
     dims, kind, layout = made
     return arrays.shaped(raw, dims, kind, layout)
 

@@ -93,6 +93,48 @@ def test_arrays_that_nothing_views_free_themselves(world):
 
 # -- put / get ---------------------------------------------------------------------------------
 @pytest.mark.mpi
+def test_a_remembered_request_makes_what_working_it_out_makes(world, monkeypatch):
+    """A repeated allocation takes its Request from memory (shmem/memory.py's
+    _REQUESTS, issue 30): the same arrays as a Request worked out anew, the
+    same errors on every call, a mismatch still a SymmetryError."""
+    from shmemvm.shmem import memory
+
+    calls = [((3, 4), np.int32, "C"), (5, float, "F"), ((2, 0, 3), "i2", "C"), (7, None, "C"),
+             ((4, 2), "c16", "F")]
+
+    def made():
+        out = []
+        for shape, dtype, order in calls:
+            for new in (shmem.zeros, shmem.empty):
+                a = new(shape, dtype=dtype, order=order) if dtype is not None else \
+                    new(shape, order=order)
+                out.append((a.shape, a.dtype, a.strides, a.flags.c_contiguous,
+                            a.flags.f_contiguous, a.flags.writeable))
+                if new is shmem.zeros:
+                    assert not a.any()
+                shmem.free(a)
+        return out
+
+    memory._REQUESTS.clear()
+    first, again = made(), made()          # worked out, then remembered
+    assert memory._REQUESTS, "nothing was remembered"
+    monkeypatch.setattr(memory, "REQUESTS_KEPT", 0)
+    memory._REQUESTS.clear()
+    assert made() == first == again       # the same without any memory
+    monkeypatch.undo()
+    for _ in range(2):                     # a bad argument is never remembered
+        with pytest.raises(ValueError):
+            shmem.zeros(-3)
+        with pytest.raises(TypeError):
+            shmem.zeros(3, dtype="no such dtype")
+    shmem.free(shmem.zeros(3))             # remembered now
+    if shmem.n_pes() > 1:
+        with pytest.raises(shmemvm.SymmetryError):
+            shmem.zeros(3 if shmem.my_pe() == 0 else 4)  # PE 0's Request remembered
+    shmem.barrier_all()
+
+
+@pytest.mark.mpi
 def test_put_get_whole_slices_and_fortran_order(world):
     me, n, right, left = _neighbours()
     grid = shmem.zeros((4, 6), dtype=np.int64)
