@@ -14,7 +14,7 @@ objects, long double and its complex type included.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -30,6 +30,41 @@ Shape = Union[int, Sequence[int]]
 
 def _zero(tensor: torch.Tensor) -> None:
     tensor.zero_()
+
+
+#: alloc()'s and _new()'s Requests (with, for _new, the array's dims, dtype and
+#: order) by the plain arguments they were made of (_request_key for _new's;
+#: alloc's are two ints and clear): the same arguments make the same
+#: Request, so a repeated allocation does not work it out again (issue 30).
+#: Only what request() returned is kept, never an error; a program of many
+#: shapes keeps its first REQUESTS_KEPT.
+_REQUESTS: dict[tuple, tuple] = {}
+REQUESTS_KEPT = 256
+
+
+def _remembered(memo: tuple | None, work_out: Callable[[], tuple]) -> tuple:
+    """work_out()'s (Request, what else the face needs of it), kept in
+    _REQUESTS under `memo` (None: not kept), or what is kept there already."""
+    kept = _REQUESTS.get(memo) if memo is not None else None
+    if kept is None:
+        kept = work_out()      # (raises for a bad argument: nothing kept)
+        if memo is not None and len(_REQUESTS) < REQUESTS_KEPT:
+            _REQUESTS[memo] = kept
+    return kept
+
+
+def _request_key(shape, dtype, order, align, hints, clear: bool) -> tuple | None:
+    """_REQUESTS' key of these arguments, where request() makes its Request
+    from them alone: the shape an int or a tuple of ints, the dtype None, a
+    type or a string, the order a string, no alignment or hints (which it
+    checks against the heap); else None."""
+    if align is not None or hints is not None or type(order) is not str or \
+            (dtype is not None and type(dtype) is not type and type(dtype) is not str):
+        return None
+    if type(shape) is not int and not (type(shape) is tuple and
+                                       all(type(d) is int for d in shape)):
+        return None
+    return shape, dtype, order, clear
 
 
 def alloc(count: int, size: int = 1, align: Optional[int] = None,
@@ -53,12 +88,18 @@ def alloc(count: int, size: int = 1, align: Optional[int] = None,
         HeapExhaustedError: the heap cannot hold it (see SHMEMVM_HEAP_SIZE).
         TypeError, ValueError: bad sizes, alignment or hints (on every PE).
     """
+    memo = ("alloc", count, size, bool(clear)) if type(count) is int and type(size) is int \
+        and align is None and hints is None else None
+
     def request() -> Request:
-        nbytes = _args.count(count, "alloc: count") * _args.count(size, "alloc: size")
-        return Request(nbytes, align, hints, _zero if clear else None)
+        def work_out() -> tuple:
+            nbytes = _args.count(count, "alloc: count") * _args.count(size, "alloc: size")
+            return Request(nbytes, align, hints, _zero if clear else None), None
+        return _remembered(memo, work_out)[0]
 
     raw = routines.allocate(arrays.core(), request,
-                            f"alloc({count!r}, {size!r}, align={align!r}, hints={hints!r})")
+                            ("alloc({!r}, {!r}, align={!r}, hints={!r})", count, size, align,
+                             hints))
     return memoryview(arrays.over(raw))
 
 
@@ -121,29 +162,6 @@ def fromalloc(mem: memoryview, shape: Optional[Shape] = None, dtype: Any = None,
     return a.reshape(dims, order=arrays.order_of(order))
 
 
-#: _new()'s Requests (with the array's dims, dtype and order) by the plain
-#: arguments they were made of (_request_key): the same arguments make the same
-#: Request, so a repeated allocation does not work it out again (issue 30).
-#: Only what request() returned is kept, never an error; a program of many
-#: shapes keeps its first REQUESTS_KEPT.
-_REQUESTS: dict[tuple, tuple] = {}
-REQUESTS_KEPT = 256
-
-
-def _request_key(shape, dtype, order, align, hints, clear: bool) -> tuple | None:
-    """_REQUESTS' key of these arguments, where request() makes its Request
-    from them alone: the shape an int or a tuple of ints, the dtype None, a
-    type or a string, the order a string, no alignment or hints (which it
-    checks against the heap); else None."""
-    if align is not None or hints is not None or type(order) is not str or \
-            (dtype is not None and type(dtype) is not type and type(dtype) is not str):
-        return None
-    if type(shape) is not int and not (type(shape) is tuple and
-                                       all(type(d) is int for d in shape)):
-        return None
-    return shape, dtype, order, clear
-
-
 def _new(shape: Shape, dtype: Any, order: str, align: Optional[int], hints: Optional[int],
          what: str, *, clear: bool = False, value=None, infer=None) -> np.ndarray:
     """A symmetric array of shape, dtype and order (collective), zeroed
@@ -155,10 +173,10 @@ def _new(shape: Shape, dtype: Any, order: str, align: Optional[int], hints: Opti
         if value is None and infer is None else None
 
     def request() -> Request:
-        kept = _REQUESTS.get(memo) if memo is not None else None
-        if kept is not None:
-            made[:] = kept[1]
-            return kept[0]
+        asked, made[:] = _remembered(memo, work_out)
+        return asked
+
+    def work_out() -> tuple:
         dims = arrays.shape_of(shape)
         kind = arrays.dtype_of(infer() if dtype is None and infer is not None else dtype)
         layout = arrays.order_of(order)
@@ -168,12 +186,8 @@ def _new(shape: Shape, dtype: Any, order: str, align: Optional[int], hints: Opti
 
             def fill(raw: torch.Tensor) -> None:
                 np.copyto(arrays.shaped(raw, dims, kind, layout), filler, casting="unsafe")
-        made[:] = dims, kind, layout
-        asked = Request(arrays.nbytes_of(dims, kind), align, hints, fill,
-                        key=(dims, kind.str, layout))
-        if memo is not None and len(_REQUESTS) < REQUESTS_KEPT:
-            _REQUESTS[memo] = asked, (dims, kind, layout)
-        return asked
+        return (Request(arrays.nbytes_of(dims, kind), align, hints, fill,
+                        key=(dims, kind.str, layout)), (dims, kind, layout))
 
     raw = routines.allocate(arrays.core(), request, ("{}(shape={!r}, dtype={!r})", what, shape,
                                                      dtype))

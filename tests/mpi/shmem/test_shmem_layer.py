@@ -113,6 +113,10 @@ def test_a_remembered_request_makes_what_working_it_out_makes(world, monkeypatch
                 if new is shmem.zeros:
                     assert not a.any()
                 shmem.free(a)
+        for count, size, clear in [(16, 4, False), (3, 1, True), (0, 8, True)]:
+            m = shmem.alloc(count, size, clear=clear)
+            out.append((m.nbytes, m.readonly, bytes(m) == bytes(count * size) if clear else None))
+            shmem.free(m)
         return out
 
     memory._REQUESTS.clear()
@@ -127,6 +131,8 @@ def test_a_remembered_request_makes_what_working_it_out_makes(world, monkeypatch
             shmem.zeros(-3)
         with pytest.raises(TypeError):
             shmem.zeros(3, dtype="no such dtype")
+        with pytest.raises(ValueError):
+            shmem.alloc(-1, 4)
     shmem.free(shmem.zeros(3))             # remembered now
     if shmem.n_pes() > 1:
         with pytest.raises(shmemvm.SymmetryError):
