@@ -15,7 +15,7 @@
 #
 # Steps: shmem4py built against OSHMEM with oshcc into /tmp/osh (the recipe of the
 # workplace's oshmem-on-device.sh); shmemvm's compiled piece built by meson and each
-# extension copied where the package imports it (gcc on each module's C file where
+# extension copied where the package imports it (gcc on each module's C files where
 # meson fails); then `python -m benchmarks host-vs-oshmem` (--rows goal: issue 30's
 # rows) with OSHMEM under `oshrun --allow-run-as-root --oversubscribe` and shmemvm
 # under `/usr/bin/mpirun --allow-run-as-root --oversubscribe`, alternating, every PE
@@ -89,11 +89,12 @@ for built, installed in json.load(sys.stdin).items():
         print("built", dest)'
 else
     tail -20 /tmp/svbuild.log
-    echo "meson failed: gcc on each module's C file (a file defining PyInit_<name>)"
+    echo "meson failed: gcc on each module's C file (a file defining PyInit_<name>), with"
+    echo "the files that define none (a module's other sources: collective_data.c)"
     for c in shmemvm/native/*.c; do
         mod=$(grep -o 'PyInit_[A-Za-z0-9_]*' "$c" | head -1 | cut -c8-)
         [ -n "$mod" ] && gcc -O2 -shared -fPIC -std=c11 -D_GNU_SOURCE $(python3-config --includes) \
-            "$c" -o "shmemvm/native/$mod$(python3-config --extension-suffix)" && echo "built $mod"
+            "$c" $(grep -L PyInit_ shmemvm/native/*.c) -o "shmemvm/native/$mod$(python3-config --extension-suffix)" && echo "built $mod"
     done
 fi
 $PY -m shmemvm info 2>&1 | head -8

@@ -52,11 +52,12 @@ agreement and everything that must hold for it to be trusted:
 from __future__ import annotations
 
 import array
+import functools
 import hashlib
 import logging
 import os
 import time
-from collections.abc import Set
+from collections.abc import Callable, Set
 from typing import Literal
 
 from mpi4py import MPI
@@ -169,23 +170,7 @@ class Agreement:
             code = board.step(template, seq, flag,
                               self._prompt if self.liveness is not None else -1)
             if code is not None:
-                recv = board.out
-                if (code == 0 or code == -2) and not self._debug:   # agreed, not late
-                    self._entered = -recv[TIME_SLOT]
-                    if not dead:
-                        return _PLAIN if code == 0 else _NOT_EVERYWHERE
-                    if -recv[DEAD_SLOT] == recv[DEAD_DIGEST_SLOT]:   # (< 0: on every PE)
-                        # every PE has these dead blocks (the NumPy face's free: its
-                        # array dies after it, on every PE alike), as _outcome decides
-                        released = frozenset(dead)
-                        self.release(released)
-                        return Outcome(code == 0, released)
-                    # (not the same dead blocks everywhere: _outcome's allgather)
-                if code > 0:
-                    board.finish(seq, lambda ready: self.wait_until(
-                        ready, lambda: self.describe(call), 0))
-                self._completed(call, recv)
-                return self._outcome(call, board.send, recv, dead)
+                return self._board_outcome(call, dead, code)
         tick = time.time_ns() // self._tick
         # MAX of v and of -v gives the max and minus the min of each word at once
         request: MPI.Request | Literal[False] | None = None
@@ -233,6 +218,47 @@ class Agreement:
                 raise
         self._completed(call, recv)
         return self._outcome(call, send, recv, dead)
+
+    def _board_outcome(self, call: Call, dead: Set[int], code: int) -> Outcome:
+        """The outcome of the board's whole step of `call` (board.step(), or a
+        Quick step's where it was not plain) that ended with `code`."""
+        board = self.board
+        assert board is not None, "a board step was taken"
+        recv = board.out
+        if (code == 0 or code == -2) and not self._debug:   # agreed, not late
+            self._entered = -recv[TIME_SLOT]
+            if not dead:
+                return _PLAIN if code == 0 else _NOT_EVERYWHERE
+            if -recv[DEAD_SLOT] == recv[DEAD_DIGEST_SLOT]:   # (< 0: on every PE)
+                # every PE has these dead blocks (the NumPy face's free: its
+                # array dies after it, on every PE alike), as _outcome decides
+                released = frozenset(dead)
+                self.release(released)
+                return Outcome(code == 0, released)
+            # (not the same dead blocks everywhere: _outcome's allgather)
+        if code > 0:
+            seq = self.seq
+            board.finish(seq, lambda ready: self.wait_until(
+                ready, lambda: self.describe(call), 0))
+        self._completed(call, recv)
+        return self._outcome(call, board.send, recv, dead)
+
+    def quick(self, call: Call, lock, guards: tuple) -> Callable[[], object] | None:
+        """A collective call that is the one agreed step of `call` (fixed: no
+        arguments; the flag set, nothing dead), whole in one native call
+        (_collective.Quick) while nothing is unusual: a callable that returns
+        None where it did nothing (`lock` held by another thread, or one of
+        `guards`, the (object, attribute) pairs of the caller's parts that
+        must be false, is not), else what collective() would have made of the
+        same step. None where this agreement cannot: no native board, or its
+        steps are logged."""
+        board = self.board
+        if board is None or self._debug or call.template is None or call.error is not None:
+            return None
+        return board.quick(call.template, call.phase in COUNTED,
+                           self._prompt if self.liveness is not None else -1, lock, self,
+                           guards + ((self, "broken"),),
+                           functools.partial(self._board_outcome, call, frozenset()))
 
     def _completed(self, call: Call, recv: array.array) -> None:
         """The step is complete here: note when its earliest PE entered it, and

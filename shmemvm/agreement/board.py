@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import array
 import zlib
+from collections.abc import Callable
 from typing import cast
 
 from mpi4py import MPI
@@ -137,6 +138,8 @@ class Board:
         #: _collective.Stepper, which holds send, out and done), the vector it sent,
         #: and the payload of a step whose reading finish() completes
         self._stepper = None
+        #: close() ran: the window is gone (a Quick step checks it first)
+        self.closed = False
         self.send = array.array("q", bytes(words * _WORD))
         self._waiting: tuple | None = None
         #: the payload of the next step (stage()), and the one the last step carried
@@ -197,6 +200,21 @@ class Board:
         else:
             self.carried = staged
         return code
+
+    def quick(self, template, counted: bool, prompt: int, lock, owner, guards: tuple,
+              settle) -> Callable[[], object] | None:
+        """step()'s one call made a whole collective call (_collective.Quick, its
+        contract there): the step of `template` on `owner` (the agreement: its
+        seq, calls where `counted`, _sub and _entered), under `lock`, while the
+        `guards` and this board's own (a step left to finish, a staged payload)
+        are false; `settle(code)` where it is not plain. None where steps do not
+        run in C (no Stepper)."""
+        if self._stepper is None:
+            return None
+        return _collective.Quick(self._stepper, template, counted, prompt, _STEP_BUDGET_NS,
+                                 lock, owner, self,
+                                 guards + ((self, "closed"), (self, "_unfinished"),
+                                           (self, "_staged")), settle)
 
     def finish(self, seq: int, wait) -> None:
         """Read the slots of step `seq` that step() left, under `wait` (as
@@ -351,6 +369,7 @@ class Board:
         """Free the shared window (collective over the board's PEs: only when
         every PE has a board and no step is left hanging)."""
         window, self._window = self._window, None
+        self.closed = True
         self._stepper = self._head = None   # (they address the window: no step after this)
         for view in (self._words, self._bytes):
             view.release()

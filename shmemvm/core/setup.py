@@ -348,6 +348,7 @@ def teardown(core: HeapCore) -> None:
     """Release everything `core` holds: the routines' state first (teams before
     the communicators they were split from), then its parts (_release)."""
     core.closed = True
+    core.quick.clear()   # (each holds the board's Stepper, which addresses its window)
     core.close_features()
     _release(_Made(comm=core.comm, node=core.node, agreement=core.agreement, local=core.local,
                    channel=core.channel, liveness=core.liveness, anchor=core.anchor,

@@ -130,6 +130,11 @@ class Calls(Protocol):
     @property
     def broken(self) -> str | None: ...   # why the heap is unusable (a timed-out step)
 
+    #: quick[call]: a fixed call's whole collective call in one native call, which
+    #: returns None where it did nothing (the caller's general path then runs); None
+    #: where there is none (Agreement.quick, HeapCore.make_quick)
+    quick: dict[Call, Callable[[], object] | None]
+
     def check_usable(self) -> None: ...
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
     def mark_broken(self, why: str) -> None: ...
@@ -297,6 +302,21 @@ def parts_of(heap: Any) -> Parts:
     return core_of(heap)._parts
 
 
+class _QuickSteps(dict):
+    """Calls.quick: `quick[call]` is a fixed call's quick step (make_quick()),
+    made at its first use; None where the heap has none."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: HeapCore) -> None:
+        super().__init__()
+        self._core = core
+
+    def __missing__(self, call: Call) -> Callable[[], object] | None:
+        quick = self[call] = self._core.make_quick(call)
+        return quick
+
+
 class HeapCore:
     """One symmetric heap's state and services (see the module doc), made whole:
     setup.py builds every part, then hands them all to the constructor."""
@@ -377,6 +397,8 @@ class HeapCore:
         #: the releases of allocate()'s one step, held until its block is taken
         #: (release_dead()); None outside it
         self._held: set[int] | None = None
+        #: Calls.quick: each fixed call's whole step in one native call, or None
+        self.quick = _QuickSteps(self)
 
     # -- what the heap is ---------------------------------------------------------------
     @property
@@ -465,6 +487,19 @@ class HeapCore:
         if dead:
             self._pending.update(dead)
         return agreement.collective(call, self._pending, flag)   # (positional: no keyword parsing)
+
+    def make_quick(self, call: Call) -> Callable[[], object] | None:
+        """`call`'s quick step (Agreement.quick) under this heap's lock, taken
+        while nothing agree() and quiet() would deal with is there: a finalized
+        heap, blocks to release, operations to complete. None where there is
+        none (no native board; a device backend, whose barrier waits for its
+        stream)."""
+        quiet = self.tracker.idle_guards
+        if self.closed or self._device or quiet is None:
+            return None
+        # (a finalized heap's board is closed: the board's own guard sees it)
+        guards = ((self, "_pending"),) + quiet + self.local.idle_guards
+        return self.agreement.quick(call, self.lock, guards)
 
     def release_dead(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more (the

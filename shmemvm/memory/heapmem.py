@@ -144,6 +144,12 @@ class HeapMemory(VMemPow2Allocator):
         their last view gone), handed over to be released (release())."""
         return self._take_dead()
 
+    @property
+    def idle_guards(self) -> tuple:
+        """The (object, attribute) pairs that are all false while take_dead()
+        would find nothing: what lets a quick barrier skip it (_collective.Quick)."""
+        return ((self, "_dead"), (self._mailbox, "events"))
+
     def release(self, offset: int) -> Exception | None:
         """Give the block back to the allocator (its segment is cached).
         Imported memory is unmapped at once instead: where that fails, the

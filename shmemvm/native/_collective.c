@@ -1,6 +1,9 @@
 /* shmemvm.native._collective: a whole agreed step of a collective on the
- * node's shared-memory board in one call, and the combining of a reduction
- * (issue 30). The board's layout and protocol are agreement/board.py's.
+ * node's shared-memory board in one call, a barrier's whole call in one, and
+ * the combining of a reduction (issue 30). The board's layout and protocol are
+ * agreement/board.py's. This file holds the steps (exchange, Stepper, Quick)
+ * and the module; collective_data.c the data side (combine, combine_from,
+ * deliver, call_key), whose contracts are said here too.
  *
  *   exchange(board, nbytes, size, rank, slot_words, words, seq_word, spins,
  *            volatile, seq, vector, out, done, payload, payload_len, scratch,
@@ -24,6 +27,9 @@
  *   Stepper(...).step(...)
  *       a whole agreed step in one call, its constant arguments checked once
  *       (below, where it is defined).
+ *   Quick(...)()
+ *       a collective call that is one fixed step (barrier_all, sync_all), whole
+ *       in one call where nothing is unusual, else nothing done (below).
  *   combine(dst, nbytes, scratch, n, kind, op)
  *       dst[j] <- scratch[0][j] op scratch[1][j] op ... op scratch[n-1][j],
  *       folded left in that order (team PE order) in the element type `kind`,
@@ -51,7 +57,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "shared.h"
+#include "collective.h"
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
@@ -59,40 +65,6 @@
 
 /* the longest vector a step compares (the agreement's is 30 words) */
 #define MAX_WORDS 64
-
-static int parse_address(PyObject *obj, uintptr_t *address, unsigned long long nbytes,
-                         int align, const char *what) {
-    unsigned long long a = PyLong_AsUnsignedLongLong(obj);
-    if (a == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-    if (a < MIN_ADDRESS) {
-        PyErr_Format(PyExc_ValueError, "%s: address %p is null or below the lowest address a "
-                     "process can map (64 KiB)", what, (void *)(uintptr_t)a);
-        return -1;
-    }
-    if (nbytes > MAX_ADDRESS || a > MAX_ADDRESS - nbytes) {
-        PyErr_Format(PyExc_ValueError, "%s: %llu bytes at %p run past the highest user "
-                     "address", what, nbytes, (void *)(uintptr_t)a);
-        return -1;
-    }
-    if (align > 1 && a % (unsigned long long)align) {
-        PyErr_Format(PyExc_ValueError, "%s: address %p is not aligned to %d bytes", what,
-                     (void *)(uintptr_t)a, align);
-        return -1;
-    }
-    *address = (uintptr_t)a;
-    return 0;
-}
-
-static int get_ssize(PyObject *obj, Py_ssize_t *out, Py_ssize_t least, const char *name) {
-    Py_ssize_t v = PyLong_AsSsize_t(obj);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    if (v < least) {
-        PyErr_Format(PyExc_ValueError, "%s must be >= %zd, got %zd", name, least, v);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
 
 /* The board and this PE's place on it (exchange()'s first 8 arguments), checked. */
 typedef struct {
@@ -406,13 +378,18 @@ static long long monotonic_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
+/* the end of a dealloc of an instance of a heap type (PyType_FromSpec's) */
+static void free_instance(PyObject *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
 static void stepper_dealloc(Stepper *self) {
     if (self->send.obj) PyBuffer_Release(&self->send);
     if (self->out.obj) PyBuffer_Release(&self->out);
     if (self->done.obj) PyBuffer_Release(&self->done);
-    PyTypeObject *type = Py_TYPE(self);
-    type->tp_free((PyObject *)self);
-    Py_DECREF(type);
+    free_instance((PyObject *)self);
 }
 
 static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -457,6 +434,35 @@ fail:
     return NULL;
 }
 
+/* A whole step on checked arguments (see Stepper above): the PEs left (> 0), or
+ * 0, -2 or -1 once every slot is read. */
+static Py_ssize_t run_step(Stepper *self, long long prompt, long long budget, long long seq,
+                           const int64_t *template, int flag, const Payload *p) {
+    const Head *h = &self->h;
+    int64_t *mine = (int64_t *)self->send.buf, *acc = (int64_t *)self->out.buf;
+    unsigned char *flags = (unsigned char *)self->done.buf;
+    memcpy(mine, template, (size_t)h->words * 8);
+    memset(flags, 0, (size_t)h->size);    /* no PE read yet */
+    mine[h->seq_word] = seq;
+    mine[self->neg_word] = -seq;
+    if (flag) mine[self->flag_word] = -1;
+    mine[self->time_word] = -(now_ns() / self->tick);
+    Py_ssize_t left = run_exchange(h, seq, mine, acc, flags, p);
+    if (left > 0 && budget > 0) {
+        /* go on reading (no write) until the budget is spent */
+        long long until = monotonic_ns() + budget;
+        while (left > 0 && monotonic_ns() < until)
+            left = run_exchange(h, seq, NULL, acc, flags, p);
+    }
+    if (left > 0) return left;
+    int agreed = 1;
+    for (Py_ssize_t w = 0; w < h->words && agreed; w++)
+        if (!(w < 64 && (h->volatile_words >> w) & 1) && acc[w] != mine[w]) agreed = 0;
+    if (agreed && prompt >= 0 && now_ns() / self->tick + acc[self->time_word] > prompt)
+        agreed = 0;
+    return !agreed ? -1 : acc[self->flag_word] == -1 ? 0 : -2;
+}
+
 static PyObject *stepper_step(Stepper *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12) {
         PyErr_SetString(PyExc_TypeError, "step(prompt, budget_ns, seq, template, flag, payload, "
@@ -486,30 +492,10 @@ static PyObject *stepper_step(Stepper *self, PyObject *const *args, Py_ssize_t n
         release_payload(&p);
         return NULL;
     }
-    int64_t *mine = (int64_t *)self->send.buf, *acc = (int64_t *)self->out.buf;
-    unsigned char *flags = (unsigned char *)self->done.buf;
-    memcpy(mine, template.buf, (size_t)h->words * 8);
+    Py_ssize_t code = run_step(self, prompt, budget, seq, (const int64_t *)template.buf, flag, &p);
     PyBuffer_Release(&template);
-    memset(flags, 0, (size_t)h->size);    /* no PE read yet */
-    mine[h->seq_word] = seq;
-    mine[self->neg_word] = -seq;
-    if (flag) mine[self->flag_word] = -1;
-    mine[self->time_word] = -(now_ns() / self->tick);
-    Py_ssize_t left = run_exchange(h, seq, mine, acc, flags, &p);
-    if (left > 0 && budget > 0) {
-        /* go on reading (no write) until the budget is spent */
-        long long until = monotonic_ns() + budget;
-        while (left > 0 && monotonic_ns() < until)
-            left = run_exchange(h, seq, NULL, acc, flags, &p);
-    }
     release_payload(&p);
-    if (left > 0) return PyLong_FromSsize_t(left);
-    int agreed = 1;
-    for (Py_ssize_t w = 0; w < h->words && agreed; w++)
-        if (!(w < 64 && (h->volatile_words >> w) & 1) && acc[w] != mine[w]) agreed = 0;
-    if (agreed && prompt >= 0 && now_ns() / self->tick + acc[self->time_word] > prompt)
-        agreed = 0;
-    return PyLong_FromLong(!agreed ? -1 : acc[self->flag_word] == -1 ? 0 : -2);
+    return PyLong_FromSsize_t(code);
 }
 
 static PyMethodDef stepper_methods[] = {
@@ -534,335 +520,227 @@ static PyType_Spec stepper_spec = {
     "shmemvm.native._collective.Stepper", sizeof(Stepper), 0, Py_TPFLAGS_DEFAULT, stepper_slots,
 };
 
-/* element kinds, exported as KINDS by the array/struct typecode of their bits (the
- * same numbering as _native.c's WORDS), and reduce's ops, exported as REDUCE_OPS by
- * name: native/__init__.py checks both against shmemvm/vocabulary.py at import */
-enum { K_I8, K_U8, K_I16, K_U16, K_I32, K_U32, K_I64, K_U64, K_F32, K_F64, K_COUNT };
-static const char *const kind_codes[K_COUNT] = {"b", "B", "h", "H", "i", "I", "q", "Q", "f", "d"};
-enum { O_SUM, O_PROD, O_MIN, O_MAX, O_AND, O_OR, O_XOR, O_COUNT };
-static const char *const op_names[O_COUNT] = {"sum", "prod", "min", "max", "and", "or", "xor"};
-
-static const int kind_sizes[K_COUNT] = {1, 1, 2, 2, 4, 4, 8, 8, 4, 8};
-
-/* dst <- src[0] op src[1] op ... op src[n-1], elementwise, folded left in that
- * order: dst takes src[0], then each next source is folded in over the whole
- * range (the same operations on each element as a fold element by element, so
- * the same bits, and loops a compiler vectorizes). dst may be src[0] itself but
- * overlap no other source (fold_overlaps() refuses that).
- * Integers: sum and prod in the unsigned type of the width (they wrap, as torch
- * and NumPy do, without C's signed overflow); floats: sum and prod only. */
-#define FOLD(T, U, FLOAT)                                                                \
-    do {                                                                                  \
-        T *d_ = (T *)dst;                                                                 \
-        const T *s0_ = (const T *)src[0];                                                 \
-        if ((const void *)d_ != (const void *)s0_) memmove(d_, s0_, (size_t)count * sizeof(T)); \
-        for (Py_ssize_t p = 1; p < n; p++) {                                              \
-            const T *s_ = (const T *)src[p];                                              \
-            switch (op) {                                                                 \
-            case O_SUM:                                                                   \
-                for (Py_ssize_t j = 0; j < count; j++)                                    \
-                    d_[j] = FLOAT ? (T)(d_[j] + s_[j]) : (T)((U)d_[j] + (U)s_[j]);        \
-                break;                                                                    \
-            case O_PROD:                                                                  \
-                for (Py_ssize_t j = 0; j < count; j++)                                    \
-                    d_[j] = FLOAT ? (T)(d_[j] * s_[j]) : (T)((U)d_[j] * (U)s_[j]);        \
-                break;                                                                    \
-            case O_MIN:                                                                   \
-                for (Py_ssize_t j = 0; j < count; j++) d_[j] = s_[j] < d_[j] ? s_[j] : d_[j]; \
-                break;                                                                    \
-            case O_MAX:                                                                   \
-                for (Py_ssize_t j = 0; j < count; j++) d_[j] = s_[j] > d_[j] ? s_[j] : d_[j]; \
-                break;                                                                    \
-            default: fold_bits((unsigned char *)d_, (const unsigned char *)s_,           \
-                               (size_t)count * sizeof(T), op);                            \
-            }                                                                             \
-        }                                                                                 \
-    } while (0)
-
-/* and, or, xor: on the bytes (the same as on the integers) */
-static void fold_bits(unsigned char *d, const unsigned char *s, size_t nbytes, Py_ssize_t op) {
-    for (size_t j = 0; j < nbytes; j++)
-        d[j] = op == O_AND ? (d[j] & s[j]) : op == O_OR ? (d[j] | s[j]) : (d[j] ^ s[j]);
-}
-
-/* 0, or -1 with a ValueError where dst overlaps a source other than being src[0] */
-static int fold_overlaps(uintptr_t dst, const unsigned char *const *src, Py_ssize_t n,
-                         Py_ssize_t nbytes, const char *what) {
-    for (Py_ssize_t p = 0; p < n && nbytes; p++) {
-        uintptr_t a = (uintptr_t)src[p];
-        if (a < dst + (uintptr_t)nbytes && dst < a + (uintptr_t)nbytes && !(p == 0 && a == dst)) {
-            PyErr_Format(PyExc_ValueError, "%s: the destination overlaps source %zd; it may "
-                         "be the first source itself, or none", what, p);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* The fold of n sources into dst (checked by the callers); without the GIL
- * from 64 KiB on. */
-static void fold(void *dst, const unsigned char *const *src, Py_ssize_t n, Py_ssize_t nbytes,
-                 Py_ssize_t kind, Py_ssize_t op) {
-    Py_ssize_t count = nbytes / kind_sizes[kind];
-    PyThreadState *state = nbytes >= (64 << 10) ? PyEval_SaveThread() : NULL;
-    switch (kind) {
-    case K_I8:  FOLD(int8_t, uint8_t, 0); break;
-    case K_U8:  FOLD(uint8_t, uint8_t, 0); break;
-    case K_I16: FOLD(int16_t, uint16_t, 0); break;
-    case K_U16: FOLD(uint16_t, uint16_t, 0); break;
-    case K_I32: FOLD(int32_t, uint32_t, 0); break;
-    case K_U32: FOLD(uint32_t, uint32_t, 0); break;
-    case K_I64: FOLD(int64_t, uint64_t, 0); break;
-    case K_U64: FOLD(uint64_t, uint64_t, 0); break;
-    case K_F32: FOLD(float, float, 1); break;
-    default:    FOLD(double, double, 1); break;
-    }
-    if (state) PyEval_RestoreThread(state);
-}
-
-/* kind and op checked: 0, or -1 with a ValueError */
-static int check_fold(Py_ssize_t kind, Py_ssize_t op, Py_ssize_t nbytes, const char *what) {
-    if (kind >= K_COUNT || op >= O_COUNT || (kind >= K_F32 && op > O_PROD)
-        || nbytes % kind_sizes[kind]) {
-        PyErr_Format(PyExc_ValueError, "%s: kind %zd, op %zd over %zd bytes: not one this "
-                     "combines", what, kind, op, nbytes);
-        return -1;
-    }
-    return 0;
-}
-
-/* combine(dst, nbytes, scratch, n, kind, op): see the top of the file */
-static PyObject *coll_combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "combine(dst, nbytes, scratch, n, kind, op)");
-        return NULL;
-    }
-    Py_ssize_t nbytes, n, kind, op;
-    if (get_ssize(args[1], &nbytes, 0, "combine: nbytes") < 0
-        || get_ssize(args[3], &n, 1, "combine: n") < 0
-        || get_ssize(args[4], &kind, 0, "combine: kind") < 0
-        || get_ssize(args[5], &op, 0, "combine: op") < 0
-        || check_fold(kind, op, nbytes, "combine") < 0)
-        return NULL;
-    if (n > 4096) {
-        PyErr_Format(PyExc_ValueError, "combine: %zd PEs, at most 4096", n);
-        return NULL;
-    }
-    uintptr_t dst_address;
-    if (parse_address(args[0], &dst_address, (unsigned long long)nbytes, kind_sizes[kind],
-                      "combine: dst") < 0)
-        return NULL;
-    Py_buffer scratch;
-    if (PyObject_GetBuffer(args[2], &scratch, PyBUF_SIMPLE) < 0) return NULL;
-    if (nbytes && n > scratch.len / nbytes) {
-        PyBuffer_Release(&scratch);
-        PyErr_Format(PyExc_ValueError, "combine: scratch has %zd bytes, not %zd PEs' %zd",
-                     scratch.len, n, nbytes);
-        return NULL;
-    }
-    if (((uintptr_t)scratch.buf) % kind_sizes[kind]) {
-        PyBuffer_Release(&scratch);
-        PyErr_SetString(PyExc_ValueError, "combine: scratch is not aligned to its elements");
-        return NULL;
-    }
-    const unsigned char *src[4096];
-    for (Py_ssize_t p = 0; p < n; p++) src[p] = (const unsigned char *)scratch.buf + p * nbytes;
-    if (fold_overlaps(dst_address, src, n, nbytes, "combine") < 0) {
-        PyBuffer_Release(&scratch);
-        return NULL;
-    }
-    fold((void *)dst_address, src, n, nbytes, kind, op);
-    PyBuffer_Release(&scratch);
-    Py_RETURN_NONE;
-}
-
-/* combine_from(dst, nbytes, sources, kind, op): as combine(), from the
- * addresses in the tuple `sources` (the PEs' copies through the node's
- * mappings, in team PE order; each a live block the caller checked) */
-static PyObject *coll_combine_from(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyTuple_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "combine_from(dst, nbytes, sources: tuple, kind, op)");
-        return NULL;
-    }
-    Py_ssize_t nbytes, kind, op, n = PyTuple_GET_SIZE(args[2]);
-    if (get_ssize(args[1], &nbytes, 0, "combine_from: nbytes") < 0
-        || get_ssize(args[3], &kind, 0, "combine_from: kind") < 0
-        || get_ssize(args[4], &op, 0, "combine_from: op") < 0
-        || check_fold(kind, op, nbytes, "combine_from") < 0)
-        return NULL;
-    if (n < 1 || n > 4096) {
-        PyErr_Format(PyExc_ValueError, "combine_from: %zd sources, 1 to 4096", n);
-        return NULL;
-    }
-    uintptr_t dst_address, address;
-    const unsigned char *src[4096];
-    if (parse_address(args[0], &dst_address, (unsigned long long)nbytes, kind_sizes[kind],
-                      "combine_from: dst") < 0)
-        return NULL;
-    for (Py_ssize_t p = 0; p < n; p++) {
-        if (parse_address(PyTuple_GET_ITEM(args[2], p), &address, (unsigned long long)nbytes,
-                          kind_sizes[kind], "combine_from: a source") < 0)
-            return NULL;
-        src[p] = (const unsigned char *)address;
-    }
-    if (fold_overlaps(dst_address, src, n, nbytes, "combine_from") < 0) return NULL;
-    fold((void *)dst_address, src, n, nbytes, kind, op);
-    Py_RETURN_NONE;
-}
-
-/* deliver(dst, scratch, offset, nbytes) */
-static PyObject *coll_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "deliver(dst, scratch, offset, nbytes)");
-        return NULL;
-    }
-    Py_ssize_t offset, nbytes;
-    if (get_ssize(args[2], &offset, 0, "deliver: offset") < 0
-        || get_ssize(args[3], &nbytes, 0, "deliver: nbytes") < 0)
-        return NULL;
-    uintptr_t dst;
-    if (parse_address(args[0], &dst, (unsigned long long)nbytes, 0, "deliver: dst") < 0)
-        return NULL;
-    Py_buffer scratch;
-    if (PyObject_GetBuffer(args[1], &scratch, PyBUF_SIMPLE) < 0) return NULL;
-    if (offset > scratch.len || nbytes > scratch.len - offset) {
-        PyBuffer_Release(&scratch);
-        PyErr_Format(PyExc_ValueError, "deliver: %zd bytes at %zd of a scratch of %zd",
-                     nbytes, offset, scratch.len);
-        return NULL;
-    }
-    if (nbytes) memmove((void *)dst, (unsigned char *)scratch.buf + offset, (size_t)nbytes);
-    PyBuffer_Release(&scratch);
-    Py_RETURN_NONE;
-}
-
-
-/* -- call_key: a replayed collective's memo key of the NumPy face -------------------
- * The leading fields of a NumPy array, as NumPy's PyArrayObject_fields lays
- * them out. They are NumPy's ABI (its PyArray_DATA()... macros compile these
- * offsets into every extension) and have not moved from NumPy 1.7 to 2.x; the
- * caller still checks that this reading agrees with NumPy's own answers on
- * probe arrays before it uses call_key (shmem/collectives.py), and it is read
- * only from objects whose type is exactly the ndarray type it is given. */
+/* Quick(stepper, template, counted, prompt, budget_ns, lock, agreement, board, guards,
+ *       settle)
+ * One collective call that is a single agreed step of a fixed call without
+ * arguments (a barrier), taken whole in one call where nothing is unusual:
+ *
+ *   quick() -> None, or what the step ended with
+ *       None (nothing done) where `lock` (the heap's RLock) is held by another
+ *       thread or one of `guards` (a tuple of (object, attribute name) pairs)
+ *       names a true value: a pending release, a recorded operation, an
+ *       unfinished step, a finalized or broken heap; the caller then takes its
+ *       general path, which deals with it. Else, holding `lock`: the
+ *       agreement's `seq` + 1 (and `calls` + 1 where `counted`), its `_sub` 0,
+ *       and the Stepper's step of `template` (a copy, made here) with the flag
+ *       set, `prompt` and `budget_ns` as step()'s, no payload. Where the step
+ *       is agreed, the flag everywhere (0): the agreement's `_entered` from the
+ *       step's MAX, the board's `carried` None, and 0. Otherwise what
+ *       `settle(code)` returns (agreement.py: the rest of the general path from
+ *       the same point), or its exception. `lock` is released either way.
+ *
+ * So Python sees one call where agreement.collective() would have made the
+ * same step after the same checks (the guards are those checks' state, each
+ * named by the part that owns it). */
 typedef struct {
     PyObject_HEAD
-    char *data;
-    int nd;
-    Py_ssize_t *dimensions;
-    Py_ssize_t *strides;
-    PyObject *base;
-    PyObject *descr;
-    int flags;
-} numpy_array;
-#define NUMPY_WRITEABLE 0x0400
+    PyObject *stepper, *agreement, *board, *guards, *settle;
+    /* lock.acquire and lock.release, and acquire's arguments (False: do not block) */
+    PyObject *acquire, *release, *nonblocking;
+    int counted;
+    long long prompt, budget;
+    int64_t template[MAX_WORDS];
+} Quick;
 
-/* the attribute names call_key reads, interned once (exec_module) */
-static PyObject *name_address, *name_nbytes, *name_itemsize;
+static PyTypeObject *stepper_type;
+static PyObject *name_acquire, *name_release, *name_seq, *name_calls, *name_sub,
+    *name_entered, *name_carried;
 
-/* An int attribute of `obj` as a non-negative long long; -1 (error set) if not. */
-static long long int_attribute(PyObject *obj, PyObject *name) {
+static void quick_dealloc(Quick *self) {
+    Py_XDECREF(self->stepper);
+    Py_XDECREF(self->agreement);
+    Py_XDECREF(self->board);
+    Py_XDECREF(self->guards);
+    Py_XDECREF(self->settle);
+    Py_XDECREF(self->acquire);
+    Py_XDECREF(self->release);
+    Py_XDECREF(self->nonblocking);
+    free_instance((PyObject *)self);
+}
+
+static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != 10) {
+        PyErr_SetString(PyExc_TypeError, "Quick(stepper, template, counted, prompt, budget_ns, "
+                        "lock, agreement, board, guards, settle)");
+        return NULL;
+    }
+    PyObject *const *a = &PyTuple_GET_ITEM(args, 0);
+    if (!PyObject_TypeCheck(a[0], stepper_type)) {
+        PyErr_Format(PyExc_TypeError, "Quick: the stepper must be a Stepper, not %s",
+                     Py_TYPE(a[0])->tp_name);
+        return NULL;
+    }
+    Stepper *stepper = (Stepper *)a[0];
+    PyObject *guards = a[8];
+    if (!PyTuple_Check(guards)) {
+        PyErr_SetString(PyExc_TypeError, "Quick: guards must be a tuple of (object, name) pairs");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); i++) {
+        PyObject *g = PyTuple_GET_ITEM(guards, i);
+        if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 2
+            || !PyUnicode_Check(PyTuple_GET_ITEM(g, 1))) {
+            PyErr_Format(PyExc_TypeError, "Quick: guard %zd is not an (object, name) pair", i);
+            return NULL;
+        }
+    }
+    if (!PyCallable_Check(a[9])) {
+        PyErr_SetString(PyExc_TypeError, "Quick: settle must be callable");
+        return NULL;
+    }
+    int counted = PyObject_IsTrue(a[2]);
+    long long prompt = PyLong_AsLongLong(a[3]), budget = PyLong_AsLongLong(a[4]);
+    if (counted < 0 || PyErr_Occurred()) return NULL;
+    if (budget < 0 || prompt < -1) {
+        PyErr_Format(PyExc_ValueError, "Quick: a prompt of %lld ticks, a budget of %lld ns",
+                     prompt, budget);
+        return NULL;
+    }
+    Py_buffer template;
+    if (PyObject_GetBuffer(a[1], &template, PyBUF_SIMPLE) < 0) return NULL;
+    if (template.len != stepper->h.words * 8) {
+        PyErr_Format(PyExc_ValueError, "Quick: the template has %zd bytes, not %zd",
+                     template.len, stepper->h.words * 8);
+        PyBuffer_Release(&template);
+        return NULL;
+    }
+    Quick *self = (Quick *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        PyBuffer_Release(&template);
+        return NULL;
+    }
+    memcpy(self->template, template.buf, (size_t)template.len);
+    PyBuffer_Release(&template);
+    self->stepper = Py_NewRef(a[0]);
+    self->agreement = Py_NewRef(a[6]);
+    self->board = Py_NewRef(a[7]);
+    self->guards = Py_NewRef(guards);
+    self->settle = Py_NewRef(a[9]);
+    self->acquire = PyObject_GetAttr(a[5], name_acquire);
+    self->release = PyObject_GetAttr(a[5], name_release);
+    self->nonblocking = PyTuple_Pack(1, Py_False);
+    if (self->acquire == NULL || self->release == NULL || self->nonblocking == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->counted = counted;
+    self->prompt = prompt;
+    self->budget = budget;
+    return (PyObject *)self;
+}
+
+/* 1 where every guard names a false value, 0 where one does not, -1 on an error */
+static int quick_idle(Quick *self) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->guards); i++) {
+        PyObject *g = PyTuple_GET_ITEM(self->guards, i);
+        PyObject *value = PyObject_GetAttr(PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(g, 1));
+        if (value == NULL) return -1;
+        int busy = value == Py_None || value == Py_False ? 0 : PyObject_IsTrue(value);
+        Py_DECREF(value);
+        if (busy) return busy < 0 ? -1 : 0;
+    }
+    return 1;
+}
+
+/* the int attribute `name` of `obj` plus `add`, stored back; -1 (an error set) or 0 */
+static int bump(PyObject *obj, PyObject *name, long long add, long long *now) {
     PyObject *value = PyObject_GetAttr(obj, name);
     if (value == NULL) return -1;
-    long long v = PyLong_Check(value) ? PyLong_AsLongLong(value) : -1;
+    long long v = PyLong_AsLongLong(value);
     Py_DECREF(value);
-    if (v < 0 && !PyErr_Occurred())
-        PyErr_Format(PyExc_ValueError, "call_key: %U is not an int >= 0", name);
-    return v < 0 ? -1 : v;
+    if (v == -1 && PyErr_Occurred()) return -1;
+    PyObject *next = PyLong_FromLongLong(v + add);
+    if (next == NULL) return -1;
+    int failed = PyObject_SetAttr(obj, name, next);
+    Py_DECREF(next);
+    *now = v + add;
+    return failed;
 }
 
-/* The facts of array `a` that a collective's checks read, as four new
- * references in `facts` (its data address, shape, strides, dtype), where `a` is
- * exactly an ndarray whose base chain of exact ndarrays ends at an object of
- * exactly type `memory` (the face's HeapMemory) and whose bytes lie inside it
- * (its `address` and `nbytes`). 1 where they were made, 0 where `a` is
- * anything else (the caller's Python path decides then), -1 on an error. */
-static int array_facts(PyObject *a, PyTypeObject *ndarray, PyTypeObject *memory,
-                       PyObject *facts[4]) {
-    if (Py_TYPE(a) != ndarray) return 0;
-    numpy_array *array = (numpy_array *)a;
-    PyObject *owner = array->base;
-    while (owner != NULL && Py_TYPE(owner) == ndarray) owner = ((numpy_array *)owner)->base;
-    if (owner == NULL || Py_TYPE(owner) != memory || array->nd < 0 || array->nd > 64) return 0;
-    long long first = int_attribute(owner, name_address);
-    if (first < 0) return -1;
-    long long extent = int_attribute(owner, name_nbytes);
-    if (extent < 0) return -1;
-    long long itemsize = int_attribute(array->descr, name_itemsize);
-    if (itemsize < 0) return -1;
-    __int128 nbytes = itemsize;
-    for (int i = 0; i < array->nd; i++) nbytes *= array->dimensions[i];
-    __int128 start = (__int128)(uintptr_t)array->data;
-    if (start < first || start > (__int128)first + extent - nbytes) return 0;
-    PyObject *shape = PyTuple_New(array->nd), *strides = PyTuple_New(array->nd);
-    PyObject *address = PyLong_FromVoidPtr(array->data);
-    if (shape == NULL || strides == NULL || address == NULL) goto failed;
-    for (int i = 0; i < array->nd; i++) {
-        PyObject *dim = PyLong_FromSsize_t(array->dimensions[i]);
-        if (dim == NULL) goto failed;
-        PyTuple_SET_ITEM(shape, i, dim);
-        PyObject *stride = PyLong_FromSsize_t(array->strides[i]);
-        if (stride == NULL) goto failed;
-        PyTuple_SET_ITEM(strides, i, stride);
+static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
+    if ((args && PyTuple_GET_SIZE(args)) || (kwargs && PyDict_GET_SIZE(kwargs))) {
+        PyErr_SetString(PyExc_TypeError, "quick() takes no arguments");
+        return NULL;
     }
-    facts[0] = address;
-    facts[1] = shape;
-    facts[2] = strides;
-    facts[3] = Py_NewRef(array->descr);
-    return 1;
-failed:
-    Py_XDECREF(shape);
-    Py_XDECREF(strides);
-    Py_XDECREF(address);
-    return -1;
+    PyObject *got = PyObject_Call(self->acquire, self->nonblocking, NULL);
+    if (got == NULL) return NULL;
+    int held = PyObject_IsTrue(got);
+    Py_DECREF(got);
+    if (held <= 0) return held < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *result = NULL;
+    int idle = quick_idle(self);
+    if (idle <= 0) {
+        if (idle == 0) result = Py_NewRef(Py_None);
+        goto release;
+    }
+    long long seq, calls;
+    PyObject *zero_obj = PyLong_FromLong(0);
+    if (zero_obj == NULL) goto release;
+    int failed = PyObject_SetAttr(self->agreement, name_sub, zero_obj);
+    Py_DECREF(zero_obj);
+    if (failed || bump(self->agreement, name_seq, 1, &seq) < 0
+        || (self->counted && bump(self->agreement, name_calls, 1, &calls) < 0))
+        goto release;
+    Stepper *stepper = (Stepper *)self->stepper;
+    Payload none;
+    memset(&none, 0, sizeof none);
+    none.only = -1;
+    Py_ssize_t code = run_step(stepper, self->prompt, self->budget, seq, self->template, 1,
+                               &none);
+    if (PyObject_SetAttr(self->board, name_carried, Py_None) < 0) goto release;
+    if (code == 0) {
+        PyObject *entered = PyLong_FromLongLong(-((int64_t *)stepper->out.buf)[stepper->time_word]);
+        if (entered == NULL) goto release;
+        failed = PyObject_SetAttr(self->agreement, name_entered, entered);
+        Py_DECREF(entered);
+        if (!failed) result = PyLong_FromLong(0);
+        goto release;
+    }
+    PyObject *code_obj = PyLong_FromSsize_t(code);
+    if (code_obj == NULL) goto release;
+    result = PyObject_CallOneArg(self->settle, code_obj);
+    Py_DECREF(code_obj);
+release:;
+    /* (the lock is released whatever happened, the exception kept) */
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *released = PyObject_CallNoArgs(self->release);
+    if (released == NULL) {
+        if (type == NULL) {
+            Py_XDECREF(result);
+            return NULL;
+        }
+        PyErr_Clear();
+    } else {
+        Py_DECREF(released);
+    }
+    PyErr_Restore(type, value, traceback);
+    return result;
 }
 
-/* call_key(kind, group_id, values, target, source, ndarray, memory) */
-static PyObject *coll_call_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyTuple_Check(args[2]) || !PyType_Check(args[5]) || !PyType_Check(args[6])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "call_key(kind, group_id, values: tuple, target, source, ndarray: type, "
-                        "memory: type)");
-        return NULL;
-    }
-    PyObject *values = args[2];
-    Py_ssize_t n_values = PyTuple_GET_SIZE(values);
-    for (Py_ssize_t i = 0; i < n_values; i++) {
-        PyObject *v = PyTuple_GET_ITEM(values, i);
-        if (v != Py_None && !PyLong_CheckExact(v) && !PyUnicode_Check(v)) Py_RETURN_NONE;
-    }
-    PyTypeObject *ndarray = (PyTypeObject *)args[5], *memory = (PyTypeObject *)args[6];
-    /* the fields are read only from NumPy's own array type (by name and size) */
-    if (strcmp(ndarray->tp_name, "numpy.ndarray") != 0
-            || ndarray->tp_basicsize < (Py_ssize_t)sizeof(numpy_array)) {
-        PyErr_Format(PyExc_TypeError, "call_key: ndarray must be numpy.ndarray, got %s",
-                     ndarray->tp_name);
-        return NULL;
-    }
-    PyObject *target[4], *source[4];
-    int got = array_facts(args[3], ndarray, memory, target);
-    if (got != 1) {
-        if (got < 0) return NULL;
-        Py_RETURN_NONE;
-    }
-    got = array_facts(args[4], ndarray, memory, source);
-    PyObject *key = got == 1 ? PyTuple_New(11 + n_values) : NULL;
-    if (key == NULL) {
-        for (int i = 0; i < 4; i++) Py_DECREF(target[i]);
-        if (got == 1) for (int i = 0; i < 4; i++) Py_DECREF(source[i]);
-        if (got < 0 || PyErr_Occurred()) return NULL;
-        Py_RETURN_NONE;
-    }
-    /* collectives.plan_key's order: (kind, group_id, target's address, shape, strides,
-     * dtype, writeable, source's address, shape, strides, dtype, *values) */
-    PyTuple_SET_ITEM(key, 0, Py_NewRef(args[0]));
-    PyTuple_SET_ITEM(key, 1, Py_NewRef(args[1]));
-    for (int i = 0; i < 4; i++) PyTuple_SET_ITEM(key, 2 + i, target[i]);
-    PyTuple_SET_ITEM(key, 6, PyBool_FromLong(((numpy_array *)args[3])->flags & NUMPY_WRITEABLE));
-    for (int i = 0; i < 4; i++) PyTuple_SET_ITEM(key, 7 + i, source[i]);
-    for (Py_ssize_t i = 0; i < n_values; i++)
-        PyTuple_SET_ITEM(key, 11 + i, Py_NewRef(PyTuple_GET_ITEM(values, i)));
-    return key;
-}
+static PyType_Slot quick_slots[] = {
+    {Py_tp_new, quick_new},
+    {Py_tp_dealloc, quick_dealloc},
+    {Py_tp_call, quick_call},
+    {Py_tp_doc, "Quick(stepper, template, counted, prompt, budget_ns, lock, agreement, board, "
+                "guards, settle)(): a collective call of one agreed step, whole, where nothing "
+                "is unusual; see the source"},
+    {0, NULL},
+};
+
+static PyType_Spec quick_spec = {
+    "shmemvm.native._collective.Quick", sizeof(Quick), 0, Py_TPFLAGS_DEFAULT, quick_slots,
+};
 
 static PyMethodDef methods[] = {
     {"exchange", (PyCFunction)(void (*)(void))coll_exchange, METH_FASTCALL,
@@ -881,19 +759,33 @@ static PyMethodDef methods[] = {
 };
 
 static int exec_module(PyObject *module) {
-    if (name_address == NULL) {   /* (immortal once interned: a second module object shares them) */
-        name_address = PyUnicode_InternFromString("address");
-        name_nbytes = PyUnicode_InternFromString("nbytes");
-        name_itemsize = PyUnicode_InternFromString("itemsize");
-        if (name_address == NULL || name_nbytes == NULL || name_itemsize == NULL) return -1;
+    if (collective_data_exec(module) < 0) return -1;
+    if (name_acquire == NULL) {   /* (immortal once interned: a second module object shares them) */
+        name_acquire = PyUnicode_InternFromString("acquire");
+        name_release = PyUnicode_InternFromString("release");
+        name_seq = PyUnicode_InternFromString("seq");
+        name_calls = PyUnicode_InternFromString("calls");
+        name_sub = PyUnicode_InternFromString("_sub");
+        name_entered = PyUnicode_InternFromString("_entered");
+        name_carried = PyUnicode_InternFromString("carried");
+        if (!name_acquire || !name_release || !name_seq || !name_calls || !name_sub
+            || !name_entered || !name_carried)
+            return -1;
     }
     PyObject *stepper = PyType_FromSpec(&stepper_spec);
     if (stepper == NULL) return -1;
     int failed = PyModule_AddObjectRef(module, "Stepper", stepper) < 0;
-    Py_DECREF(stepper);
-    if (failed) return -1;
-    if (add_numbering(module, "KINDS", kind_codes, K_COUNT) < 0) return -1;
-    return add_numbering(module, "REDUCE_OPS", op_names, O_COUNT);
+    /* (held for Quick's check; one module per process in practice) */
+    stepper_type = (PyTypeObject *)stepper;
+    if (failed) {
+        Py_DECREF(stepper);
+        return -1;
+    }
+    PyObject *quick = PyType_FromSpec(&quick_spec);
+    if (quick == NULL) return -1;
+    failed = PyModule_AddObjectRef(module, "Quick", quick) < 0;
+    Py_DECREF(quick);
+    return failed ? -1 : 0;
 }
 
 static PyModuleDef_Slot slots[] = {

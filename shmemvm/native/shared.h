@@ -13,7 +13,7 @@
 #define MAX_ADDRESS ((unsigned long long)1 << 57)
 
 /* {names[i]: i} as the module attribute `attr`; 0, or -1 with an error set. */
-static int add_numbering(PyObject *module, const char *attr, const char *const *names, int n) {
+static inline int add_numbering(PyObject *module, const char *attr, const char *const *names, int n) {
     PyObject *table = PyDict_New();
     if (table == NULL) return -1;
     for (int i = 0; i < n; i++) {

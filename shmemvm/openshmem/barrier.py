@@ -34,9 +34,11 @@ def barrier_all(heap: Core) -> None:
             (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
         ShmemError: the heap is finalized.
     """
-    with heap.lock:
-        rma.quiet(heap)
-        heap.calls.agree(_BARRIER_ALL)
+    quick = heap.calls.quick[_BARRIER_ALL]   # (the same step, whole in C, where nothing is unusual)
+    if quick is None or quick() is None:
+        with heap.lock:
+            rma.quiet(heap)
+            heap.calls.agree(_BARRIER_ALL)
 
 
 def sync_all(heap: Core) -> None:
@@ -54,6 +56,8 @@ def sync_all(heap: Core) -> None:
             (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
         ShmemError: the heap is finalized.
     """
-    with heap.lock:
-        heap.calls.synchronize()
-        heap.calls.agree(_SYNC_ALL)
+    quick = heap.calls.quick[_SYNC_ALL]
+    if quick is None or quick() is None:
+        with heap.lock:
+            heap.calls.synchronize()
+            heap.calls.agree(_SYNC_ALL)

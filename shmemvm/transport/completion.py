@@ -69,6 +69,13 @@ class CompletionTracker:
         self._deferred: list[_Deferred] = []
 
     @property
+    def idle_guards(self) -> tuple | None:
+        """The (object, attribute) pairs that are all false while quiet() has
+        nothing to do, which lets a quick barrier skip it (_collective.Quick);
+        None where quiet() always has (it synchronizes the device's stream)."""
+        return None if self._sync_current else ((self, "_streams"), (self, "_deferred"))
+
+    @property
     def outstanding(self) -> int:
         """The number of MPI operations and device streams quiet() still has to complete."""
         with self._lock:

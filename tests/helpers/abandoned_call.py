@@ -45,6 +45,8 @@ from mpi4py import MPI
 import shmemvm
 from job_records import finalize_into, finish, next_case, record
 from shmemvm import SymmetricHeap, rc
+from shmemvm.core.state import core_of
+from shmemvm.openshmem.barrier import _BARRIER_ALL
 from shmemvm.transport import nodecoll
 
 rc(initialize=False, finalize=False)   # (a numpy- scenario makes the NumPy face's heap)
@@ -88,6 +90,18 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
         source, gathered, spread = heap.malloc(8), heap.malloc(8 * n), heap.malloc(8 * n)
         small[scenario]()
     heap.barrier_all()
+    # whether the barrier below was taken whole by its quick step (core.quick)
+    quick_steps: list = []
+    core = core_of(heap)
+    quick = core.quick[_BARRIER_ALL]
+    if quick is not None:
+        def traced():
+            quick_steps.append(True)          # taken, also where it raises
+            result = quick()
+            if result is None:                # stepped aside: the general path runs
+                quick_steps.pop()
+            return result
+        core.quick[_BARRIER_ALL] = traced
     late = me == n - 1
     if late:
         stop_for(stop)
@@ -111,6 +125,7 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
         fields.update(error=type(exc).__name__, message=str(exc))
     fields["elapsed"] = time.monotonic() - start
     fields["replayed"] = bool(replayed)
+    fields["quick"] = bool(quick_steps)
     start = time.monotonic()
     try:
         heap.malloc(16)

@@ -250,3 +250,104 @@ def test_step_refuses_bad_arguments():
         _collective.Stepper(board, nbytes)
     with pytest.raises(TypeError):
         _stepper(board, nbytes, 2, 0, send, out, done).step(-1, 0, 1)
+
+
+# Quick: a whole collective call of one fixed step (a barrier), its state on the
+# objects it is given (the agreement's counters, the board's carried payload)
+class _Owner:
+    def __init__(self):
+        self.seq, self.calls, self._sub, self._entered = 6, 3, 5, 0
+
+
+class _Flags:
+    def __init__(self):
+        self.pending, self.closed = set(), False
+
+
+def _quick(board, nbytes, rank, send, out, done, template, owner, flags, lock, settle, *,
+           budget=0, counted=True):
+    stepper = _stepper(board, nbytes, 2, rank, send, out, done)
+    carrier = _Flags()
+    carrier.carried = ("an older payload",)
+    quick = _collective.Quick(stepper, template, counted, -1, budget, lock, owner, carrier,
+                              ((flags, "pending"), (flags, "closed")), settle)
+    return quick, carrier
+
+
+def test_quick_takes_the_step_where_every_guard_is_false_and_else_does_nothing():
+    import threading
+    memory, board, nbytes = _board(2)
+    template = array.array("q", [5, 0, 0, 0, 0, 42])
+    owner, flags, lock, settled = _Owner(), _Flags(), threading.RLock(), []
+    quick, carrier = _quick(board, nbytes, 0, *_step_buffers(), template, owner, flags, lock,
+                            lambda code: settled.append(code) or "settled")
+    # a guard that holds: nothing done, nothing counted
+    flags.pending.add(64)
+    assert quick() is None
+    assert (owner.seq, owner.calls, owner._sub) == (6, 3, 5) and not settled
+    flags.pending.clear()
+    # another thread holds the lock: nothing done (the caller's general path waits for it)
+    taken, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=lambda: (lock.acquire(), taken.set(), release.wait(),
+                                              lock.release()))
+    holder.start()
+    taken.wait()
+    assert quick() is None and owner.seq == 6
+    release.set()
+    holder.join()
+    # PE 1 made step 7 first: plain, the counters moved as collective() moves them
+    send1, out1, done1 = _step_buffers()
+    assert _step(board, nbytes, 2, 1, 7, template, send1, out1, done1) == 1
+    assert quick() == 0 and not settled
+    assert (owner.seq, owner.calls, owner._sub) == (7, 4, 0) and owner._entered > 0
+    assert carrier.carried is None
+    assert lock.acquire(blocking=False)   # released
+    lock.release()
+    # PE 1 with a greater argument (the MAX is not this PE's): not plain, settle(-1)
+    # decides, its value returned
+    other = array.array("q", [5, 0, 0, 0, 0, 43])
+    assert _step(board, nbytes, 2, 1, 8, other, send1, out1, done1) == 1
+    assert quick() == "settled" and settled == [-1] and owner.seq == 8
+    # PE 1 not there and no budget: settle(1), the PEs left
+    assert quick() == "settled" and settled == [-1, 1] and owner.seq == 9
+
+
+def test_quick_releases_the_lock_when_settle_raises_and_refuses_bad_arguments():
+    import threading
+    memory, board, nbytes = _board(2)
+    template = array.array("q", [5, 0, 0, 0, 0, 42])
+    owner, flags, lock = _Owner(), _Flags(), threading.RLock()
+
+    def settle(code):
+        raise KeyboardInterrupt
+
+    send, out, done = _step_buffers()
+    quick, _ = _quick(board, nbytes, 0, send, out, done, template, owner, flags, lock, settle,
+                      counted=False)
+    with pytest.raises(KeyboardInterrupt):
+        quick()   # (PE 1 never comes)
+    assert owner.calls == 3 and owner.seq == 7    # not counted; the step was taken
+    assert lock.acquire(blocking=False)
+    lock.release()
+    with pytest.raises(TypeError):
+        quick(1)
+    stepper = _stepper(board, nbytes, 2, 0, send, out, done)
+    ok = (stepper, template, True, -1, 0, lock, owner, _Flags(), (), settle)
+    for i, wrong in [(0, object()), (8, [(flags, "closed")]), (8, ((flags,),)),
+                     (8, ((flags, 1),)), (9, None), (1, template.tolist())]:
+        with pytest.raises(TypeError):
+            _collective.Quick(*ok[:i], wrong, *ok[i + 1:])
+            pytest.fail(f"argument {i} = {wrong!r} was accepted")
+    for i, wrong in [(1, array.array("q", [1])), (4, -1), (3, -2)]:
+        with pytest.raises(ValueError):
+            _collective.Quick(*ok[:i], wrong, *ok[i + 1:])
+            pytest.fail(f"argument {i} = {wrong!r} was accepted")
+    with pytest.raises(TypeError):
+        _collective.Quick(*ok[:5])
+    # a guard naming a missing attribute: the AttributeError, the lock released
+    broken = _collective.Quick(stepper, template, True, -1, 0, lock, owner, _Flags(),
+                               ((flags, "no_such_attribute"),), settle)
+    with pytest.raises(AttributeError):
+        broken()
+    assert lock.acquire(blocking=False)
+    lock.release()

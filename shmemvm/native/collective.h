@@ -1,0 +1,58 @@
+/* What the two sources of the _collective module share: _collective.c (a
+ * collective's agreed step on the node's board: exchange, Stepper, Quick) and
+ * collective_data.c (a collective's data: the reductions combined in C, a
+ * delivery from scratch, the NumPy face's memo key). The argument checks both
+ * make, and the data functions the module's method table names. */
+#ifndef SHMEMVM_NATIVE_COLLECTIVE_H
+#define SHMEMVM_NATIVE_COLLECTIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include "shared.h"
+
+/* `obj` as an address of `nbytes` bytes that a process can map, aligned to
+ * `align` (> 1); 0, or -1 with a ValueError naming `what`. */
+static inline int parse_address(PyObject *obj, uintptr_t *address, unsigned long long nbytes,
+                         int align, const char *what) {
+    unsigned long long a = PyLong_AsUnsignedLongLong(obj);
+    if (a == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    if (a < MIN_ADDRESS) {
+        PyErr_Format(PyExc_ValueError, "%s: address %p is null or below the lowest address a "
+                     "process can map (64 KiB)", what, (void *)(uintptr_t)a);
+        return -1;
+    }
+    if (nbytes > MAX_ADDRESS || a > MAX_ADDRESS - nbytes) {
+        PyErr_Format(PyExc_ValueError, "%s: %llu bytes at %p run past the highest user "
+                     "address", what, nbytes, (void *)(uintptr_t)a);
+        return -1;
+    }
+    if (align > 1 && a % (unsigned long long)align) {
+        PyErr_Format(PyExc_ValueError, "%s: address %p is not aligned to %d bytes", what,
+                     (void *)(uintptr_t)a, align);
+        return -1;
+    }
+    *address = (uintptr_t)a;
+    return 0;
+}
+
+static inline int get_ssize(PyObject *obj, Py_ssize_t *out, Py_ssize_t least, const char *name) {
+    Py_ssize_t v = PyLong_AsSsize_t(obj);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < least) {
+        PyErr_Format(PyExc_ValueError, "%s must be >= %zd, got %zd", name, least, v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* collective_data.c: see the top of _collective.c for what each does */
+PyObject *coll_combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *coll_combine_from(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *coll_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *coll_call_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* the data side's part of the module's exec: its tables (KINDS, REDUCE_OPS) and names */
+int collective_data_exec(PyObject *module);
+
+#endif

@@ -1,0 +1,136 @@
+"""The quick step (issue 30): barrier_all and sync_all are one native call
+(_collective.Quick) where nothing is unusual, and the general path where
+something is. The two make the same step: PEs that take different paths
+agree, a mismatch is a SymmetryError on every PE, and whatever the general
+path would deal with first (a block to release, another thread's call) sends
+the call there. A dead, stopped or late PE in a barrier: the jobs of
+tests/jobs/reliability/ (test_reliability_peer_death.py's mid-barrier,
+test_reliability_stopped_peer.py, test_reliability_abandoned.py's
+barrier-board), whose barriers take this path."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+from mpi4py import MPI
+
+from shmemvm import SymmetricHeap, SymmetryError, native
+from shmemvm.core.state import core_of
+from shmemvm.openshmem.barrier import _BARRIER_ALL, _SYNC_ALL
+
+world = MPI.COMM_WORLD
+OPTIONS = {"backend": "host", "timeout": 10, "agreement": "board"}
+
+pytestmark = pytest.mark.skipif(native._native is None,
+                                reason="the compiled piece is not built (pip install . builds it)")
+
+
+@pytest.fixture
+def heap():
+    h = SymmetricHeap(world, "16M", **OPTIONS)
+    yield h
+    h.finalize()
+
+
+def _counts(heap):
+    agreement = core_of(heap).agreement
+    return agreement.seq, agreement.calls
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_barrier_is_one_native_call_and_counts_as_the_general_path_does(heap, monkeypatch):
+    core = core_of(heap)
+    from shmemvm.native import _collective
+    assert isinstance(core.quick[_BARRIER_ALL], _collective.Quick)
+    assert isinstance(core.quick[_SYNC_ALL], _collective.Quick)
+    seq, calls = _counts(heap)
+
+    def general(*args, **kwargs):
+        raise AssertionError("the general path ran")
+
+    monkeypatch.setattr(core.agreement, "collective", general)
+    for _ in range(5):
+        heap.barrier_all()
+        heap.sync_all()
+    assert _counts(heap) == (seq + 10, calls + 10)
+    monkeypatch.undo()
+    heap.barrier_all()                                  # the general path counts alike
+    assert _counts(heap) == (seq + 11, calls + 11)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_pes_on_different_paths_make_the_same_step(heap):
+    core = core_of(heap)
+    quick = core.quick[_BARRIER_ALL]
+    for i in range(40):
+        # PE 0 quick on odd rounds, the others on even ones: they meet in every step
+        general = (i + core.my_pe) % 2 == 0
+        core.quick[_BARRIER_ALL] = None if general else quick
+        heap.barrier_all()
+    core.quick[_BARRIER_ALL] = quick
+    counts = world.allgather(_counts(heap))
+    assert len(set(counts)) == 1, counts
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("quick_on", ["every PE", "PE 0 alone"])
+def test_a_mismatch_is_a_symmetry_error_on_every_pe(heap, quick_on):
+    core = core_of(heap)
+    if quick_on == "PE 0 alone" and core.my_pe != 0:
+        core.quick[_BARRIER_ALL] = core.quick[_SYNC_ALL] = None
+    with pytest.raises(SymmetryError, match=r"barrier_all\(\).*sync_all\(\)|sync_all\(\).*"
+                                            r"barrier_all\(\)"):
+        heap.barrier_all() if core.my_pe == 0 else heap.sync_all()
+    core.quick.clear()                                  # (made again at first use)
+    heap.barrier_all()                                  # nothing was done: the heap goes on
+    x = heap.malloc(64)
+    heap.free(x)
+    assert len(set(world.allgather(_counts(heap)))) == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_block_to_release_sends_the_barrier_the_general_way_which_releases_it(heap):
+    core = core_of(heap)
+    quick = core.quick[_BARRIER_ALL]
+    x = heap.malloc(1024)
+    live = heap.heap_info()["live_allocations"]
+    del x
+    gc.collect()
+    assert quick() is None                              # stepped aside: nothing done
+    heap.barrier_all()                                  # the general path releases it
+    assert heap.heap_info()["live_allocations"] == live - 1
+    assert quick() is not None                          # and the next one is taken again
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_barrier_waits_for_another_threads_collective_call(heap):
+    core = core_of(heap)
+    entered, order = threading.Event(), []
+
+    def other_thread():
+        with core.lock:                                 # as a collective call holds it
+            entered.set()
+            time.sleep(0.2)
+            order.append("other thread")
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    entered.wait()
+    assert core.quick[_BARRIER_ALL]() is None           # the lock is taken: nothing done
+    heap.barrier_all()                                  # waits for it, then the step
+    order.append("barrier")
+    thread.join()
+    assert order == ["other thread", "barrier"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_finalized_heap_has_no_quick_step():
+    heap = SymmetricHeap(world, "16M", **OPTIONS)
+    core = core_of(heap)
+    quick = core.quick[_BARRIER_ALL]
+    heap.finalize()
+    assert not core.quick                               # dropped with the board
+    assert quick() is None                              # a kept one refuses: the heap is closed
