@@ -243,22 +243,24 @@ class Agreement:
         self._completed(call, recv)
         return self._outcome(call, board.send, recv, dead)
 
-    def quick(self, call: Call, lock, guards: tuple) -> Callable[[], object] | None:
+    def quick(self, call: Call, lock, guards: tuple, wrap=None) -> Callable[[], object] | None:
         """A collective call that is the one agreed step of `call` (fixed: no
         arguments; the flag set, nothing dead), whole in one native call
         (_collective.Quick) while nothing is unusual: a callable that returns
         None where it did nothing (`lock` held by another thread, or one of
         `guards`, the (object, attribute) pairs of the caller's parts that
         must be false, is not), else what collective() would have made of the
-        same step. None where this agreement cannot: no native board, or its
+        same step (a step that is not plain through `wrap(settle)` where
+        given). None where this agreement cannot: no native board, or its
         steps are logged."""
         board = self.board
         if board is None or self._debug or call.template is None or call.error is not None:
             return None
+        settle = functools.partial(self._board_outcome, call, frozenset())
         return board.quick(call.template, call.phase in COUNTED,
                            self._prompt if self.liveness is not None else -1, lock, self,
                            guards + ((self, "broken"),),
-                           functools.partial(self._board_outcome, call, frozenset()))
+                           settle if wrap is None else functools.partial(wrap, settle))
 
     def _completed(self, call: Call, recv: array.array) -> None:
         """The step is complete here: note when its earliest PE entered it, and

@@ -137,6 +137,8 @@ class Calls(Protocol):
 
     def check_usable(self) -> None: ...
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
+    def quick_step(self, agreement: Agreement, call: Call, lock, guards: tuple,
+                   wrap=None) -> Callable[[], object] | None: ...
     def mark_broken(self, why: str) -> None: ...
     def synchronize(self) -> None: ...   # the device's work before a collective step
     def feature(self, key: FeatureKey[Feature], make: Callable[[], Feature]) -> Feature: ...
@@ -489,17 +491,29 @@ class HeapCore:
         return agreement.collective(call, self._pending, flag)   # (positional: no keyword parsing)
 
     def make_quick(self, call: Call) -> Callable[[], object] | None:
-        """`call`'s quick step (Agreement.quick) under this heap's lock, taken
-        while nothing agree() and quiet() would deal with is there: a finalized
-        heap, blocks to release, operations to complete. None where there is
-        none (no native board; a device backend, whose barrier waits for its
-        stream)."""
+        """`call`'s quick step on the heap's own agreement (quick_step()), taken
+        while nothing agree() and quiet() would deal with is there: blocks to
+        release, operations to complete. None where there is none (quiet()
+        always synchronizes a stream)."""
         quiet = self.tracker.idle_guards
-        if self.closed or self._device or quiet is None:
+        if quiet is None:
             return None
-        # (a finalized heap's board is closed: the board's own guard sees it)
-        guards = ((self, "_pending"),) + quiet + self.local.idle_guards
-        return self.agreement.quick(call, self.lock, guards)
+        return self.quick_step(self.agreement, call, self.lock,
+                               ((self, "_pending"),) + quiet + self.local.idle_guards)
+
+    def quick_step(self, agreement: Agreement, call: Call, lock, guards: tuple,
+                   wrap=None) -> Callable[[], object] | None:
+        """A quick step of `call` on `agreement` (the heap's, or a team's) under
+        `lock` (Agreement.quick), while `guards` and the heap's own (broken; a
+        finalized heap's boards are closed) are false; `wrap(settle)` runs a
+        step that is not plain (a team's: a timeout breaks the heap too). None
+        where there is none: a finalized heap, a device backend (a collective
+        waits for the stream first), no native board."""
+        if self.closed or self._device:
+            return None
+        if agreement is not self.agreement:
+            guards += ((self.agreement, "broken"),)
+        return agreement.quick(call, lock, guards, wrap)
 
     def release_dead(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more (the

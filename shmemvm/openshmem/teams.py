@@ -25,7 +25,7 @@ node split at init). finalize() destroys every team of the heap.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from mpi4py import MPI
 
@@ -77,8 +77,11 @@ class Team(Group):
         super().__init__(heap, comm, pes, agreement, kind=kind)
         self._config = dict(config) if config is not None else _config(None)
         self._contexts: list = []   # the live contexts made from it (a destroyed one leaves)
-        #: sync()'s call, made and encoded once (a board step takes its vector as it is)
+        #: sync()'s call, made and encoded once (a board step takes its vector as it is),
+        #: and its quick step (made at the first sync(); None: none, or not yet)
         self._sync = Call(Phase.TEAM_SYNC, text=f"{self.label}sync()").fixed()
+        self._quick_sync: Callable[[], object] | None = None
+        self._quick_made = False
 
     def __repr__(self) -> str:
         state = ", destroyed" if self.destroyed else ""
@@ -292,9 +295,16 @@ class Team(Group):
         if self.kind == "world":
             self.check_usable()
             return barrier.sync_all(self.core)
-        with self.lock:
-            self.core.calls.synchronize()   # (step() with the team's one call)
-            self.agree(self._sync)
+        quick = self._quick_sync   # (the same step, whole in C, where nothing is unusual)
+        if quick is None or quick() is None:
+            with self.lock:
+                self.core.calls.synchronize()   # (step() with the team's one call)
+                self.agree(self._sync)
+                if not self._quick_made:
+                    self._quick_made = True
+                    self._quick_sync = self.core.calls.quick_step(
+                        self.agreement, self._sync, self.lock, ((self, "destroyed"),),
+                        self._guarded)
 
     def destroy(self) -> None:
         """Destroy the team (collective over the team): contexts made from it
@@ -333,6 +343,7 @@ class Team(Group):
         if self.destroyed:
             return
         self.destroyed = True
+        self._quick_sync = None
         self._contexts.clear()
         self.core.where.forget()   # (its calls' Plans hold it: let it go)
         if self.kind != "world" and not self.core.calls.broken:

@@ -1,4 +1,4 @@
-"""The quick step (issue 30): barrier_all and sync_all are one native call
+"""The quick step (issue 30): barrier_all, sync_all and a team's sync are one native call
 (_collective.Quick) where nothing is unusual, and the general path where
 something is. The two make the same step: PEs that take different paths
 agree, a mismatch is a SymmetryError on every PE, and whatever the general
@@ -134,3 +134,27 @@ def test_a_finalized_heap_has_no_quick_step():
     heap.finalize()
     assert not core.quick                               # dropped with the board
     assert quick() is None                              # a kept one refuses: the heap is closed
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_team_sync_is_one_native_call_after_its_first(heap, monkeypatch):
+    team = heap.team_split_strided(heap.team_world(), 0, 1, heap.n_pes)
+    dest, source = heap.malloc(8), heap.malloc(8)
+    team.sync()                                         # the first makes its quick step
+    seq = team.agreement.seq
+
+    def general(*args, **kwargs):
+        raise AssertionError("the general path ran")
+
+    monkeypatch.setattr(team.agreement, "collective", general)
+    for _ in range(5):
+        team.sync()
+    assert team.agreement.seq == seq + 5
+    monkeypatch.undo()
+    # a mismatch on the team: a SymmetryError on every member, the team goes on
+    with pytest.raises(SymmetryError, match=r"sync\(\)"):
+        team.sync() if heap.my_pe == 0 else team.broadcast(dest, source, 0)
+    team.sync()
+    team.destroy()
+    with pytest.raises(Exception, match="destroyed"):
+        team.sync()                                     # refused, not stepped
