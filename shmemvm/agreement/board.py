@@ -62,6 +62,7 @@ step s+1, and each PE writes that only after it has read all of step s.
 from __future__ import annotations
 
 import array
+import os
 import zlib
 from collections.abc import Callable
 from typing import cast
@@ -90,6 +91,14 @@ _NATIVE_SPINS = 256
 #: how long step()'s one call goes on reading before the caller's wait (with its
 #: deadline and liveness checks) takes over
 _STEP_BUDGET_NS = 200_000
+#: how long step()'s one call reads on with the GIL and without yielding the core
+#: where every PE of the board has a core of its own: PEs that call collectives
+#: in a loop arrive within a microsecond or two of each other, and a sched_yield
+#: or the GIL's release in that window sent a 2-PE barrier on the VM from 0.8 to
+#: 1.2 us in about half of the launches. Where the PEs outnumber the cores, 0:
+#: spinning then keeps the PE waited for off its core (a 4-PE barrier on 2 cores
+#: took 9.6 us with it, 5 without)
+_HOT_NS = 5_000
 #: exchange()'s payload arguments of a step that carries none
 _NO_PAYLOAD = (0, 0, None, 0, 0, 0, -1)
 
@@ -175,9 +184,10 @@ class Board:
         time (in ticks of `tick_ns`); its outcome compares every word but the
         volatile ones."""
         if self._head is not None:
+            hot = _HOT_NS if self.size <= (os.cpu_count() or 1) else 0
             self._stepper = _collective.Stepper(*self._head, neg_seq_word, flag_word,
                                                 time_word, tick_ns, self.send, self._out,
-                                                self._done)
+                                                self._done, hot)
 
     def step(self, template, seq: int, flag: bool, prompt: int) -> int | None:
         """One agreed step in one native call (_collective.Stepper.step): this PE's

@@ -211,12 +211,15 @@ static int parse_payload(const Head *h, PyObject *const *args, int writing, Payl
 /* reads of the others' slots that a step makes before it lets other threads run */
 #define HOT_SPINS 32
 
+static long long monotonic_ns(void);
+
 /* The exchange itself on checked arguments (see the top of the file): `vector`
  * (NULL: read only) written into this PE's slot of step `seq`, then the others'
  * read for at most `spins` rounds (after HOT_SPINS without the GIL). `acc` (the MAX vector) and
  * `flags` (the PEs read) have `words` words and `size` bytes. The PEs left. */
 static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vector,
-                               int64_t *acc, unsigned char *flags, const Payload *p) {
+                               int64_t *acc, unsigned char *flags, const Payload *p,
+                               long long hot_until) {
     Py_ssize_t size = h->size, words = h->words, slot_words = h->slot_words;
     int64_t *bank = h->board + (seq & 1) * size * slot_words;
     unsigned char *gather = (unsigned char *)p->scratch.buf;
@@ -248,12 +251,16 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
     if (!left) return 0;
     const int64_t my_hash = mine[1];   /* (this step's: this PE wrote its slot first) */
     int64_t theirs[MAX_WORDS];
-    /* The first HOT_SPINS reads keep the GIL: a step whose PEs arrive together
-     * (a barrier in a loop) ends in them, and releasing and taking the GIL again
-     * cost about as much as the wait itself there. The rest go without it. */
+    /* The first HOT_SPINS reads keep the GIL, and so do those before the
+     * monotonic time `hot_until` (0: none; the clock read every 16th): a step
+     * whose PEs arrive together (a barrier in a loop) ends in them, and
+     * releasing and taking the GIL again cost about as much as the wait itself
+     * there. The rest go without it, and from the 64th on yield the core. */
     PyThreadState *released = NULL;
     for (long long i = 0; i < h->spins && left; i++) {
-        if (i == HOT_SPINS) released = PyEval_SaveThread();
+        if (!released && i >= HOT_SPINS
+            && (!hot_until || ((i & 15) == 0 && monotonic_ns() >= hot_until)))
+            released = PyEval_SaveThread();
         for (Py_ssize_t pe = 0; pe < size; pe++) {
             if (flags[pe]) continue;
             int64_t *slot = bank + pe * slot_words;
@@ -287,7 +294,7 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
             flags[pe] = 1;
             left--;
         }
-        if (left && i >= 64) sched_yield();
+        if (left && released && i >= 64) sched_yield();
     }
     if (released) PyEval_RestoreThread(released);
     return left;
@@ -325,7 +332,7 @@ static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t
         }
     }
     result = PyLong_FromSsize_t(run_exchange(&h, seq, writing ? (int64_t *)vector.buf : NULL,
-                                             (int64_t *)out.buf, (unsigned char *)done.buf, &p));
+                                             (int64_t *)out.buf, (unsigned char *)done.buf, &p, 0));
 end:
     release_payload(&p);
     if (vector.obj) PyBuffer_Release(&vector);
@@ -335,7 +342,8 @@ end:
 }
 
 /* Stepper(board, nbytes, size, rank, slot_words, words, seq_word, spins,
- *         volatile, neg_seq_word, flag_word, time_word, tick_ns, send, out, done)
+ *         volatile, neg_seq_word, flag_word, time_word, tick_ns, send, out, done,
+ *         hot_ns)
  * A whole agreed step (agreement.py's collective()) where nothing is unusual,
  * its arguments that never change checked once (the board's, and the vectors'
  * buffers, held while the Stepper lives):
@@ -347,7 +355,9 @@ end:
  *       and minus this PE's entry time in ticks of `tick_ns` (CLOCK_REALTIME,
  *       as time.time_ns()) at time_word; then exchange() as above (`out` the
  *       MAX vector, `done` the PEs read), its spins repeated while PEs are
- *       left, for at most `budget_ns`. Returns the PEs left (> 0: the caller
+ *       left, for at most `budget_ns`; its reads keep the GIL and do not yield
+ *       the core for its first `hot_ns` (board.py: where every PE of the
+ *       board has a core of its own). Returns the PEs left (> 0: the caller
  *       waits with the deadline and the liveness checks, through exchange()),
  *       or once every slot is read: 0 where every word is equal to this PE's
  *       but those in the bit mask `volatile` (the flag, dead-block and time
@@ -362,7 +372,7 @@ typedef struct {
     PyObject_HEAD
     Head h;
     Py_ssize_t neg_word, flag_word, time_word;
-    long long tick;
+    long long tick, hot_ns;
     Py_buffer send, out, done;
 } Stepper;
 
@@ -393,10 +403,10 @@ static void stepper_dealloc(Stepper *self) {
 }
 
 static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != 16) {
+    if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != 17) {
         PyErr_SetString(PyExc_TypeError, "Stepper(board, nbytes, size, rank, slot_words, "
                         "words, seq_word, spins, volatile, neg_seq_word, flag_word, time_word, "
-                        "tick_ns, send, out, done)");
+                        "tick_ns, send, out, done, hot_ns)");
         return NULL;
     }
     PyObject *const *a = &PyTuple_GET_ITEM(args, 0);
@@ -404,6 +414,7 @@ static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     if (self == NULL) return NULL;
     if (parse_head(a, &self->h) < 0) goto fail;
     self->tick = PyLong_AsLongLong(a[12]);
+    self->hot_ns = PyLong_AsLongLong(a[16]);
     if (PyErr_Occurred()) goto fail;
     Py_ssize_t words = self->h.words;
     if (get_ssize(a[9], &self->neg_word, 0, "Stepper: neg_seq_word") < 0
@@ -411,10 +422,11 @@ static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         || get_ssize(a[11], &self->time_word, 0, "Stepper: time_word") < 0)
         goto fail;
     if (self->neg_word >= words || self->flag_word >= words || self->time_word >= words
-        || self->tick < 1) {
+        || self->tick < 1 || self->hot_ns < 0 || self->hot_ns > 1000000) {
         PyErr_Format(PyExc_ValueError, "Stepper: %zd words with the step number negated at "
-                     "%zd, the flag at %zd and the time at %zd, ticks of %lld ns: out of range",
-                     words, self->neg_word, self->flag_word, self->time_word, self->tick);
+                     "%zd, the flag at %zd and the time at %zd, ticks of %lld ns, %lld ns hot "
+                     "(at most 1 ms): out of range", words, self->neg_word, self->flag_word,
+                     self->time_word, self->tick, self->hot_ns);
         goto fail;
     }
     if (PyObject_GetBuffer(a[13], &self->send, PyBUF_WRITABLE) < 0
@@ -447,12 +459,13 @@ static Py_ssize_t run_step(Stepper *self, long long prompt, long long budget, lo
     mine[self->neg_word] = -seq;
     if (flag) mine[self->flag_word] = -1;
     mine[self->time_word] = -(now_ns() / self->tick);
-    Py_ssize_t left = run_exchange(h, seq, mine, acc, flags, p);
+    long long start = monotonic_ns(), hot_until = self->hot_ns ? start + self->hot_ns : 0;
+    Py_ssize_t left = run_exchange(h, seq, mine, acc, flags, p, hot_until);
     if (left > 0 && budget > 0) {
         /* go on reading (no write) until the budget is spent */
-        long long until = monotonic_ns() + budget;
+        long long until = start + budget;
         while (left > 0 && monotonic_ns() < until)
-            left = run_exchange(h, seq, NULL, acc, flags, p);
+            left = run_exchange(h, seq, NULL, acc, flags, p, hot_until);
     }
     if (left > 0) return left;
     int agreed = 1;
@@ -511,8 +524,8 @@ static PyType_Slot stepper_slots[] = {
     {Py_tp_dealloc, stepper_dealloc},
     {Py_tp_methods, stepper_methods},
     {Py_tp_doc, "Stepper(board, nbytes, size, rank, slot_words, words, seq_word, spins, "
-                "volatile, neg_seq_word, flag_word, time_word, tick_ns, send, out, done): a whole "
-                "agreed step in one call (step()); see the source"},
+                "volatile, neg_seq_word, flag_word, time_word, tick_ns, send, out, done, "
+                "hot_ns): a whole agreed step in one call (step()); see the source"},
     {0, NULL},
 };
 

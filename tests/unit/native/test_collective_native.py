@@ -6,6 +6,7 @@ ValueError, never a crash."""
 from __future__ import annotations
 
 import array
+import time
 
 import numpy as np
 import pytest
@@ -182,14 +183,14 @@ def test_every_entry_point_refuses_bad_arguments():
 STEP_WORDS, SKIP = 6, (1 << 3) | (1 << 4)       # the flag and the time are not compared
 
 
-def _stepper(board, nbytes, size, rank, send, out, done, *, tick=10**9):
+def _stepper(board, nbytes, size, rank, send, out, done, *, tick=10**9, hot=0):
     return _collective.Stepper(board, nbytes, size, rank, SLOT, STEP_WORDS, 1, 16, SKIP, 2, 3, 4,
-                               tick, send, out, done)
+                               tick, send, out, done, hot)
 
 
 def _step(board, nbytes, size, rank, seq, template, send, out, done, *, flag=True,
-          prompt=-1, budget=0, tick=10**9):
-    stepper = _stepper(board, nbytes, size, rank, send, out, done, tick=tick)
+          prompt=-1, budget=0, tick=10**9, hot=0):
+    stepper = _stepper(board, nbytes, size, rank, send, out, done, tick=tick, hot=hot)
     return stepper.step(prompt, budget, seq, template, flag, 0, 0, None, 0, 0, 0, -1)
 
 
@@ -217,6 +218,13 @@ def test_step_fills_the_vector_and_says_whether_the_outcome_is_plain():
     assert _step(board, nbytes, 2, 0, 10, template, send0, out0, done0, tick=1) == 1
     assert _step(board, nbytes, 2, 1, 10, template, send1, out1, done1, tick=1,
                  prompt=0) == -1
+    # reading on hot (the GIL kept, no yield) for 20 us, then the spins' own end: PE 1
+    # never came, so the PEs left, as without it; and with PE 1 there, plain
+    start = time.monotonic()
+    assert _step(board, nbytes, 2, 0, 12, template, send0, out0, done0, hot=20_000,
+                 budget=50_000) == 1
+    assert time.monotonic() - start >= 20e-6
+    assert _step(board, nbytes, 2, 1, 12, template, send1, out1, done1, hot=20_000) == 0
 
 
 def _exchange_step(board, nbytes, rank, seq, out, done):
@@ -234,6 +242,8 @@ def test_step_refuses_bad_arguments():
         lambda: _step(board, nbytes, 2, 0, 1, template, send, array.array("q", [1]), done),
         lambda: _step(board, nbytes, 2, 0, 1, template, send, out, done, tick=0),
         lambda: _step(board, nbytes, 2, 0, 1, template, send, out, done, budget=-1),
+        lambda: _step(board, nbytes, 2, 0, 1, template, send, out, done, hot=-1),
+        lambda: _step(board, nbytes, 2, 0, 1, template, send, out, done, hot=10**6 + 1),
         lambda: _step(board, nbytes, 2, 2, 1, template, send, out, done),         # rank >= size
         lambda: _step(0, nbytes, 2, 0, 1, template, send, out, done),             # null board
         lambda: _step(board, nbytes, 2, 0, 1, template, send, out, bytearray(1)),  # done < size
