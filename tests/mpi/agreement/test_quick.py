@@ -158,3 +158,42 @@ def test_a_team_sync_is_one_native_call_after_its_first(heap, monkeypatch):
     team.destroy()
     with pytest.raises(Exception, match="destroyed"):
         team.sync()                                     # refused, not stepped
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_calls_on_random_paths_keep_every_pe_in_step(heap, seed):
+    """The same random sequence of barrier_all, sync_all and a team's sync on
+    every PE, each PE choosing its own path for each call at random (the quick
+    step, or the general one), with blocks dropped now and then (which send
+    the quick step aside on the PE that has them): every PE ends at the same
+    step and count, and the dropped blocks are released everywhere."""
+    import random
+    core = core_of(heap)
+    team = heap.team_split_strided(heap.team_world(), 0, 1, heap.n_pes)
+    quick = {call: core.quick[call] for call in (_BARRIER_ALL, _SYNC_ALL)}
+    team.sync()                                          # (makes the team's quick step)
+    team_quick = team._quick_sync
+    assert team_quick is not None
+    calls = random.Random(seed)                          # the same on every PE
+    paths = random.Random(seed * 1000 + core.my_pe)      # this PE's own
+    live = heap.heap_info()["live_allocations"]
+    for _ in range(200):
+        what = calls.choice(["barrier", "sync", "team", "drop"])
+        if what == "drop":
+            block = heap.malloc(64)
+            del block
+            continue
+        for call in quick:
+            core.quick[call] = quick[call] if paths.random() < 0.5 else None
+        team._quick_sync = team_quick if paths.random() < 0.5 else None
+        {"barrier": heap.barrier_all, "sync": heap.sync_all, "team": team.sync}[what]()
+    core.quick.update(quick)
+    heap.barrier_all()
+    heap.barrier_all()
+    gc.collect()
+    heap.barrier_all()
+    assert heap.heap_info()["live_allocations"] == live
+    assert len(set(world.allgather(_counts(heap)))) == 1
+    assert len(set(world.allgather(team.agreement.seq))) == 1
+    team.destroy()
