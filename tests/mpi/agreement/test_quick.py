@@ -22,7 +22,9 @@ from shmemvm.core.state import core_of
 from shmemvm.openshmem.barrier import _BARRIER_ALL, _SYNC_ALL
 
 world = MPI.COMM_WORLD
-OPTIONS = {"backend": "host", "timeout": 10, "agreement": "board"}
+# (native= over SHMEMVM_NATIVE: these tests are of the compiled path; the last one is
+# of a heap without it)
+OPTIONS = {"backend": "host", "timeout": 10, "agreement": "board", "native": "auto"}
 
 pytestmark = pytest.mark.skipif(native._native is None,
                                 reason="the compiled piece is not built (pip install . builds it)")
@@ -197,3 +199,25 @@ def test_random_calls_on_random_paths_keep_every_pe_in_step(heap, seed):
     assert len(set(world.allgather(_counts(heap)))) == 1
     assert len(set(world.allgather(team.agreement.seq))) == 1
     team.destroy()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_heap_without_the_compiled_piece_has_no_quick_step_and_its_barriers_agree():
+    heap = SymmetricHeap(world, "16M", **{**OPTIONS, "native": 0})
+    try:
+        core = core_of(heap)
+        assert core.quick[_BARRIER_ALL] is None and core.quick[_SYNC_ALL] is None
+        team = heap.team_split_strided(heap.team_world(), 0, 1, heap.n_pes)
+        seq, calls = _counts(heap)
+        for _ in range(3):
+            heap.barrier_all()
+            heap.sync_all()
+            team.sync()
+        assert team._quick_sync is None
+        assert _counts(heap) == (seq + 6, calls + 6)
+        with pytest.raises(SymmetryError, match=r"barrier_all\(\).*sync_all\(\)|sync_all\(\).*"
+                                                r"barrier_all\(\)"):
+            heap.barrier_all() if core.my_pe == 0 else heap.sync_all()
+        team.destroy()
+    finally:
+        heap.finalize()
