@@ -14,8 +14,8 @@ from . import rma
 
 #: the calls of the two barriers, made once: they have no arguments, and the
 #: agreement never changes a Call it is given (its vector: protocol's cache; issue 30)
-_BARRIER_ALL = Call(Phase.BARRIER_ALL, text="barrier_all()", exact=True).fixed()
-_SYNC_ALL = Call(Phase.SYNC_ALL, text="sync_all()", exact=True).fixed()
+BARRIER_ALL = Call(Phase.BARRIER_ALL, text="barrier_all()", exact=True).fixed()
+SYNC_ALL = Call(Phase.SYNC_ALL, text="sync_all()", exact=True).fixed()
 
 
 def barrier_all(heap: Core) -> None:
@@ -34,11 +34,11 @@ def barrier_all(heap: Core) -> None:
             (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
         ShmemError: the heap is finalized.
     """
-    quick = heap.calls.quick[_BARRIER_ALL]   # (the same step, whole in C, where nothing is unusual)
+    quick = heap.calls.quick[BARRIER_ALL]   # (the same step, whole in C, where nothing is unusual)
     if quick is None or quick() is None:
         with heap.lock:
             rma.quiet(heap)
-            heap.calls.agree(_BARRIER_ALL)
+            heap.calls.agree(BARRIER_ALL)
 
 
 def sync_all(heap: Core) -> None:
@@ -56,8 +56,8 @@ def sync_all(heap: Core) -> None:
             (SHMEMVM_TIMEOUT); the heap is unusable afterwards.
         ShmemError: the heap is finalized.
     """
-    quick = heap.calls.quick[_SYNC_ALL]
+    quick = heap.calls.quick[SYNC_ALL]
     if quick is None or quick() is None:
         with heap.lock:
             heap.calls.synchronize()
-            heap.calls.agree(_SYNC_ALL)
+            heap.calls.agree(SYNC_ALL)

@@ -46,7 +46,7 @@ import shmemvm
 from job_records import finalize_into, finish, next_case, record
 from shmemvm import SymmetricHeap, rc
 from shmemvm.core.state import core_of
-from shmemvm.openshmem.barrier import _BARRIER_ALL
+from shmemvm.openshmem.barrier import BARRIER_ALL
 from shmemvm.transport import nodecoll
 
 rc(initialize=False, finalize=False)   # (a numpy- scenario makes the NumPy face's heap)
@@ -78,14 +78,19 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
              "broadcast": lambda: heap.broadcast(gathered[:8], source, 0),
              "alltoall": lambda: heap.alltoall(gathered, spread)}
     replayed: list = []
+    stepwise: list = []
     if numpy_face:   # the NumPy face's alltoall, made twice: the call below replays its Plan
         arrays = [shmem.zeros(n, dtype="q") for _ in range(2)]
         small["numpy-alltoall"] = lambda: shmem.alltoall(arrays[0], arrays[1])
         real = nodecoll.replay
         nodecoll.replay = lambda h, plan: (replayed.append(True), real(h, plan))[1]
+        # the steps of a replay that its quick step left to Python (nodecoll.staged)
+        staged = nodecoll.staged
+        nodecoll.staged = lambda h, plan: (stepwise.append(True), staged(h, plan))[1]
         for _ in range(2):
             small[scenario]()
         replayed.clear()
+        stepwise.clear()
     elif scenario in small:   # warmed up: the call below is the fused one
         source, gathered, spread = heap.malloc(8), heap.malloc(8 * n), heap.malloc(8 * n)
         small[scenario]()
@@ -93,7 +98,7 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
     # whether the barrier below was taken whole by its quick step (core.quick)
     quick_steps: list = []
     core = core_of(heap)
-    quick = core.quick[_BARRIER_ALL]
+    quick = core.quick[BARRIER_ALL]
     if quick is not None:
         def traced():
             quick_steps.append(True)          # taken, also where it raises
@@ -101,7 +106,7 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
             if result is None:                # stepped aside: the general path runs
                 quick_steps.pop()
             return result
-        core.quick[_BARRIER_ALL] = traced
+        core.quick[BARRIER_ALL] = traced
     late = me == n - 1
     if late:
         stop_for(stop)
@@ -125,6 +130,8 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
         fields.update(error=type(exc).__name__, message=str(exc))
     fields["elapsed"] = time.monotonic() - start
     fields["replayed"] = bool(replayed)
+    # replayed whole by its Plan's quick step (nodecoll.replay), not step by step
+    fields["replayed_quick"] = bool(replayed) and not stepwise
     fields["quick"] = bool(quick_steps)
     start = time.monotonic()
     try:

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from shmemvm import SymmetricHeap, SymmetryError, native
 from shmemvm.core.state import core_of
-from shmemvm.openshmem.barrier import _BARRIER_ALL, _SYNC_ALL
+from shmemvm.openshmem.barrier import BARRIER_ALL, SYNC_ALL
 
 world = MPI.COMM_WORLD
 # (native= over SHMEMVM_NATIVE: these tests are of the compiled path; the last one is
@@ -46,8 +46,8 @@ def _counts(heap):
 def test_a_barrier_is_one_native_call_and_counts_as_the_general_path_does(heap, monkeypatch):
     core = core_of(heap)
     from shmemvm.native import _collective
-    assert isinstance(core.quick[_BARRIER_ALL], _collective.Quick)
-    assert isinstance(core.quick[_SYNC_ALL], _collective.Quick)
+    assert isinstance(core.quick[BARRIER_ALL], _collective.Quick)
+    assert isinstance(core.quick[SYNC_ALL], _collective.Quick)
     seq, calls = _counts(heap)
 
     def general(*args, **kwargs):
@@ -66,13 +66,13 @@ def test_a_barrier_is_one_native_call_and_counts_as_the_general_path_does(heap, 
 @pytest.mark.mpi(min_size=2)
 def test_pes_on_different_paths_make_the_same_step(heap):
     core = core_of(heap)
-    quick = core.quick[_BARRIER_ALL]
+    quick = core.quick[BARRIER_ALL]
     for i in range(40):
         # PE 0 quick on odd rounds, the others on even ones: they meet in every step
         general = (i + core.my_pe) % 2 == 0
-        core.quick[_BARRIER_ALL] = None if general else quick
+        core.quick[BARRIER_ALL] = None if general else quick
         heap.barrier_all()
-    core.quick[_BARRIER_ALL] = quick
+    core.quick[BARRIER_ALL] = quick
     counts = world.allgather(_counts(heap))
     assert len(set(counts)) == 1, counts
 
@@ -82,7 +82,7 @@ def test_pes_on_different_paths_make_the_same_step(heap):
 def test_a_mismatch_is_a_symmetry_error_on_every_pe(heap, quick_on):
     core = core_of(heap)
     if quick_on == "PE 0 alone" and core.my_pe != 0:
-        core.quick[_BARRIER_ALL] = core.quick[_SYNC_ALL] = None
+        core.quick[BARRIER_ALL] = core.quick[SYNC_ALL] = None
     with pytest.raises(SymmetryError, match=r"barrier_all\(\).*sync_all\(\)|sync_all\(\).*"
                                             r"barrier_all\(\)"):
         heap.barrier_all() if core.my_pe == 0 else heap.sync_all()
@@ -96,7 +96,7 @@ def test_a_mismatch_is_a_symmetry_error_on_every_pe(heap, quick_on):
 @pytest.mark.mpi(min_size=2)
 def test_a_block_to_release_sends_the_barrier_the_general_way_which_releases_it(heap):
     core = core_of(heap)
-    quick = core.quick[_BARRIER_ALL]
+    quick = core.quick[BARRIER_ALL]
     x = heap.malloc(1024)
     live = heap.heap_info()["live_allocations"]
     del x
@@ -121,7 +121,7 @@ def test_a_barrier_waits_for_another_threads_collective_call(heap):
     thread = threading.Thread(target=other_thread)
     thread.start()
     entered.wait()
-    assert core.quick[_BARRIER_ALL]() is None           # the lock is taken: nothing done
+    assert core.quick[BARRIER_ALL]() is None           # the lock is taken: nothing done
     heap.barrier_all()                                  # waits for it, then the step
     order.append("barrier")
     thread.join()
@@ -132,7 +132,7 @@ def test_a_barrier_waits_for_another_threads_collective_call(heap):
 def test_a_finalized_heap_has_no_quick_step():
     heap = SymmetricHeap(world, "16M", **OPTIONS)
     core = core_of(heap)
-    quick = core.quick[_BARRIER_ALL]
+    quick = core.quick[BARRIER_ALL]
     heap.finalize()
     assert not core.quick                               # dropped with the board
     assert quick() is None                              # a kept one refuses: the heap is closed
@@ -173,7 +173,7 @@ def test_random_calls_on_random_paths_keep_every_pe_in_step(heap, seed):
     import random
     core = core_of(heap)
     team = heap.team_split_strided(heap.team_world(), 0, 1, heap.n_pes)
-    quick = {call: core.quick[call] for call in (_BARRIER_ALL, _SYNC_ALL)}
+    quick = {call: core.quick[call] for call in (BARRIER_ALL, SYNC_ALL)}
     team.sync()                                          # (makes the team's quick step)
     team_quick = team._quick_sync
     assert team_quick is not None
@@ -205,7 +205,7 @@ def test_a_heap_without_the_compiled_piece_has_no_quick_step_and_its_barriers_ag
     heap = SymmetricHeap(world, "16M", **{**OPTIONS, "native": 0})
     try:
         core = core_of(heap)
-        assert core.quick[_BARRIER_ALL] is None and core.quick[_SYNC_ALL] is None
+        assert core.quick[BARRIER_ALL] is None and core.quick[SYNC_ALL] is None
         team = heap.team_split_strided(heap.team_world(), 0, 1, heap.n_pes)
         seq, calls = _counts(heap)
         for _ in range(3):
