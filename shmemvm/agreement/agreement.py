@@ -243,24 +243,30 @@ class Agreement:
         self._completed(call, recv)
         return self._outcome(call, board.send, recv, dead)
 
-    def quick(self, call: Call, lock, guards: tuple, wrap=None) -> Callable[[], object] | None:
-        """A collective call that is the one agreed step of `call` (fixed: no
-        arguments; the flag set, nothing dead), whole in one native call
-        (_collective.Quick) while nothing is unusual: a callable that returns
-        None where it did nothing (`lock` held by another thread, or one of
-        `guards`, the (object, attribute) pairs of the caller's parts that
-        must be false, is not), else what collective() would have made of the
-        same step (a step that is not plain through `wrap(settle)` where
-        given). None where this agreement cannot: no native board, or its
+    def quick(self, call: Call, lock, guards: tuple, wrap=None, carry: tuple | None = None,
+              deliver: tuple | None = None) -> Callable[[], object] | None:
+        """A collective call that is the one agreed step of `call` (fixed: its
+        vector encoded once; the flag set, nothing dead), whole in one native
+        call (_collective.Quick) while nothing is unusual: a callable that
+        returns None where it did nothing (`lock` held by another thread, or
+        one of `guards`, the (object, attribute) pairs of the caller's parts
+        that must be false, is not), else what collective() would have made of
+        the same step (a step that is not plain through `wrap(settle)` where
+        given). A fused collective's step carries `carry` (the board's
+        staging()) and calls deliver[0](*deliver[1]) after it, whether plain
+        or settled. None where this agreement cannot: no native board, or its
         steps are logged."""
         board = self.board
         if board is None or self._debug or call.template is None or call.error is not None:
             return None
         settle = functools.partial(self._board_outcome, call, frozenset())
+        if wrap is not None:
+            settle = functools.partial(wrap, settle)
+        if deliver is not None:
+            settle = functools.partial(_delivered, settle, board, deliver)
         return board.quick(call.template, call.phase in COUNTED,
                            self._prompt if self.liveness is not None else -1, lock, self,
-                           guards + ((self, "broken"),),
-                           settle if wrap is None else functools.partial(wrap, settle))
+                           guards + ((self, "broken"),), settle, carry, deliver)
 
     def _completed(self, call: Call, recv: array.array) -> None:
         """The step is complete here: note when its earliest PE entered it, and
@@ -494,6 +500,16 @@ def _set_dead(vector: array.array, digest: int) -> None:
     the least digest and the greatest, equal where every PE carries the same."""
     vector[DEAD_SLOT] = -digest
     vector[DEAD_DIGEST_SLOT] = digest
+
+
+def _delivered(settle, board, deliver: tuple, code: int):
+    """A quick step's settle(code) (Agreement.quick) for a step that carried a
+    payload: the rest of the general path, then the result delivered from the
+    scratch that the step (and finish()) filled, as the plain step does."""
+    outcome = settle(code)
+    board.carried = None
+    deliver[0](*deliver[1])
+    return outcome
 
 
 def _with_dead(template: array.array, digest: int) -> array.array:

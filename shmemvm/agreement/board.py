@@ -212,19 +212,23 @@ class Board:
         return code
 
     def quick(self, template, counted: bool, prompt: int, lock, owner, guards: tuple,
-              settle) -> Callable[[], object] | None:
+              settle, carry: tuple | None = None,
+              deliver: tuple | None = None) -> Callable[[], object] | None:
         """step()'s one call made a whole collective call (_collective.Quick, its
         contract there): the step of `template` on `owner` (the agreement: its
         seq, calls where `counted`, _sub and _entered), under `lock`, while the
-        `guards` and this board's own (a step left to finish, a staged payload)
-        are false; `settle(code)` where it is not plain. None where steps do not
-        run in C (no Stepper)."""
+        `guards` and this board's own (finalized, a step left to finish, a
+        staged payload) are false; carrying `carry` (staging()'s tuple) and
+        then calling deliver[0](*deliver[1]) where given; `settle(code)` where
+        it is not plain. None where steps do not run in C (no Stepper)."""
         if self._stepper is None:
             return None
+        guards += ((self, "closed"), (self, "_unfinished"), (self, "_staged"))
+        if carry is None:
+            return _collective.Quick(self._stepper, template, counted, prompt, _STEP_BUDGET_NS,
+                                     lock, owner, self, guards, settle)
         return _collective.Quick(self._stepper, template, counted, prompt, _STEP_BUDGET_NS,
-                                 lock, owner, self,
-                                 guards + ((self, "closed"), (self, "_unfinished"),
-                                           (self, "_staged")), settle)
+                                 lock, owner, self, guards, settle, carry, deliver)
 
     def finish(self, seq: int, wait) -> None:
         """Read the slots of step `seq` that step() left, under `wait` (as
@@ -259,15 +263,21 @@ class Board:
         slot, and copy `part` bytes at `src_offset` of each PE's payload
         (only PE `only`'s where only >= 0) into scratch at pe * dst_stride.
         After that step, `carried` is the returned stage (else unstage())."""
+        self._staged = staged = self.staging(payload, payload_len, part, src_offset,
+                                             dst_stride, only)
+        self.carried = None
+        return staged
+
+    def staging(self, payload: int, payload_len: int, part: int, src_offset: int,
+                dst_stride: int, only: int) -> tuple:
+        """stage()'s tuple of these arguments, checked, staging nothing (what a
+        quick step carries at each call: quick())."""
         if not 0 <= payload_len <= PAYLOAD or not 0 <= src_offset <= PAYLOAD - part or \
                 part < 0 or dst_stride < 0 or (only < 0 and (self.size - 1) * dst_stride + part
                                                > len(self.scratch) * _WORD):
             raise ValueError(f"a board step's payload: {payload_len} bytes, {part} at "
                              f"{src_offset} every {dst_stride}: out of the slot's {PAYLOAD}")
-        self._staged = staged = (payload, payload_len, self.scratch, part, src_offset,
-                                 dst_stride, only)
-        self.carried = None
-        return staged
+        return (payload, payload_len, self.scratch, part, src_offset, dst_stride, only)
 
     def unstage(self) -> None:
         """Forget a payload that no step carried (its call failed before its step)."""

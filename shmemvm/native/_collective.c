@@ -534,32 +534,93 @@ static PyType_Spec stepper_spec = {
 };
 
 /* Quick(stepper, template, counted, prompt, budget_ns, lock, agreement, board, guards,
- *       settle)
- * One collective call that is a single agreed step of a fixed call without
- * arguments (a barrier), taken whole in one call where nothing is unusual:
+ *       settle[, carry, deliver])
+ * One collective call that is a single agreed step of a fixed call (a barrier;
+ * a fused collective's repeated call with its payload), taken whole in one
+ * call where nothing is unusual:
  *
  *   quick() -> None, or what the step ended with
- *       None (nothing done) where `lock` (the heap's RLock) is held by another
- *       thread or one of `guards` (a tuple of (object, attribute name) pairs)
- *       names a true value: a pending release, a recorded operation, an
- *       unfinished step, a finalized or broken heap; the caller then takes its
- *       general path, which deals with it. Else, holding `lock`: the
- *       agreement's `seq` + 1 (and `calls` + 1 where `counted`), its `_sub` 0,
- *       and the Stepper's step of `template` (a copy, made here) with the flag
- *       set, `prompt` and `budget_ns` as step()'s, no payload. Where the step
- *       is agreed, the flag everywhere (0): the agreement's `_entered` from the
- *       step's MAX, the board's `carried` None, and 0. Otherwise what
- *       `settle(code)` returns (agreement.py: the rest of the general path from
- *       the same point), or its exception. `lock` is released either way.
+ *       None (nothing done) where `lock` (the heap's RLock, or a team's) is
+ *       held by another thread or one of `guards` (a tuple of (object,
+ *       attribute name) pairs) names a true value: a pending release, a
+ *       recorded operation, an unfinished step, a staged payload, a finalized
+ *       or broken heap, a destroyed team; the caller then takes its general
+ *       path, which deals with it. Else, holding `lock`: the agreement's `seq`
+ *       + 1 (and `calls` + 1 where `counted`), its `_sub` 0, and the Stepper's
+ *       step of `template` (a copy, made here) with the flag set, `prompt` and
+ *       `budget_ns` as step()'s, carrying `carry`'s payload (board.stage()'s
+ *       tuple, checked here once; none without it). Where the step is agreed,
+ *       the flag everywhere (0): the agreement's `_entered` from the step's
+ *       MAX, the board's `carried` None, `deliver`'s callable called with its
+ *       args (the result written from scratch), and 0. Otherwise the board's
+ *       `_waiting` is `carry` where PEs are left (its finish() reads their
+ *       payloads as after step()), and what `settle(code)` returns
+ *       (agreement.py: the rest of the general path from the same point, and
+ *       the delivery), or its exception. `lock` is released either way.
  *
  * So Python sees one call where agreement.collective() would have made the
  * same step after the same checks (the guards are those checks' state, each
  * named by the part that owns it). */
+/* An attribute of one object, read and written through the object's own
+ * __dict__ where it has one and its type gives the name no meaning of its own
+ * (no property, no slot, no class attribute: _PyType_Lookup finds nothing at
+ * Quick's making): one dict lookup instead of the attribute protocol's, about
+ * a third of a barrier's Python-side cost. Else through PyObject_GetAttr and
+ * PyObject_SetAttr. (Our parts never replace an instance's __dict__.) */
+typedef struct {
+    PyObject *obj, *name, *dict;
+} Attr;
+
+static int attr_init(Attr *a, PyObject *obj, PyObject *name) {
+    a->obj = Py_NewRef(obj);
+    a->name = Py_NewRef(name);
+    a->dict = NULL;
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type->tp_dictoffset != 0 && PyUnicode_CheckExact(name)
+        && _PyType_Lookup(type, name) == NULL) {
+        a->dict = PyObject_GenericGetDict(obj, NULL);
+        if (a->dict == NULL) return -1;
+    }
+    return 0;
+}
+
+static void attr_clear(Attr *a) {
+    Py_CLEAR(a->obj);
+    Py_CLEAR(a->name);
+    Py_CLEAR(a->dict);
+}
+
+/* the attribute's value (a new reference), or NULL with an error set */
+static PyObject *attr_get(Attr *a) {
+    if (a->dict != NULL) {
+        PyObject *value = PyDict_GetItemWithError(a->dict, a->name);
+        if (value != NULL) return Py_NewRef(value);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_GetAttr(a->obj, a->name);   /* (not in the dict: as Python would say) */
+}
+
+static int attr_set(Attr *a, PyObject *value) {
+    if (a->dict != NULL) return PyDict_SetItem(a->dict, a->name, value);
+    return PyObject_SetAttr(a->obj, a->name, value);
+}
+
+/* the agreement's and the board's attributes a quick step reads and writes */
+enum { SEQ, CALLS, SUB, ENTERED, CARRIED, WAITING, N_STATE };
+
 typedef struct {
     PyObject_HEAD
-    PyObject *stepper, *agreement, *board, *guards, *settle;
-    /* lock.acquire and lock.release, and acquire's arguments (False: do not block) */
-    PyObject *acquire, *release, *nonblocking;
+    PyObject *stepper, *settle;
+    /* lock.acquire and lock.release */
+    PyObject *acquire, *release;
+    Attr state[N_STATE];
+    Attr *guards;
+    Py_ssize_t n_guards;
+    /* a fused collective's: the payload its step carries (`carry`, board.stage()'s
+     * tuple, parsed once: has_payload) and the delivery after a plain step */
+    PyObject *carry, *deliver, *deliver_args;
+    Payload payload;
+    int has_payload;
     int counted;
     long long prompt, budget;
     int64_t template[MAX_WORDS];
@@ -567,24 +628,30 @@ typedef struct {
 
 static PyTypeObject *stepper_type;
 static PyObject *name_acquire, *name_release, *name_seq, *name_calls, *name_sub,
-    *name_entered, *name_carried;
+    *name_entered, *name_carried, *name_waiting;
 
 static void quick_dealloc(Quick *self) {
     Py_XDECREF(self->stepper);
-    Py_XDECREF(self->agreement);
-    Py_XDECREF(self->board);
-    Py_XDECREF(self->guards);
     Py_XDECREF(self->settle);
     Py_XDECREF(self->acquire);
     Py_XDECREF(self->release);
-    Py_XDECREF(self->nonblocking);
+    Py_XDECREF(self->carry);
+    Py_XDECREF(self->deliver);
+    Py_XDECREF(self->deliver_args);
+    release_payload(&self->payload);
+    for (int i = 0; i < N_STATE; i++) attr_clear(&self->state[i]);
+    if (self->guards != NULL) {
+        for (Py_ssize_t i = 0; i < self->n_guards; i++) attr_clear(&self->guards[i]);
+        PyMem_Free(self->guards);
+    }
     free_instance((PyObject *)self);
 }
 
 static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != 10) {
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if ((kwargs && PyDict_GET_SIZE(kwargs)) || (nargs != 10 && nargs != 12)) {
         PyErr_SetString(PyExc_TypeError, "Quick(stepper, template, counted, prompt, budget_ns, "
-                        "lock, agreement, board, guards, settle)");
+                        "lock, agreement, board, guards, settle[, carry, deliver])");
         return NULL;
     }
     PyObject *const *a = &PyTuple_GET_ITEM(args, 0);
@@ -611,6 +678,16 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "Quick: settle must be callable");
         return NULL;
     }
+    PyObject *carry = nargs == 12 ? a[10] : Py_None, *deliver = nargs == 12 ? a[11] : Py_None;
+    if ((carry == Py_None) != (deliver == Py_None)
+        || (carry != Py_None && (!PyTuple_Check(carry) || PyTuple_GET_SIZE(carry) != 7))
+        || (deliver != Py_None && (!PyTuple_Check(deliver) || PyTuple_GET_SIZE(deliver) != 2
+                                   || !PyCallable_Check(PyTuple_GET_ITEM(deliver, 0))
+                                   || !PyTuple_Check(PyTuple_GET_ITEM(deliver, 1))))) {
+        PyErr_SetString(PyExc_TypeError, "Quick: carry is None or board.stage()'s 7-tuple, and "
+                        "deliver None or (callable, args tuple), both or neither");
+        return NULL;
+    }
     int counted = PyObject_IsTrue(a[2]);
     long long prompt = PyLong_AsLongLong(a[3]), budget = PyLong_AsLongLong(a[4]);
     if (counted < 0 || PyErr_Occurred()) return NULL;
@@ -635,28 +712,48 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     memcpy(self->template, template.buf, (size_t)template.len);
     PyBuffer_Release(&template);
     self->stepper = Py_NewRef(a[0]);
-    self->agreement = Py_NewRef(a[6]);
-    self->board = Py_NewRef(a[7]);
-    self->guards = Py_NewRef(guards);
     self->settle = Py_NewRef(a[9]);
     self->acquire = PyObject_GetAttr(a[5], name_acquire);
     self->release = PyObject_GetAttr(a[5], name_release);
-    self->nonblocking = PyTuple_Pack(1, Py_False);
-    if (self->acquire == NULL || self->release == NULL || self->nonblocking == NULL) {
-        Py_DECREF(self);
-        return NULL;
+    if (self->acquire == NULL || self->release == NULL) goto failed;
+    if (carry != Py_None) {
+        if (parse_payload(&stepper->h, &PyTuple_GET_ITEM(carry, 0), 1, &self->payload) < 0)
+            goto failed;
+        self->has_payload = 1;
+        self->carry = Py_NewRef(carry);
+        self->deliver = Py_NewRef(PyTuple_GET_ITEM(deliver, 0));
+        self->deliver_args = Py_NewRef(PyTuple_GET_ITEM(deliver, 1));
+    }
+    PyObject *owners[N_STATE] = {a[6], a[6], a[6], a[6], a[7], a[7]};
+    PyObject *names[N_STATE] = {name_seq, name_calls, name_sub, name_entered, name_carried,
+                                name_waiting};
+    for (int i = 0; i < N_STATE; i++)
+        if (attr_init(&self->state[i], owners[i], names[i]) < 0) goto failed;
+    Py_ssize_t n = PyTuple_GET_SIZE(guards);
+    self->guards = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Attr));
+    if (self->guards == NULL) {
+        PyErr_NoMemory();
+        goto failed;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *g = PyTuple_GET_ITEM(guards, i);
+        self->n_guards = i + 1;
+        if (attr_init(&self->guards[i], PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(g, 1)) < 0)
+            goto failed;
     }
     self->counted = counted;
     self->prompt = prompt;
     self->budget = budget;
     return (PyObject *)self;
+failed:
+    Py_DECREF(self);
+    return NULL;
 }
 
 /* 1 where every guard names a false value, 0 where one does not, -1 on an error */
 static int quick_idle(Quick *self) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->guards); i++) {
-        PyObject *g = PyTuple_GET_ITEM(self->guards, i);
-        PyObject *value = PyObject_GetAttr(PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(g, 1));
+    for (Py_ssize_t i = 0; i < self->n_guards; i++) {
+        PyObject *value = attr_get(&self->guards[i]);
         if (value == NULL) return -1;
         int busy = value == Py_None || value == Py_False ? 0 : PyObject_IsTrue(value);
         Py_DECREF(value);
@@ -665,16 +762,16 @@ static int quick_idle(Quick *self) {
     return 1;
 }
 
-/* the int attribute `name` of `obj` plus `add`, stored back; -1 (an error set) or 0 */
-static int bump(PyObject *obj, PyObject *name, long long add, long long *now) {
-    PyObject *value = PyObject_GetAttr(obj, name);
+/* the int attribute `a` plus `add`, stored back; -1 (an error set) or 0 */
+static int bump(Attr *a, long long add, long long *now) {
+    PyObject *value = attr_get(a);
     if (value == NULL) return -1;
     long long v = PyLong_AsLongLong(value);
     Py_DECREF(value);
     if (v == -1 && PyErr_Occurred()) return -1;
     PyObject *next = PyLong_FromLongLong(v + add);
     if (next == NULL) return -1;
-    int failed = PyObject_SetAttr(obj, name, next);
+    int failed = attr_set(a, next);
     Py_DECREF(next);
     *now = v + add;
     return failed;
@@ -685,7 +782,7 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_TypeError, "quick() takes no arguments");
         return NULL;
     }
-    PyObject *got = PyObject_Call(self->acquire, self->nonblocking, NULL);
+    PyObject *got = PyObject_CallOneArg(self->acquire, Py_False);   /* (do not block) */
     if (got == NULL) return NULL;
     int held = PyObject_IsTrue(got);
     Py_DECREF(got);
@@ -697,28 +794,37 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
         goto release;
     }
     long long seq, calls;
-    PyObject *zero_obj = PyLong_FromLong(0);
-    if (zero_obj == NULL) goto release;
-    int failed = PyObject_SetAttr(self->agreement, name_sub, zero_obj);
+    PyObject *zero_obj = PyLong_FromLong(0);   /* (a cached small int) */
+    int failed = attr_set(&self->state[SUB], zero_obj);
     Py_DECREF(zero_obj);
-    if (failed || bump(self->agreement, name_seq, 1, &seq) < 0
-        || (self->counted && bump(self->agreement, name_calls, 1, &calls) < 0))
+    if (failed || bump(&self->state[SEQ], 1, &seq) < 0
+        || (self->counted && bump(&self->state[CALLS], 1, &calls) < 0))
         goto release;
     Stepper *stepper = (Stepper *)self->stepper;
     Payload none;
     memset(&none, 0, sizeof none);
     none.only = -1;
     Py_ssize_t code = run_step(stepper, self->prompt, self->budget, seq, self->template, 1,
-                               &none);
-    if (PyObject_SetAttr(self->board, name_carried, Py_None) < 0) goto release;
+                               self->has_payload ? &self->payload : &none);
+    if (attr_set(&self->state[CARRIED], Py_None) < 0) goto release;
     if (code == 0) {
         PyObject *entered = PyLong_FromLongLong(-((int64_t *)stepper->out.buf)[stepper->time_word]);
         if (entered == NULL) goto release;
-        failed = PyObject_SetAttr(self->agreement, name_entered, entered);
+        failed = attr_set(&self->state[ENTERED], entered);
         Py_DECREF(entered);
-        if (!failed) result = PyLong_FromLong(0);
+        if (failed) goto release;
+        if (self->deliver != NULL) {   /* every PE's payload is in scratch: the result */
+            PyObject *done = PyObject_Call(self->deliver, self->deliver_args, NULL);
+            if (done == NULL) goto release;
+            Py_DECREF(done);
+        }
+        result = PyLong_FromLong(0);
         goto release;
     }
+    /* the PEs left are read by the board's finish() with the same payload (as step()
+     * leaves it in _waiting); settle delivers where it is given a carry */
+    if (code > 0 && self->carry != NULL && attr_set(&self->state[WAITING], self->carry) < 0)
+        goto release;
     PyObject *code_obj = PyLong_FromSsize_t(code);
     if (code_obj == NULL) goto release;
     result = PyObject_CallOneArg(self->settle, code_obj);
@@ -781,8 +887,9 @@ static int exec_module(PyObject *module) {
         name_sub = PyUnicode_InternFromString("_sub");
         name_entered = PyUnicode_InternFromString("_entered");
         name_carried = PyUnicode_InternFromString("carried");
+        name_waiting = PyUnicode_InternFromString("_waiting");
         if (!name_acquire || !name_release || !name_seq || !name_calls || !name_sub
-            || !name_entered || !name_carried)
+            || !name_entered || !name_carried || !name_waiting)
             return -1;
     }
     PyObject *stepper = PyType_FromSpec(&stepper_spec);

@@ -114,13 +114,15 @@ class Plan(NamedTuple):
     checks, while the face's key (Core.where.recall) says the operands are the
     same and their blocks still live. A payload assembled here (collect's:
     the count, then the bytes) lives in `held`, which `refresh` (dst, src,
-    nbytes) fills again from the source before each step."""
+    nbytes) fills again from the source before each step. `quick`: the same
+    step and delivery in one native call (the group's quick_step()), or None."""
     group: Any
     call: Call
     stage: tuple
     after: tuple
     refresh: tuple = ()
     held: Any = None
+    quick: Any = None
 
 
 class Fusion:
@@ -180,8 +182,14 @@ class Fusion:
         after = self.after if after is None else after
         if self.stage_args is None or self.call is None or after is None:
             return None
-        return Plan(group, Call(*self.call).fixed(), self.stage_args, after, self.refresh,
-                    self.held)
+        call = Call(*self.call).fixed()
+        quick = None
+        if not self.refresh and type(after) is not Collected and self.board is not None:
+            # (collect's payload is refreshed before each step, and its counts
+            # checked after it: Python's; the rest is one native call)
+            quick = group.quick_step(call, self.board.staging(*self.stage_args),
+                                     _delivery(self.board, self.n, after))
+        return Plan(group, call, self.stage_args, after, self.refresh, self.held, quick)
 
     # -- staging, from inside a call's check (operands checked) ----------------------------
     def broadcast(self, dest, source, root: int, me: int) -> None:
@@ -304,11 +312,18 @@ def _deliver(board: Board, n: int, after: tuple) -> None:
         counts = _carried_counts(board, n)
         after.settle(counts)   # (raises on every PE alike: nothing written)
         _deliver_collected(board, counts, after.dest)
-    elif len(after) == 2:
-        _collective.deliver(after[0], board.scratch, 0, after[1])
     else:
-        address, nbytes, kind, code = after
-        _collective.combine(address, nbytes, board.scratch, n, kind, code)
+        write, args = _delivery(board, n, after)
+        write(*args)
+
+
+def _delivery(board: Board, n: int, after: tuple) -> tuple:
+    """_deliver()'s native call for a copy or a combined reduction, as
+    (function, args): what a quick step calls after its step."""
+    if len(after) == 2:
+        return _collective.deliver, (after[0], board.scratch, 0, after[1])
+    address, nbytes, kind, code = after
+    return _collective.combine, (address, nbytes, board.scratch, n, kind, code)
 
 
 def combined(views: list, dtype, op: str, native: bool,
@@ -343,7 +358,17 @@ def replay(core, plan: Plan) -> bool:
     call (a mismatch or a dead, stopped or late PE raise as they would there;
     a destroyed team or an unusable heap as the general path's checks do: the
     group's agree() asks), and dest written. False where the board cannot
-    carry it now (the caller takes the general path)."""
+    carry it now (the caller takes the general path). All of it in one native
+    call where nothing is unusual (plan.quick), else step by step (staged())."""
+    quick = plan.quick
+    if quick is not None and quick() is not None:   # (None: nothing done, unusual)
+        return True
+    return staged(core, plan)
+
+
+def staged(core, plan: Plan) -> bool:
+    """replay() step by step in Python: the path a Plan without a quick step
+    takes, and one whose quick step stepped aside."""
     group = plan.group
     # (a Plan is made only where fusion() gave the group a board; its board and
     # members do not change while the group lives: no Fusion to make again)

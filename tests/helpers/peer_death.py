@@ -73,13 +73,18 @@ def main() -> None:
     record = {"pe": me, "scenario": scenario, "timeout": heap.timeout,
               "warm_ok": bool((warm == (me - 1) % heap.n_pes).all())}
     replayed: list = []
+    stepwise: list = []
     if numpy_face:   # made twice: the call the victim misses replays its Plan
         gathered, mine = shmem.zeros(heap.n_pes, dtype="q"), shmem.zeros(1, dtype="q")
         real = nodecoll.replay
         nodecoll.replay = lambda h, plan: (replayed.append(True), real(h, plan))[1]
+        # the steps of a replay that its quick step left to Python (nodecoll.staged)
+        staged = nodecoll.staged
+        nodecoll.staged = lambda h, plan: (stepwise.append(True), staged(h, plan))[1]
         for _ in range(2):
             shmem.fcollect(gathered, mine)
         replayed.clear()
+        stepwise.clear()
 
     if me == victim:
         if scenario == "before-malloc":
@@ -107,6 +112,7 @@ def main() -> None:
         record.update(error=type(exc).__name__, message=str(exc))
     record["elapsed"] = time.monotonic() - start
     record["replayed"] = bool(replayed)
+    record["replayed_quick"] = bool(replayed) and not stepwise   # (as abandoned_call.py)
 
     start = time.monotonic()
     try:

@@ -361,3 +361,65 @@ def test_quick_releases_the_lock_when_settle_raises_and_refuses_bad_arguments():
         broken()
     assert lock.acquire(blocking=False)
     lock.release()
+
+
+class _Slotted:
+    __slots__ = ("busy",)
+
+    def __init__(self):
+        self.busy = False
+
+
+class _Computed:
+    """A guard whose value a property computes (never in the instance's dict)."""
+    def __init__(self):
+        self.items = []
+
+    @property
+    def busy(self):
+        return bool(self.items)
+
+
+class _Shadowed:
+    """A class attribute of the guard's name, shadowed by the instance's own later."""
+    busy = False
+
+
+def test_quick_reads_guards_of_every_kind_each_call_and_state_in_the_owners_dict():
+    # Quick reads a guard through its object's __dict__ where the type gives the
+    # name no meaning of its own: a property, a slot and a class attribute still go
+    # through the attribute protocol, and every value is read anew at each call.
+    import threading
+    memory, board, nbytes = _board(1)
+    template = array.array("q", [5, 0, 0, 0, 0, 42])
+    owner, flags, lock = _Owner(), _Flags(), threading.RLock()
+    slotted, computed, shadowed = _Slotted(), _Computed(), _Shadowed()
+    stepper = _stepper(board, nbytes, 1, 0, *_step_buffers())
+    carrier = _Flags()
+    quick = _collective.Quick(stepper, template, True, -1, 0, lock, owner, carrier,
+                              ((flags, "pending"), (slotted, "busy"), (computed, "busy"),
+                               (shadowed, "busy"), (flags, "added_later")), lambda code: code)
+    flags.added_later = None
+    assert quick() == 0 and owner.seq == 7 and owner.calls == 4
+    for make_busy, make_idle in [
+            (lambda: flags.pending.add(1), flags.pending.clear),
+            (lambda: setattr(slotted, "busy", True), lambda: setattr(slotted, "busy", False)),
+            (lambda: computed.items.append(1), computed.items.clear),
+            (lambda: setattr(shadowed, "busy", 1), lambda: setattr(shadowed, "busy", 0)),
+            (lambda: setattr(flags, "added_later", "yes"),
+             lambda: setattr(flags, "added_later", None))]:
+        seq = owner.seq
+        make_busy()
+        assert quick() is None and owner.seq == seq
+        make_idle()
+        assert quick() == 0 and owner.seq == seq + 1
+    # the counters a Python step moved in between are the ones Quick moves on from
+    owner.seq, owner.calls = 100, 50
+    assert quick() == 0 and (owner.seq, owner.calls, owner._sub) == (101, 51, 0)
+    assert vars(owner)["seq"] == 101 and carrier.carried is None
+    # a guard that is gone from the dict: AttributeError, as Python says it, lock released
+    del flags.added_later
+    with pytest.raises(AttributeError):
+        quick()
+    assert lock.acquire(blocking=False)
+    lock.release()
