@@ -6,6 +6,8 @@ ValueError, never a crash."""
 from __future__ import annotations
 
 import array
+import ctypes
+import functools
 import time
 
 import numpy as np
@@ -421,5 +423,42 @@ def test_quick_reads_guards_of_every_kind_each_call_and_state_in_the_owners_dict
     del flags.added_later
     with pytest.raises(AttributeError):
         quick()
+    assert lock.acquire(blocking=False)
+    lock.release()
+
+
+def test_quick_carries_a_payload_delivers_after_a_plain_step_and_checks_what_it_is_given():
+    # a fused collective's quick step (nodecoll's Plan): the payload is in scratch when
+    # deliver runs; carry and deliver come together, each of its shape, checked once
+    import threading
+    memory, board, nbytes = _board(1)
+    template = array.array("q", [5, 0, 0, 0, 0, 42])
+    owner, flags, lock = _Owner(), _Flags(), threading.RLock()
+    stepper = _stepper(board, nbytes, 1, 0, *_step_buffers())
+    source = ctypes.create_string_buffer(b"symmetric", 16)
+    scratch = bytearray(64)
+    carry = (ctypes.addressof(source), 9, scratch, 9, 0, 0, -1)
+    delivered = []
+    deliver = (lambda *args: delivered.append(bytes(scratch[:9])), ())
+    make = functools.partial(_collective.Quick, stepper, template, True, -1, 0, lock, owner,
+                             _Flags(), (), lambda code: code)
+    quick = make(carry, deliver)
+    assert quick() == 0 and delivered == [b"symmetric"] and owner.seq == 7
+    for wrong in [(carry, None), (None, deliver), (carry[:6], deliver), (list(carry), deliver),
+                  (carry, (deliver[0],)), (carry, (None, ())), (carry, (deliver[0], []))]:
+        with pytest.raises(TypeError):
+            make(*wrong)
+            pytest.fail(f"carry, deliver = {wrong!r} was accepted")
+    for bad in [(0, 9, scratch, 9, 0, 0, -1),                              # a null payload
+                (ctypes.addressof(source), 1 << 20, scratch, 9, 0, 0, -1),  # past the slot
+                (ctypes.addressof(source), 9, bytearray(4), 9, 0, 0, -1),   # scratch too small
+                (ctypes.addressof(source), 9, scratch, 9, 0, 0, 3)]:        # no PE 3
+        with pytest.raises(ValueError):
+            make(bad, deliver)
+            pytest.fail(f"carry {bad!r} was accepted")
+    # deliver raising: its exception, the lock released
+    failing = make(carry, (lambda: 1 / 0, ()))
+    with pytest.raises(ZeroDivisionError):
+        failing()
     assert lock.acquire(blocking=False)
     lock.release()
