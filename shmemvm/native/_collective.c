@@ -28,7 +28,8 @@
  *       a whole agreed step in one call, its constant arguments checked once
  *       (below, where it is defined).
  *   Quick(...)()
- *       a collective call that is one fixed step (barrier_all, sync_all), whole
+ *       a collective call that is one fixed step (barrier_all, sync_all, a
+ *       fused collective's repeated call with its payload and delivery), whole
  *       in one call where nothing is unusual, else nothing done (below).
  *   combine(dst, nbytes, scratch, n, kind, op)
  *       dst[j] <- scratch[0][j] op scratch[1][j] op ... op scratch[n-1][j],
@@ -215,8 +216,9 @@ static long long monotonic_ns(void);
 
 /* The exchange itself on checked arguments (see the top of the file): `vector`
  * (NULL: read only) written into this PE's slot of step `seq`, then the others'
- * read for at most `spins` rounds (after HOT_SPINS without the GIL). `acc` (the MAX vector) and
- * `flags` (the PEs read) have `words` words and `size` bytes. The PEs left. */
+ * read for at most `spins` rounds (the hot ones with the GIL: below). `acc` (the MAX
+ * vector) and `flags` (the PEs read) have `words` words and `size` bytes. The
+ * PEs left. */
 static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vector,
                                int64_t *acc, unsigned char *flags, const Payload *p,
                                long long hot_until) {
