@@ -589,7 +589,16 @@ class HeapCore:
         block = self.symmetric(tensor, role)
         # = offset_of(tensor): symmetric() found its storage at storage_start
         offset = self.local.storage_start(block) + int(tensor.storage_offset()) * tensor.element_size()
-        return self.locator.locate(block, offset, pe)
+        # locate_in()'s memo: `tensor` views this live block (symmetric() said so),
+        # so what was resolved for this byte and PE still holds
+        key = (self.local.base + offset, pe)
+        target = self._located.get(key)
+        if target is None:
+            target = self.locator.locate(block, offset, pe)
+            if len(self._located) >= _LOCATED_MAX:   # (many addresses: start again)
+                self._located.clear()
+            self._located[key] = target
+        return target
 
     def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None:
         """locate() for the byte at `address` inside `allocation` (a whole

@@ -229,11 +229,15 @@ def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
         else:
             window.get(local, remote, pe, target.block, tracker)
         return
+    if tracker is None and target.cpu_address is not None:
+        nbytes = _cpu_copyable(remote, local)
+        if nbytes:   # one memmove between the PE's copy and `local` (overlap is fine)
+            there, here = target.cpu_address, local.data_ptr()
+            native.copy(there, here, nbytes) if writing else native.copy(here, there, nbytes)
+            return
     if target.mapping is not None:   # a node peer's: copied through its mapping
         remote = target.copy_view(remote)
     dst, src = (remote, local) if writing else (local, remote)
-    if tracker is None and target.cpu_address is not None and _copied_by_cpu(dst, src):
-        return   # (a memmove: overlap is fine)
     if _overlap(dst, src):
         # memmove's meaning, as the one-memmove path gives it: the source as it was
         # before the copy. torch's copy_ refuses a partial overlap within one storage
@@ -272,25 +276,25 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 CPU_COPY_MAX = 4 << 20
 
 
-def _copied_by_cpu(dst: torch.Tensor, src: torch.Tensor) -> bool:
-    """A blocking copy to or from a target the CPU reaches (its cpu_address:
-    host memory, the compiled piece) of whole contiguous tensors of one dtype
-    (not bool) and shape, neither a lazy conjugate nor a negative view, done by
-    the compiled piece's memmove where it pays (CPU_COPY_MAX); False (nothing
-    done) otherwise: what it copies, the general path (torch's copy_) copies
-    alike, byte for byte (tests/mpi/reliability/test_differential.py)."""
-    nbytes = dst.numel() * dst.element_size()
-    if not (0 < nbytes < CPU_COPY_MAX and src.dtype == dst.dtype and src.shape == dst.shape
-            and src.device.type == "cpu" and dst.is_contiguous() and src.is_contiguous()):
-        return False
+def _cpu_copyable(symmetric: torch.Tensor, local: torch.Tensor) -> int:
+    """The bytes a blocking copy between `symmetric` (on a target the CPU reaches:
+    its cpu_address, host memory with the compiled piece) and `local` moves
+    as one memmove: whole contiguous tensors of one dtype (not bool) and shape,
+    neither a lazy conjugate nor a negative view, where that pays
+    (CPU_COPY_MAX); 0 otherwise. What it copies, the general path (torch's
+    copy_) copies alike, byte for byte (tests/mpi/reliability/test_differential.py)."""
+    nbytes = symmetric.numel() * symmetric.element_size()
+    if not (0 < nbytes < CPU_COPY_MAX and local.dtype == symmetric.dtype
+            and local.shape == symmetric.shape and local.device.type == "cpu"
+            and symmetric.is_contiguous() and local.is_contiguous()):
+        return 0
     # lazy views: a memmove moves the bits, while copy_ reads or writes them conjugated
     # or negated (x.conj(), x._neg_view()); copy_ gets them right. And bool: copy_
     # stores any nonzero byte as 1, a memmove as it is
-    if (src.is_conj() or dst.is_conj() or src.is_neg() or dst.is_neg()
-            or src.dtype is torch.bool):
-        return False
-    native.copy(dst.data_ptr(), src.data_ptr(), nbytes)
-    return True
+    if (local.is_conj() or symmetric.is_conj() or local.is_neg() or symmetric.is_neg()
+            or local.dtype is torch.bool):
+        return 0
+    return nbytes
 
 
 def _source_for(source: torch.Tensor, dest: torch.Tensor, op: str) -> torch.Tensor:

@@ -199,6 +199,9 @@ def test_freed_tensor_refused_everywhere_also_after_its_offset_is_reused(heap):
     x = heap.zeros(64, torch.float32)
     offset = x.data_ptr()
     views = [x[8:16]]
+    # the heap remembers where these bytes lie (Core.where.locate's memo): not past a free
+    heap.put(x, torch.ones(64), heap.my_pe)
+    heap.put(views[0], torch.ones(8), heap.my_pe)
     heap.free(x)
     ops = {
         "put": lambda t: heap.put(t, torch.ones(t.shape), heap.my_pe),
@@ -310,7 +313,9 @@ def test_non_symmetric_tensors_refused(heap):
         raises_everywhere(heap, call, NotSymmetricError, r"must be a live symmetric tensor.*"
                                                          r"not in this heap")
     # a tensor over heap memory that is not the allocation's own (made from a raw
-    # address): refused even though its address is inside the heap
+    # address): refused even though its address is inside the heap, and the heap
+    # remembers where that address lies (the put before: locate's memo)
+    heap.put(x, torch.ones(16), pe)
     raw = heap.backend.tensor(x.data_ptr(), (16,), torch.float32)
     raises_everywhere(heap, lambda: heap.put(raw, torch.ones(16), pe), FreedTensorError,
                       r"not a live allocation")
