@@ -244,7 +244,8 @@ class Agreement:
         return self._outcome(call, board.send, recv, dead)
 
     def quick(self, call: Call, lock, guards: tuple, wrap=None, carry: tuple | None = None,
-              deliver: tuple | None = None) -> Callable[[], object] | None:
+              deliver: tuple | None = None,
+              before: tuple | None = None) -> Callable[[], object] | None:
         """A collective call that is the one agreed step of `call` (fixed: its
         vector encoded once; the flag set, nothing dead), whole in one native
         call (_collective.Quick) while nothing is unusual: a callable that
@@ -253,9 +254,10 @@ class Agreement:
         that must be false, is not), else what collective() would have made of
         the same step (a step that is not plain through `wrap(settle)` where
         given). A fused collective's step carries `carry` (the board's
-        staging()) and calls deliver[0](*deliver[1]) after it, whether plain
-        or settled. None where this agreement cannot: no native board, or its
-        steps are logged."""
+        staging(); its bytes made by before[0](*before[1]) first, where given)
+        and calls deliver[0](*deliver[1]) after it, whether plain or settled.
+        None where this agreement cannot: no native board, or its steps are
+        logged."""
         board = self.board
         if board is None or self._debug or call.template is None or call.error is not None:
             return None
@@ -266,7 +268,7 @@ class Agreement:
             settle = functools.partial(_delivered, settle, board, deliver)
         return board.quick(call.template, call.phase in COUNTED,
                            self._prompt if self.liveness is not None else -1, lock, self,
-                           guards + ((self, "broken"),), settle, carry, deliver)
+                           guards + ((self, "broken"),), settle, carry, deliver, before)
 
     def _completed(self, call: Call, recv: array.array) -> None:
         """The step is complete here: note when its earliest PE entered it, and

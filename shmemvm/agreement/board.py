@@ -212,15 +212,16 @@ class Board:
         return code
 
     def quick(self, template, counted: bool, prompt: int, lock, owner, guards: tuple,
-              settle, carry: tuple | None = None,
-              deliver: tuple | None = None) -> Callable[[], object] | None:
+              settle, carry: tuple | None = None, deliver: tuple | None = None,
+              before: tuple | None = None) -> Callable[[], object] | None:
         """step()'s one call made a whole collective call (_collective.Quick, its
         contract there): the step of `template` on `owner` (the agreement: its
         seq, calls where `counted`, _sub and _entered), under `lock`, while the
         `guards` and this board's own (finalized, a step left to finish, a
-        staged payload) are false; carrying `carry` (staging()'s tuple) and
-        then calling deliver[0](*deliver[1]) where given; `settle(code)` where
-        it is not plain. None where steps do not run in C (no Stepper)."""
+        staged payload) are false; carrying `carry` (staging()'s tuple), made
+        by before[0](*before[1]) first where given, and then calling
+        deliver[0](*deliver[1]); `settle(code)` where it is not plain. None
+        where steps do not run in C (no Stepper)."""
         if self._stepper is None:
             return None
         guards += ((self, "closed"), (self, "_unfinished"), (self, "_staged"))
@@ -228,7 +229,7 @@ class Board:
             return _collective.Quick(self._stepper, template, counted, prompt, _STEP_BUDGET_NS,
                                      lock, owner, self, guards, settle)
         return _collective.Quick(self._stepper, template, counted, prompt, _STEP_BUDGET_NS,
-                                 lock, owner, self, guards, settle, carry, deliver)
+                                 lock, owner, self, guards, settle, carry, deliver, before)
 
     def finish(self, seq: int, wait) -> None:
         """Read the slots of step `seq` that step() left, under `wait` (as

@@ -138,10 +138,11 @@ class Calls(Protocol):
     def check_usable(self) -> None: ...
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
     def make_quick(self, call: Call, guards: tuple = (), carry: tuple | None = None,
-                   deliver: tuple | None = None) -> Callable[[], object] | None: ...
+                   deliver: tuple | None = None,
+                   before: tuple | None = None) -> Callable[[], object] | None: ...
     def quick_step(self, agreement: Agreement, call: Call, lock, guards: tuple,
-                   wrap=None, carry: tuple | None = None,
-                   deliver: tuple | None = None) -> Callable[[], object] | None: ...
+                   wrap=None, carry: tuple | None = None, deliver: tuple | None = None,
+                   before: tuple | None = None) -> Callable[[], object] | None: ...
     def mark_broken(self, why: str) -> None: ...
     def synchronize(self) -> None: ...   # the device's work before a collective step
     def feature(self, key: FeatureKey[Feature], make: Callable[[], Feature]) -> Feature: ...
@@ -494,35 +495,37 @@ class HeapCore:
         return agreement.collective(call, self._pending, flag)   # (positional: no keyword parsing)
 
     def make_quick(self, call: Call, guards: tuple = (), carry: tuple | None = None,
-                   deliver: tuple | None = None) -> Callable[[], object] | None:
+                   deliver: tuple | None = None,
+                   before: tuple | None = None) -> Callable[[], object] | None:
         """`call`'s quick step on the heap's own agreement (quick_step()), taken
         while nothing agree() and quiet() would deal with is there: blocks to
         release, operations to complete, nor any of the caller's `guards`;
-        carrying `carry` and delivering `deliver` where given (a fused
-        collective's). None where there is none (quiet() always synchronizes
-        a stream)."""
+        carrying `carry` (made by `before`) and delivering `deliver` where
+        given (a fused collective's). None where there is none (quiet() always
+        synchronizes a stream)."""
         quiet = self.tracker.idle_guards
         if quiet is None:
             return None
         return self.quick_step(self.agreement, call, self.lock,
                                ((self, "_pending"),) + quiet + self.local.idle_guards + guards,
-                               carry=carry, deliver=deliver)
+                               carry=carry, deliver=deliver, before=before)
 
     def quick_step(self, agreement: Agreement, call: Call, lock, guards: tuple,
-                   wrap=None, carry: tuple | None = None,
-                   deliver: tuple | None = None) -> Callable[[], object] | None:
+                   wrap=None, carry: tuple | None = None, deliver: tuple | None = None,
+                   before: tuple | None = None) -> Callable[[], object] | None:
         """A quick step of `call` on `agreement` (the heap's, or a team's) under
         `lock` (Agreement.quick), while `guards` and the heap's own (broken; a
         finalized heap's boards are closed) are false; `wrap(settle)` runs a
         step that is not plain (a team's: a timeout breaks the heap too); a
-        fused collective's step carries `carry` and calls `deliver`. None
+        fused collective's step carries `carry` (made by `before`) and calls
+        `deliver`. None
         where there is none: a finalized heap, a device backend (a collective
         waits for the stream first), no native board."""
         if self.closed or self._device:
             return None
         if agreement is not self.agreement:
             guards += ((self.agreement, "broken"),)
-        return agreement.quick(call, lock, guards, wrap, carry, deliver)
+        return agreement.quick(call, lock, guards, wrap, carry, deliver, before)
 
     def release_dead(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more (the

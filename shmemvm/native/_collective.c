@@ -536,7 +536,7 @@ static PyType_Spec stepper_spec = {
 };
 
 /* Quick(stepper, template, counted, prompt, budget_ns, lock, agreement, board, guards,
- *       settle[, carry, deliver])
+ *       settle[, carry, deliver[, before]])
  * One collective call that is a single agreed step of a fixed call (a barrier;
  * a fused collective's repeated call with its payload), taken whole in one
  * call where nothing is unusual:
@@ -551,7 +551,9 @@ static PyType_Spec stepper_spec = {
  *       + 1 (and `calls` + 1 where `counted`), its `_sub` 0, and the Stepper's
  *       step of `template` (a copy, made here) with the flag set, `prompt` and
  *       `budget_ns` as step()'s, carrying `carry`'s payload (board.stage()'s
- *       tuple, checked here once; none without it). Where the step is agreed,
+ *       tuple, checked here once; none without it), after `before`'s callable
+ *       was called with its args (where given: collect's payload filled
+ *       again; its exception raised, nothing stepped). Where the step is agreed,
  *       the flag everywhere (0): the agreement's `_entered` from the step's
  *       MAX, the board's `carried` None, `deliver`'s callable called with its
  *       args (the result written from scratch), and 0. Otherwise the board's
@@ -620,7 +622,7 @@ typedef struct {
     Py_ssize_t n_guards;
     /* a fused collective's: the payload its step carries (`carry`, board.stage()'s
      * tuple, parsed once: has_payload) and the delivery after a plain step */
-    PyObject *carry, *deliver, *deliver_args;
+    PyObject *carry, *deliver, *deliver_args, *before, *before_args;
     Payload payload;
     int has_payload;
     int counted;
@@ -640,6 +642,8 @@ static void quick_dealloc(Quick *self) {
     Py_XDECREF(self->carry);
     Py_XDECREF(self->deliver);
     Py_XDECREF(self->deliver_args);
+    Py_XDECREF(self->before);
+    Py_XDECREF(self->before_args);
     release_payload(&self->payload);
     for (int i = 0; i < N_STATE; i++) attr_clear(&self->state[i]);
     if (self->guards != NULL) {
@@ -649,11 +653,18 @@ static void quick_dealloc(Quick *self) {
     free_instance((PyObject *)self);
 }
 
+/* None, or a (callable, args tuple) pair: Quick's deliver and before */
+static int is_call(PyObject *obj) {
+    return obj == Py_None || (PyTuple_Check(obj) && PyTuple_GET_SIZE(obj) == 2
+                              && PyCallable_Check(PyTuple_GET_ITEM(obj, 0))
+                              && PyTuple_Check(PyTuple_GET_ITEM(obj, 1)));
+}
+
 static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-    if ((kwargs && PyDict_GET_SIZE(kwargs)) || (nargs != 10 && nargs != 12)) {
+    if ((kwargs && PyDict_GET_SIZE(kwargs)) || nargs < 10 || nargs > 13 || nargs == 11) {
         PyErr_SetString(PyExc_TypeError, "Quick(stepper, template, counted, prompt, budget_ns, "
-                        "lock, agreement, board, guards, settle[, carry, deliver])");
+                        "lock, agreement, board, guards, settle[, carry, deliver[, before]])");
         return NULL;
     }
     PyObject *const *a = &PyTuple_GET_ITEM(args, 0);
@@ -680,14 +691,14 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "Quick: settle must be callable");
         return NULL;
     }
-    PyObject *carry = nargs == 12 ? a[10] : Py_None, *deliver = nargs == 12 ? a[11] : Py_None;
+    PyObject *carry = nargs >= 12 ? a[10] : Py_None, *deliver = nargs >= 12 ? a[11] : Py_None;
+    PyObject *before = nargs == 13 ? a[12] : Py_None;
     if ((carry == Py_None) != (deliver == Py_None)
         || (carry != Py_None && (!PyTuple_Check(carry) || PyTuple_GET_SIZE(carry) != 7))
-        || (deliver != Py_None && (!PyTuple_Check(deliver) || PyTuple_GET_SIZE(deliver) != 2
-                                   || !PyCallable_Check(PyTuple_GET_ITEM(deliver, 0))
-                                   || !PyTuple_Check(PyTuple_GET_ITEM(deliver, 1))))) {
-        PyErr_SetString(PyExc_TypeError, "Quick: carry is None or board.stage()'s 7-tuple, and "
-                        "deliver None or (callable, args tuple), both or neither");
+        || !is_call(deliver) || !is_call(before) || (before != Py_None && carry == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "Quick: carry is None or board.stage()'s 7-tuple, "
+                        "deliver None or (callable, args tuple), both or neither; before None "
+                        "or (callable, args tuple), with a carry");
         return NULL;
     }
     int counted = PyObject_IsTrue(a[2]);
@@ -725,6 +736,10 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         self->carry = Py_NewRef(carry);
         self->deliver = Py_NewRef(PyTuple_GET_ITEM(deliver, 0));
         self->deliver_args = Py_NewRef(PyTuple_GET_ITEM(deliver, 1));
+        if (before != Py_None) {
+            self->before = Py_NewRef(PyTuple_GET_ITEM(before, 0));
+            self->before_args = Py_NewRef(PyTuple_GET_ITEM(before, 1));
+        }
     }
     PyObject *owners[N_STATE] = {a[6], a[6], a[6], a[6], a[7], a[7]};
     PyObject *names[N_STATE] = {name_seq, name_calls, name_sub, name_entered, name_carried,
@@ -794,6 +809,11 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
     if (idle <= 0) {
         if (idle == 0) result = Py_NewRef(Py_None);
         goto release;
+    }
+    if (self->before != NULL) {   /* the payload made anew from its source (collect's) */
+        PyObject *done = PyObject_Call(self->before, self->before_args, NULL);
+        if (done == NULL) goto release;
+        Py_DECREF(done);
     }
     long long seq, calls;
     PyObject *zero_obj = PyLong_FromLong(0);   /* (a cached small int) */

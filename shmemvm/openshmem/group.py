@@ -125,17 +125,19 @@ class Group:
             return self.core.calls.agree(call)
         return self._guarded(self.agreement.collective, call)
 
-    def quick_step(self, call: Call, carry: tuple, deliver: tuple) -> Callable[[], object] | None:
-        """agree(call)'s step, carrying `carry` and then calling `deliver` (a
-        fused collective's, nodecoll.replay), whole in one native call while
+    def quick_step(self, call: Call, carry: tuple, deliver: tuple,
+                   before: tuple | None = None) -> Callable[[], object] | None:
+        """agree(call)'s step, carrying `carry` (made by `before` first, where
+        given) and then calling `deliver` (a fused collective's,
+        nodecoll.replay), whole in one native call while
         nothing is unusual (Core.calls.quick_step: None where there is none);
         it steps aside while the group is destroyed or the heap has anything
         agree() would deal with."""
         guards = ((self, "destroyed"),)
         if self.kind == "world":   # (the heap's agree(): its releases, its guards)
-            return self.core.calls.make_quick(call, guards, carry, deliver)
+            return self.core.calls.make_quick(call, guards, carry, deliver, before)
         return self.core.calls.quick_step(self.agreement, call, self.lock, guards,
-                                          self._guarded, carry, deliver)
+                                          self._guarded, carry, deliver, before)
 
     def agree_checked(self, phase: Phase, text: str, check):
         """Agree on the call `phase`: `check()` returns (args, text) or raises a

@@ -184,11 +184,13 @@ class Fusion:
             return None
         call = Call(*self.call).fixed()
         quick = None
-        if not self.refresh and type(after) is not Collected and self.board is not None:
-            # (collect's payload is refreshed before each step, and its counts
-            # checked after it: Python's; the rest is one native call)
-            quick = group.quick_step(call, self.board.staging(*self.stage_args),
-                                     _delivery(self.board, self.n, after))
+        if self.board is not None:
+            # collect's payload is filled again before each step (refresh), and its
+            # counts checked after it (Collected, in Python: _deliver)
+            deliver = (_deliver, (self.board, self.n, after)) if type(after) is Collected \
+                else _delivery(self.board, self.n, after)
+            quick = group.quick_step(call, self.board.staging(*self.stage_args), deliver,
+                                     (native.copy, self.refresh) if self.refresh else None)
         return Plan(group, call, self.stage_args, after, self.refresh, self.held, quick)
 
     # -- staging, from inside a call's check (operands checked) ----------------------------

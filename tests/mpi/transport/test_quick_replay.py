@@ -86,6 +86,7 @@ def _calls(team=None):
     gathered, spread = shmem.zeros(n, dtype="q"), shmem.zeros(n, dtype="q")
     mine = shmem.zeros(n, dtype="q")
     biggest = shmem.zeros(1, dtype="d")
+    collected = shmem.zeros(n * (n + 1) // 2, dtype="q")   # PE p gives p + 1 elements
 
     def fill(r):
         src[:] = [r, me + r, -me * r]
@@ -104,8 +105,10 @@ def _calls(team=None):
          lambda r: [r] * n),
         ("alltoall", lambda: shmem.alltoall(spread, mine, **kw), spread,
          lambda r: [100 * pe + me + r for pe in range(n)]),
+        ("collect", lambda: shmem.collect(collected, mine[:me + 1], **kw), collected,
+         lambda r: [100 * pe + j + r for pe in range(n) for j in range(pe + 1)]),
     ]
-    arrays = [src, one, bcast, summed, gathered, spread, mine, biggest]
+    arrays = [src, one, bcast, summed, gathered, spread, mine, biggest, collected]
     return calls, fill, arrays
 
 
@@ -119,8 +122,8 @@ def test_a_replayed_collective_is_one_native_call_with_the_general_paths_bytes(w
         for name, call, dest, expected in calls:
             call()
             assert dest.tolist() == expected(r), (name, r)
-    # max_reduce of doubles stays with NumPy's combiner (no Plan): four calls a round replay
-    assert paths.quick == 4 * 3 and paths.staged == 0
+    # max_reduce of doubles stays with NumPy's combiner (no Plan): five calls a round replay
+    assert paths.quick == 5 * 3 and paths.staged == 0
     shmem.barrier_all()
     for a in arrays:
         shmem.free(a)

@@ -456,6 +456,20 @@ def test_quick_carries_a_payload_delivers_after_a_plain_step_and_checks_what_it_
         with pytest.raises(ValueError):
             make(bad, deliver)
             pytest.fail(f"carry {bad!r} was accepted")
+    # before: called first (collect's payload made again), its error raised with nothing
+    # stepped; it needs a carry and is a (callable, args) pair
+    made = []
+    quick = make(carry, deliver, (lambda word: made.append(word) or source.__setitem__(0, word),
+                                  (b"S",)))
+    assert quick() == 0 and made == [b"S"] and delivered[-1] == b"Symmetric"
+    seq = owner.seq
+    with pytest.raises(ZeroDivisionError):
+        make(carry, deliver, (lambda: 1 / 0, ()))()
+    assert owner.seq == seq
+    for wrong in [(None, None, (len, ())), (carry, deliver, len), (carry, deliver, (len, []))]:
+        with pytest.raises(TypeError):
+            make(*wrong)
+            pytest.fail(f"before {wrong[2]!r} was accepted")
     # deliver raising: its exception, the lock released
     failing = make(carry, (lambda: 1 / 0, ()))
     with pytest.raises(ZeroDivisionError):
