@@ -105,10 +105,11 @@ def default_heap() -> SymmetricHeap:
     Raises:
         ShmemError: there is none (init() not called, or finalize() called).
     """
-    if _heap is None or _heap.closed:
+    heap, core = _heap, _core   # (the core's flag: the heap's `closed` is a property call)
+    if heap is None or core is None or core.closed:
         raise ShmemError("no symmetric heap: call shmemvm.init() first (after finalize(), "
                          "init() again)")
-    return _heap
+    return heap
 
 
 def default_core() -> HeapCore:
