@@ -106,7 +106,7 @@ def default_heap() -> SymmetricHeap:
         ShmemError: there is none (init() not called, or finalize() called).
     """
     heap, core = _heap, _core   # (the core's flag: the heap's `closed` is a property call)
-    if heap is None or core is None or core.closed:
+    if heap is None or core is None or core.calls.closed:
         raise ShmemError("no symmetric heap: call shmemvm.init() first (after finalize(), "
                          "init() again)")
     return heap
