@@ -599,7 +599,7 @@ def _check_fetch(fetch, dest, what: str) -> None:
     if fetch.numel() != 1:
         raise ValueError(f"{what}: fetch must be one element (it receives the old value), "
                          f"got shape {tuple(fetch.shape)}")
-    if fetch.device.type == "meta":   # it has no memory: the old value would be lost
+    if fetch.is_meta:   # it has no memory: the old value would be lost
         raise ValueError(f"{what}: fetch is on the meta device, which has no memory to "
                          f"receive the old value; pass a tensor in host or device memory")
 
