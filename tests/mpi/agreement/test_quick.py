@@ -220,3 +220,40 @@ def test_a_heap_without_the_compiled_piece_has_no_quick_step_and_its_barriers_ag
         team.destroy()
     finally:
         heap.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_module_functions_barriers_are_the_quick_step_and_a_profiler_still_sees_them(
+        monkeypatch):
+    """shmemvm.barrier_all() and sync_all() on the default heap take its quick step
+    themselves (not through the heap's method), and while a torch profiler
+    records, the method, whose range the trace shows."""
+    import shmemvm
+    from shmemvm.core import trace
+    heap = shmemvm.init(world, "16M", **OPTIONS)
+    try:
+        seq, calls = _counts(heap)
+
+        def method(*args):
+            raise AssertionError("the heap's method ran")
+
+        with monkeypatch.context() as m:
+            m.setitem(vars(heap), "barrier_all", method)
+            m.setitem(vars(heap), "sync_all", method)
+            m.setattr(core_of(heap).agreement, "collective", method)
+            for _ in range(3):
+                shmemvm.barrier_all()
+                shmemvm.sync_all()
+        assert _counts(heap) == (seq + 6, calls + 6)
+        ran: list = []
+        with monkeypatch.context() as m:
+            m.setattr(trace.FLAG, "_is_profiler_enabled", True, raising=False)
+            for name in ("barrier_all", "sync_all"):
+                real = getattr(heap, name)
+                m.setitem(vars(heap), name, lambda real=real, name=name: (ran.append(name),
+                                                                          real())[1])
+            shmemvm.barrier_all()
+            shmemvm.sync_all()
+        assert ran == ["barrier_all", "sync_all"] and _counts(heap) == (seq + 8, calls + 8)
+    finally:
+        shmemvm.finalize()
