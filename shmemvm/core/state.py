@@ -392,9 +392,10 @@ class HeapCore:
         #: per-heap state of the routines, by key, in the order made (feature())
         self._features: dict[FeatureKey[Any], Any] = {}
         self._bases: torch.Tensor | None = None   # heap_bases(), made once
-        #: locate_in()'s memo, (address, pe) -> Target: what locate() resolved for a
-        #: live block, kept until a block stops being live here (retire(), release_dead()),
-        #: so that a repeated one-pass put or atomic resolves in one dict lookup
+        #: locate()'s and locate_in()'s memo (_target()), (address, pe) -> Target: what
+        #: was resolved for a live block, kept until a block stops being live here
+        #: (retire(), release_dead()), so that a repeated put or atomic resolves in one
+        #: dict lookup
         self._located: dict[tuple[int, int], Target] = {}
         #: recall()'s memo, alike: what a routine checked of its operands (a fused
         #: collective's Plan, transport/nodecoll.py), by a key of the face's, kept
@@ -518,9 +519,8 @@ class HeapCore:
         finalized heap's boards are closed) are false; `wrap(settle)` runs a
         step that is not plain (a team's: a timeout breaks the heap too); a
         fused collective's step carries `carry` (made by `before`) and calls
-        `deliver`. None
-        where there is none: a finalized heap, a device backend (a collective
-        waits for the stream first), no native board."""
+        `deliver`. None where there is none: a finalized heap, a device backend
+        (a collective waits for the stream first), no native board."""
         if self.closed or self._device:
             return None
         if agreement is not self.agreement:
@@ -592,16 +592,8 @@ class HeapCore:
         block = self.symmetric(tensor, role)
         # = offset_of(tensor): symmetric() found its storage at storage_start
         offset = self.local.storage_start(block) + int(tensor.storage_offset()) * tensor.element_size()
-        # locate_in()'s memo: `tensor` views this live block (symmetric() said so),
-        # so what was resolved for this byte and PE still holds
-        key = (self.local.base + offset, pe)
-        target = self._located.get(key)
-        if target is None:
-            target = self.locator.locate(block, offset, pe)
-            if len(self._located) >= _LOCATED_MAX:   # (many addresses: start again)
-                self._located.clear()
-            self._located[key] = target
-        return target
+        # (`tensor` views this live block, symmetric() said so: the memo holds)
+        return self._target(block, self.local.base + offset, pe)
 
     def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None:
         """locate() for the byte at `address` inside `allocation` (a whole
@@ -621,10 +613,19 @@ class HeapCore:
             block = self.local.block_of(allocation)
         except NotSymmetricError:
             return None
-        target = self.locator.locate(block, address - self.local.base, pe)
-        if len(self._located) >= _LOCATED_MAX:   # (many addresses: start again)
-            self._located.clear()
-        self._located[address, pe] = target
+        return self._target(block, address, pe)
+
+    def _target(self, block: Block, address: int, pe: int) -> Target:
+        """The Target of the byte at `address` inside live `block` on PE `pe`,
+        from the memo of locate() and locate_in() (kept while every block stays
+        live: forget()), else resolved by the Locator and remembered."""
+        key = (address, pe)
+        target = self._located.get(key)
+        if target is None:
+            target = self.locator.locate(block, address - self.local.base, pe)
+            if len(self._located) >= _LOCATED_MAX:   # (many addresses: start again)
+                self._located.clear()
+            self._located[key] = target
         return target
 
     def recall(self, key: tuple) -> Any:
