@@ -224,12 +224,10 @@ class Board:
         where steps do not run in C (no Stepper)."""
         if self._stepper is None:
             return None
-        guards += ((self, "closed"), (self, "_unfinished"), (self, "_staged"))
-        if carry is None:
-            return _collective.Quick(self._stepper, template, counted, prompt, _STEP_BUDGET_NS,
-                                     lock, owner, self, guards, settle)
         return _collective.Quick(self._stepper, template, counted, prompt, _STEP_BUDGET_NS,
-                                 lock, owner, self, guards, settle, carry, deliver, before)
+                                 lock, owner, self,
+                                 guards + ((self, "closed"), (self, "_unfinished"),
+                                           (self, "_staged")), settle, carry, deliver, before)
 
     def finish(self, seq: int, wait) -> None:
         """Read the slots of step `seq` that step() left, under `wait` (as

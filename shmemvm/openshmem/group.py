@@ -125,14 +125,14 @@ class Group:
             return self.core.calls.agree(call)
         return self._guarded(self.agreement.collective, call)
 
-    def quick_step(self, call: Call, carry: tuple, deliver: tuple,
+    def quick_step(self, call: Call, carry: tuple | None = None, deliver: tuple | None = None,
                    before: tuple | None = None) -> Callable[[], object] | None:
-        """agree(call)'s step, carrying `carry` (made by `before` first, where
-        given) and then calling `deliver` (a fused collective's,
-        nodecoll.replay), whole in one native call while
-        nothing is unusual (Core.calls.quick_step: None where there is none);
-        it steps aside while the group is destroyed or the heap has anything
-        agree() would deal with."""
+        """agree(call)'s step (a team's sync), or a fused collective's carrying
+        `carry` (made by `before` first, where given) and then calling
+        `deliver` (nodecoll.replay), whole in one native call while nothing is
+        unusual (Core.calls.quick_step: None where there is none); it steps
+        aside while the group is destroyed or the heap has anything agree()
+        would deal with."""
         guards = ((self, "destroyed"),)
         if self.kind == "world":   # (the heap's agree(): its releases, its guards)
             return self.core.calls.make_quick(call, guards, carry, deliver, before)

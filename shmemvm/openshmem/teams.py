@@ -302,9 +302,7 @@ class Team(Group):
                 self.agree(self._sync)
                 if not self._quick_made:
                     self._quick_made = True
-                    self._quick_sync = self.core.calls.quick_step(
-                        self.agreement, self._sync, self.lock, ((self, "destroyed"),),
-                        self._guarded)
+                    self._quick_sync = self.quick_step(self._sync)
 
     def destroy(self) -> None:
         """Destroy the team (collective over the team): contexts made from it
