@@ -234,6 +234,11 @@ def test_a_replayed_collect_checks_the_other_pes_counts_at_every_call(world, mon
     me, n = shmem.my_pe(), shmem.n_pes()
     source, target = shmem.zeros(8, dtype="i4"), shmem.zeros(4 * n, dtype="i4")
     source[:] = np.arange(8, dtype="i4") + 100 * me
+    # Earlier tests' arrays released first, on every PE: a release in the loop would
+    # forget PE 0's Plan (as any release does), and when the collector frees them
+    # on each PE depends on how much the earlier calls allocated
+    gc.collect()
+    shmem.barrier_all()
     with replays(monkeypatch) as ran:
         for count in (2, 2, 2, 3, 1, 0, 4, 2):   # PE 0 keeps 2 (it replays), the others vary
             target[:] = -1
