@@ -276,24 +276,25 @@ def heap_bases() -> torch.Tensor:
 # -- synchronisation and state -------------------------------------------------------------
 @_documented_by(barrier.barrier_all)
 def barrier_all() -> None:
-    if _quick(barrier.BARRIER_ALL):
+    if quick_barrier(barrier.BARRIER_ALL):
         return None
     return default_heap().barrier_all()
 
 
 @_documented_by(barrier.sync_all)
 def sync_all() -> None:
-    if _quick(barrier.SYNC_ALL):
+    if quick_barrier(barrier.SYNC_ALL):
         return None
     return default_heap().sync_all()
 
 
-def _quick(call) -> bool:
+def quick_barrier(call) -> bool:
     """Whether the default heap's quick step of barrier `call` did the whole call
-    (the routine's own first try, from here: the heap's method and its range
-    around it are three Python frames, a third of a barrier); False where a
-    profiler records (the method's range says what ran), or the step did
-    nothing (the routine then runs it the general way)."""
+    (the routine's own first try, from here, for both faces: the heap's method
+    and its range around it are three Python frames, a third of a barrier);
+    False where there is no heap, a profiler records (the method's range says
+    what ran), or the step did nothing (the routine then runs it the general
+    way). Not a module function of the API (not in __all__)."""
     core = _core
     if core is None or trace.FLAG._is_profiler_enabled:
         return False

@@ -47,11 +47,8 @@ def barrier_all() -> None:
     Raises:
         SymmetryError, PeerTimeoutError: as shmemvm.barrier_all.
     """
-    core = api.default_core()
-    # the routine's quick step, looked up here: two Python frames fewer a barrier (issue 30)
-    quick = core.calls.quick[barrier.BARRIER_ALL]
-    if quick is None or quick() is None:
-        barrier.barrier_all(core)
+    if not api.quick_barrier(barrier.BARRIER_ALL):   # (the routine's own first try)
+        barrier.barrier_all(api.default_core())
 
 
 def sync_all() -> None:
@@ -63,10 +60,8 @@ def sync_all() -> None:
     Raises:
         SymmetryError, PeerTimeoutError: as shmemvm.sync_all.
     """
-    core = api.default_core()
-    quick = core.calls.quick[barrier.SYNC_ALL]   # (as barrier_all)
-    if quick is None or quick() is None:
-        barrier.sync_all(core)
+    if not api.quick_barrier(barrier.SYNC_ALL):
+        barrier.sync_all(api.default_core())
 
 
 def sync(team: Optional[Team] = None) -> None:
