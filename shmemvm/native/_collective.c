@@ -874,7 +874,8 @@ static PyType_Slot quick_slots[] = {
     {Py_tp_dealloc, quick_dealloc},
     {Py_tp_call, quick_call},
     {Py_tp_doc, "Quick(stepper, template, counted, prompt, budget_ns, lock, agreement, board, "
-                "guards, settle)(): a collective call of one agreed step, whole, where nothing "
+                "guards, settle[, carry, deliver[, before]])(): a collective call of one agreed "
+                "step (with a fused collective's payload and delivery), whole, where nothing "
                 "is unusual; see the source"},
     {0, NULL},
 };

@@ -233,7 +233,8 @@ def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
         nbytes = _cpu_copyable(remote, local)
         if nbytes:   # one memmove between the PE's copy and `local` (overlap is fine)
             there, here = target.cpu_address, local.data_ptr()
-            native.copy(there, here, nbytes) if writing else native.copy(here, there, nbytes)
+            dst_address, src_address = (there, here) if writing else (here, there)
+            native.copy(dst_address, src_address, nbytes)
             return
     if target.mapping is not None:   # a node peer's: copied through its mapping
         remote = target.copy_view(remote)
