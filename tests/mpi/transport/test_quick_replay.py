@@ -112,6 +112,30 @@ def _calls(team=None):
     return calls, fill, arrays
 
 
+def _replayed_sum(monkeypatch, r: int, team=None):
+    """sum_reduce over `team` (None: every PE) on sources filled for round `r`,
+    called twice (its Plan made, then replayed): (paths, call, dest, what dest
+    must hold, arrays). Earlier tests' arrays are released on every PE first:
+    a release forgets every Plan, and when the collector frees them on each PE
+    depends on what ran before."""
+    gc.collect()
+    shmem.barrier_all()
+    paths = _Paths(monkeypatch)
+    calls, fill, arrays = _calls(team)
+    name, call, dest, expected = calls[1]
+    fill(r)
+    for _ in range(2):
+        call()
+    return paths, call, dest, expected(r), arrays
+
+
+def _free(arrays) -> None:
+    """Free the arrays of _calls() (collective), once every PE is past its last use."""
+    shmem.barrier_all()
+    for a in arrays:
+        shmem.free(a)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_replayed_collective_is_one_native_call_with_the_general_paths_bytes(world,
                                                                              monkeypatch):
@@ -124,9 +148,7 @@ def test_a_replayed_collective_is_one_native_call_with_the_general_paths_bytes(w
             assert dest.tolist() == expected(r), (name, r)
     # max_reduce of doubles stays with NumPy's combiner (no Plan): five calls a round replay
     assert paths.quick == 5 * 3 and paths.staged == 0
-    shmem.barrier_all()
-    for a in arrays:
-        shmem.free(a)
+    _free(arrays)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -154,8 +176,7 @@ def test_random_calls_on_random_paths_give_every_pe_the_same_bytes(world, monkey
     assert paths.quick > 0 and paths.staged > 0
     shmem.barrier_all()
     team.destroy()
-    for a in world_arrays + team_arrays:
-        shmem.free(a)
+    _free(world_arrays + team_arrays)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -180,45 +201,33 @@ def test_a_mismatch_is_a_symmetry_error_on_every_pe_and_writes_nothing(world, mo
     paths.general = False
     summed()   # and the heap goes on
     assert sdest.tolist() == expected(1)
-    shmem.barrier_all()
-    for a in arrays:
-        shmem.free(a)
+    _free(arrays)
 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_block_to_release_sends_the_replay_the_python_way_which_releases_it(world,
                                                                             monkeypatch):
     from shmemvm.core.state import parts_of
-    paths = _Paths(monkeypatch)
-    calls, fill, arrays = _calls()
-    name, call, dest, expected = calls[1]
-    fill(2)
-    for _ in range(2):
-        call()
+    paths, call, dest, expected, arrays = _replayed_sum(monkeypatch, 2)
+    assert (paths.quick, paths.staged) == (1, 0)
     local = parts_of(api.default_core()).local
     live = local.stats()["live_allocations"]
     dropped = shmem.zeros(8, dtype="q")
     del dropped   # (dead here, and on every PE: each PE drops it)
     gc.collect()
-    staged = paths.staged
     call()      # the dead block: this step releases it, step by step
-    assert paths.staged == staged + 1 and dest.tolist() == expected(2)
+    assert (paths.quick, paths.staged) == (1, 1) and dest.tolist() == expected
     assert local.stats()["live_allocations"] == live
+    call()      # a release forgets every Plan: the general path, which makes it again
+    assert (paths.quick, paths.staged) == (1, 1) and dest.tolist() == expected
     call()      # and the next is quick again
-    assert paths.staged == staged + 1 and dest.tolist() == expected(2)
-    shmem.barrier_all()
-    for a in arrays:
-        shmem.free(a)
+    assert (paths.quick, paths.staged) == (2, 1) and dest.tolist() == expected
+    _free(arrays)
 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_replay_waits_for_another_threads_collective_call(world, monkeypatch):
-    paths = _Paths(monkeypatch)
-    calls, fill, arrays = _calls()
-    name, call, dest, expected = calls[1]
-    fill(3)
-    for _ in range(2):
-        call()
+    paths, call, dest, expected, arrays = _replayed_sum(monkeypatch, 3)
     core = api.default_core()
     taken, release = threading.Event(), threading.Event()
     holder = threading.Thread(target=lambda: (core.lock.acquire(), taken.set(), release.wait(),
@@ -231,27 +240,18 @@ def test_a_replay_waits_for_another_threads_collective_call(world, monkeypatch):
     call()      # the lock is busy: the Python way, which waits for it
     holder.join()
     timer.join()
-    assert paths.staged == staged + 1 and dest.tolist() == expected(3)
-    shmem.barrier_all()
-    for a in arrays:
-        shmem.free(a)
+    assert paths.staged == staged + 1 and dest.tolist() == expected
+    _free(arrays)
 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_destroyed_teams_call_takes_no_quick_step_and_raises(world, monkeypatch):
-    paths = _Paths(monkeypatch)
     team = shmem.TEAM_WORLD.split_strided(0, 1, shmem.n_pes())
-    calls, fill, arrays = _calls(team)
-    name, call, dest, expected = calls[1]
-    fill(0)
-    for _ in range(2):
-        call()
+    paths, call, dest, expected, arrays = _replayed_sum(monkeypatch, 0, team)
     assert paths.quick == 1
     shmem.barrier_all()
     team.destroy()
     with pytest.raises(ShmemError):
         call()
     assert paths.quick == 1
-    shmem.barrier_all()
-    for a in arrays:
-        shmem.free(a)
+    _free(arrays)
