@@ -621,10 +621,10 @@ typedef struct {
     Attr *guards;
     Py_ssize_t n_guards;
     /* a fused collective's: the payload its step carries (`carry`, board.stage()'s
-     * tuple, parsed once: has_payload) and the delivery after a plain step */
+     * tuple, parsed once into `payload`, which is empty without one) and the
+     * delivery after a plain step */
     PyObject *carry, *deliver, *deliver_args, *before, *before_args;
     Payload payload;
-    int has_payload;
     int counted;
     long long prompt, budget;
     int64_t template[MAX_WORDS];
@@ -724,6 +724,7 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     memcpy(self->template, template.buf, (size_t)template.len);
     PyBuffer_Release(&template);
+    self->payload.only = -1;   /* (none, where no carry is parsed into it below) */
     self->stepper = Py_NewRef(a[0]);
     self->settle = Py_NewRef(a[9]);
     self->acquire = PyObject_GetAttr(a[5], name_acquire);
@@ -732,7 +733,6 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (carry != Py_None) {
         if (parse_payload(&stepper->h, &PyTuple_GET_ITEM(carry, 0), 1, &self->payload) < 0)
             goto failed;
-        self->has_payload = 1;
         self->carry = Py_NewRef(carry);
         self->deliver = Py_NewRef(PyTuple_GET_ITEM(deliver, 0));
         self->deliver_args = Py_NewRef(PyTuple_GET_ITEM(deliver, 1));
@@ -823,11 +823,8 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
         || (self->counted && bump(&self->state[CALLS], 1, &calls) < 0))
         goto release;
     Stepper *stepper = (Stepper *)self->stepper;
-    Payload none;
-    memset(&none, 0, sizeof none);
-    none.only = -1;
     Py_ssize_t code = run_step(stepper, self->prompt, self->budget, seq, self->template, 1,
-                               self->has_payload ? &self->payload : &none);
+                               &self->payload);
     if (attr_set(&self->state[CARRIED], Py_None) < 0) goto release;
     if (code == 0) {
         PyObject *entered = PyLong_FromLongLong(-((int64_t *)stepper->out.buf)[stepper->time_word]);
