@@ -127,6 +127,11 @@ class Agreement:
         #: whether steps are logged (DEBUG, asked once: a board step that went as
         #: planned returns before any other call, logging's included)
         self._debug = log.isEnabledFor(logging.DEBUG)
+        #: whether core/profile.py times collective(): quick steps then step aside,
+        #: so that every step is counted
+        self.timed = False
+        #: the dead blocks the quick step under way carries (_carry_dead)
+        self._carrying: frozenset[int] = frozenset()
 
     # -- state ------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -244,8 +249,9 @@ class Agreement:
         return self._outcome(call, board.send, recv, dead)
 
     def quick(self, call: Call, lock, guards: tuple, wrap=None, carry: tuple | None = None,
-              deliver: tuple | None = None,
-              before: tuple | None = None) -> Callable[[], object] | None:
+              deliver: tuple | None = None, before: tuple | None = None,
+              answer: bool = False,
+              dead: Callable[[], Set[int]] | None = None) -> Callable[..., object] | None:
         """A collective call that is the one agreed step of `call` (fixed: its
         vector encoded once; the flag set, nothing dead), whole in one native
         call (_collective.Quick) while nothing is unusual: a callable that
@@ -256,19 +262,45 @@ class Agreement:
         given). A fused collective's step carries `carry` (the board's
         staging(); its bytes made by before[0](*before[1]) first, where given)
         and calls deliver[0](*deliver[1]) after it, whether plain or settled.
-        None where this agreement cannot: no native board, or its steps are
-        logged."""
+        A step that carries nothing may deliver too (an allocation's block and
+        tensor), and with `answer` the call returns what deliver returned.
+        The callable takes the step's flag (default True: set): a step whose
+        flag is not everywhere settles. With `dead`, the step carries the dead
+        blocks that dead() gives (the caller's pending releases, which its
+        guards then leave out: an allocation's), as collective() carries
+        them, and a step that carries some settles. None where this agreement
+        cannot: no native board, or its steps are logged."""
         board = self.board
         if board is None or self._debug or call.template is None or call.error is not None:
             return None
-        settle = functools.partial(self._board_outcome, call, frozenset())
+        carries_dead = None
+        if dead is None:
+            settle = functools.partial(self._board_outcome, call, frozenset())
+        else:
+            settle = functools.partial(self._carried_outcome, call)
+            carries_dead = (functools.partial(self._carry_dead, dead), (), DEAD_SLOT)
         if wrap is not None:
             settle = functools.partial(wrap, settle)
         if deliver is not None:
-            settle = functools.partial(_delivered, settle, board, deliver)
+            settle = functools.partial(_delivered, settle, board, deliver, answer)
         return board.quick(call.template, call.phase in COUNTED,
                            self._prompt if self.liveness is not None else -1, lock, self,
-                           guards + ((self, "broken"),), settle, carry, deliver, before)
+                           guards + ((self, "broken"), (self, "timed")), settle, carry,
+                           deliver, before, answer, carries_dead)
+
+    def _carry_dead(self, dead: Callable[[], Set[int]]) -> int:
+        """A quick step's dead-block digest (quick()'s `dead`): of the offsets
+        dead() gives, kept for _carried_outcome() (the step carries exactly
+        these), 0 where there are none."""
+        offsets = dead()
+        self._carrying = carried = frozenset(offsets) if offsets else frozenset()
+        return _digest(carried) if carried else 0
+
+    def _carried_outcome(self, call: Call, code: int) -> Outcome:
+        """_board_outcome() of a quick step that may have carried dead blocks
+        (_carry_dead()): those it carried, released where every PE has them."""
+        carried, self._carrying = self._carrying, frozenset()
+        return self._board_outcome(call, carried, code)
 
     def _completed(self, call: Call, recv: array.array) -> None:
         """The step is complete here: note when its earliest PE entered it, and
@@ -504,14 +536,16 @@ def _set_dead(vector: array.array, digest: int) -> None:
     vector[DEAD_DIGEST_SLOT] = digest
 
 
-def _delivered(settle, board, deliver: tuple, code: int):
-    """A quick step's settle(code) (Agreement.quick) for a step that carried a
-    payload: the rest of the general path, then the result delivered from the
-    scratch that the step (and finish()) filled, as the plain step does."""
+def _delivered(settle, board, deliver: tuple, answer: bool, code: int):
+    """A quick step's settle(code) (Agreement.quick) for a step that delivers:
+    the rest of the general path, then the delivery (the result written from
+    the scratch that the step and finish() filled, or an allocation's work
+    after its step), as the plain step does; the outcome, or where `answer`
+    what deliver returned."""
     outcome = settle(code)
     board.carried = None
-    deliver[0](*deliver[1])
-    return outcome
+    delivered = deliver[0](*deliver[1])
+    return delivered if answer else outcome
 
 
 def _with_dead(template: array.array, digest: int) -> array.array:

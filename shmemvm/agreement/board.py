@@ -213,21 +213,25 @@ class Board:
 
     def quick(self, template, counted: bool, prompt: int, lock, owner, guards: tuple,
               settle, carry: tuple | None = None, deliver: tuple | None = None,
-              before: tuple | None = None) -> Callable[[], object] | None:
+              before: tuple | None = None, answer: bool = False,
+              dead: tuple | None = None) -> Callable[..., object] | None:
         """step()'s one call made a whole collective call (_collective.Quick, its
         contract there): the step of `template` on `owner` (the agreement: its
         seq, calls where `counted`, _sub and _entered), under `lock`, while the
         `guards` and this board's own (finalized, a step left to finish, a
         staged payload) are false; carrying `carry` (staging()'s tuple), made
         by before[0](*before[1]) first where given, and then calling
-        deliver[0](*deliver[1]); `settle(code)` where it is not plain. None
-        where steps do not run in C (no Stepper)."""
+        deliver[0](*deliver[1]) (its result returned where `answer`),
+        carrying the dead blocks of digest dead[0](*dead[1]) in words dead[2]
+        and on where given; `settle(code)` where it is not plain or carried
+        some. None where steps do not run in C (no Stepper)."""
         if self._stepper is None:
             return None
         return _collective.Quick(self._stepper, template, counted, prompt, _STEP_BUDGET_NS,
                                  lock, owner, self,
                                  guards + ((self, "closed"), (self, "_unfinished"),
-                                           (self, "_staged")), settle, carry, deliver, before)
+                                           (self, "_staged")), settle, carry, deliver, before,
+                                 answer, dead)
 
     def finish(self, seq: int, wait) -> None:
         """Read the slots of step `seq` that step() left, under `wait` (as

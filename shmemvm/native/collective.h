@@ -1,6 +1,6 @@
-/* What the two sources of the _collective module share: _collective.c (a
- * collective's agreed step on the node's board: exchange, Stepper, Quick) and
- * collective_data.c (a collective's data: the reductions combined in C, a
+/* What the sources of the _collective module share: _collective.c (a
+ * collective's agreed step on the node's board: exchange, Stepper), quick.c
+ * (Quick: a whole call of one step) and collective_data.c (a collective's data: the reductions combined in C, a
  * delivery from scratch, the NumPy face's memo key). The argument checks both
  * make, and the data functions the module's method table names. */
 #ifndef SHMEMVM_NATIVE_COLLECTIVE_H
@@ -46,6 +46,49 @@ static inline int get_ssize(PyObject *obj, Py_ssize_t *out, Py_ssize_t least, co
     *out = v;
     return 0;
 }
+
+/* the steps (_collective.c), which Quick (quick.c) takes too */
+/* the longest vector a step compares (the agreement's is 30 words) */
+#define MAX_WORDS 64
+
+/* The board and this PE's place on it (exchange()'s first 8 arguments), checked. */
+typedef struct {
+    int64_t *board;
+    Py_ssize_t nbytes, size, rank, slot_words, words, seq_word;
+    long long spins;
+    unsigned long long volatile_words;   /* bit mask: the words a summary carries */
+} Head;
+
+/* A step's payload (exchange()'s last 7 arguments: payload, payload_len, scratch,
+ * part, src_offset, dst_stride, only), checked against the head; it holds
+ * scratch's buffer until release_payload(). */
+typedef struct {
+    uintptr_t payload;
+    Py_ssize_t payload_len, part, src_offset, dst_stride;
+    long only;
+    Py_buffer scratch;   /* .obj NULL: none */
+} Payload;
+
+void release_payload(Payload *p);
+int parse_payload(const Head *h, PyObject *const *args, int writing, Payload *p);
+
+/* the Stepper (its contract in _collective.c) */
+typedef struct {
+    PyObject_HEAD
+    Head h;
+    Py_ssize_t neg_word, flag_word, time_word;
+    long long tick, hot_ns;
+    Py_buffer send, out, done;
+} Stepper;
+
+/* a whole step on checked arguments: the PEs left (> 0), or 0, -2 or -1 once every
+ * slot is read (Stepper.step's contract) */
+Py_ssize_t run_step(Stepper *self, long long prompt, long long budget, long long seq,
+                    const int64_t *template, int flag, const Payload *p);
+/* the end of a dealloc of an instance of a heap type (PyType_FromSpec's) */
+void free_instance(PyObject *self);
+/* quick.c: the Quick type added to the module, given its Stepper type */
+int quick_exec(PyObject *module, PyTypeObject *stepper);
 
 /* collective_data.c: see the top of _collective.c for what each does */
 PyObject *coll_combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -341,8 +341,9 @@ def test_quick_releases_the_lock_when_settle_raises_and_refuses_bad_arguments():
     assert owner.calls == 3 and owner.seq == 7    # not counted; the step was taken
     assert lock.acquire(blocking=False)
     lock.release()
-    with pytest.raises(TypeError):
-        quick(1)
+    for wrong_call in [lambda: quick(1, 2), lambda: quick(flag=1)]:
+        with pytest.raises(TypeError):
+            wrong_call()   # (one positional argument at most: the flag)
     stepper = _stepper(board, nbytes, 2, 0, send, out, done)
     ok = (stepper, template, True, -1, 0, lock, owner, _Flags(), (), settle)
     for i, wrong in [(0, object()), (8, [(flags, "closed")]), (8, ((flags,),)),
@@ -429,7 +430,7 @@ def test_quick_reads_guards_of_every_kind_each_call_and_state_in_the_owners_dict
 
 def test_quick_carries_a_payload_delivers_after_a_plain_step_and_checks_what_it_is_given():
     # a fused collective's quick step (nodecoll's Plan): the payload is in scratch when
-    # deliver runs; carry and deliver come together, each of its shape, checked once
+    # deliver runs; a carry needs a deliver, each of its shape, checked once
     import threading
     memory, board, nbytes = _board(1)
     template = array.array("q", [5, 0, 0, 0, 0, 42])
@@ -444,8 +445,9 @@ def test_quick_carries_a_payload_delivers_after_a_plain_step_and_checks_what_it_
                              _Flags(), (), lambda code: code)
     quick = make(carry, deliver)
     assert quick() == 0 and delivered == [b"symmetric"] and owner.seq == 7
-    for wrong in [(carry, None), (None, deliver), (carry[:6], deliver), (list(carry), deliver),
-                  (carry, (deliver[0],)), (carry, (None, ())), (carry, (deliver[0], []))]:
+    for wrong in [(carry, None), (carry[:6], deliver), (list(carry), deliver),
+                  (carry, (deliver[0],)), (carry, (None, ())), (carry, (deliver[0], [])),
+                  (None, (deliver[0],)), (None, deliver, None, True, 1)]:
         with pytest.raises(TypeError):
             make(*wrong)
             pytest.fail(f"carry, deliver = {wrong!r} was accepted")
@@ -470,9 +472,41 @@ def test_quick_carries_a_payload_delivers_after_a_plain_step_and_checks_what_it_
         with pytest.raises(TypeError):
             make(*wrong)
             pytest.fail(f"before {wrong[2]!r} was accepted")
+    # answer needs a deliver
+    with pytest.raises(TypeError):
+        make(None, None, None, True)
     # deliver raising: its exception, the lock released
     failing = make(carry, (lambda: 1 / 0, ()))
     with pytest.raises(ZeroDivisionError):
         failing()
     assert lock.acquire(blocking=False)
     lock.release()
+
+
+def test_quick_without_a_carry_delivers_answers_and_takes_the_flag():
+    # an allocation's quick step (HeapCore.quick_allocation): no payload, deliver's
+    # result returned where answer is set (0 without); free's passes its flag, and
+    # a step whose flag is not everywhere settles
+    import threading
+    memory, board, nbytes = _board(2)
+    template = array.array("q", [5, 0, 0, 0, 0, 42])
+    owner, lock = _Owner(), threading.RLock()
+    send, out, done = _step_buffers()
+    stepper = _stepper(board, nbytes, 2, 0, send, out, done)
+    settled = []
+    make = functools.partial(_collective.Quick, stepper, template, True, -1, 0, lock, owner,
+                             _Flags(), (), lambda code: settled.append(code) or "settled")
+    send1, out1, done1 = _step_buffers()
+    taken = []
+    answering = make(None, (lambda *args: taken.append(args) or "tensor", (1, 2)), None, True)
+    assert _step(board, nbytes, 2, 1, 7, template, send1, out1, done1) == 1
+    assert answering() == "tensor" and taken == [(1, 2)] and not settled
+    quiet = make(None, (lambda: taken.append("quiet"), ()), None, False)
+    assert _step(board, nbytes, 2, 1, 8, template, send1, out1, done1) == 1
+    assert quiet() == 0 and taken[-1] == "quiet"
+    # the flag: PE 1's set, this PE's not (False): agreed, not everywhere (-2), settled
+    bare = make()
+    assert _step(board, nbytes, 2, 1, 9, template, send1, out1, done1) == 1
+    assert bare(False) == "settled" and settled == [-2] and owner.seq == 9
+    assert _step(board, nbytes, 2, 1, 10, template, send1, out1, done1) == 1
+    assert bare(True) == 0 and settled == [-2] and owner.seq == 10
