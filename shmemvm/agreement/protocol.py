@@ -138,6 +138,11 @@ class Call:
     def text(self, value: str | tuple) -> None:
         self._text = value
 
+    @property
+    def source(self) -> str | tuple:
+        """The text as given: a str, or (format, *values) not made into text yet."""
+        return self._text
+
     def __repr__(self) -> str:
         return f"Call(phase={self.phase!r}, args={self.args!r}, text={self.text!r})"
 

@@ -155,6 +155,7 @@ def instrument(heap) -> Steps:
         current = getattr(obj, method)
         if not hasattr(current, "__shmemvm_profiled__"):
             setattr(obj, method, _timed(steps, name, current))
+    heap.agreement.timed = True   # (quick steps step aside: every step is timed)
     return steps
 
 
@@ -163,6 +164,7 @@ def uninstrument(heap) -> None:
     for obj, method, _ in _targets(heap):
         if hasattr(getattr(obj, method), "__shmemvm_profiled__"):
             delattr(obj, method)   # the instance attribute; the class's method shows again
+    heap.agreement.timed = False
 
 
 @contextmanager

@@ -68,6 +68,11 @@ HOST_BASES_HINT = (
 
 #: locate_in()'s and recall()'s memos hold at most this many entries each
 _LOCATED_MAX = 4096
+#: quick steps of allocations and frees kept (HeapCore.quick_allocation, quick_free):
+#: a program's repeated sizes and offsets; a program of more takes the general path
+QUICK_KEPT = 1024
+#: (no quick step made yet for a key; None is "none there")
+_UNMADE = object()
 
 
 def _triton_interprets() -> bool:
@@ -132,17 +137,20 @@ class Calls(Protocol):
 
     #: quick[call]: a fixed call's whole collective call in one native call, which
     #: returns None where it did nothing (the caller's general path then runs); None
-    #: where there is none (Agreement.quick, HeapCore.make_quick)
-    quick: dict[Call, Callable[[], object] | None]
+    #: where there is none (Agreement.quick, HeapCore.make_quick); also the quick
+    #: steps of allocations and frees, by their keys (quick_allocation, quick_free)
+    quick: dict[Any, Callable[..., object] | None]
 
     def check_usable(self) -> None: ...
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
     def make_quick(self, call: Call, guards: tuple = (), carry: tuple | None = None,
-                   deliver: tuple | None = None,
-                   before: tuple | None = None) -> Callable[[], object] | None: ...
+                   deliver: tuple | None = None, before: tuple | None = None,
+                   answer: bool = False,
+                   releasing: bool = False) -> Callable[..., object] | None: ...
     def quick_step(self, agreement: Agreement, call: Call, lock, guards: tuple,
                    wrap=None, carry: tuple | None = None, deliver: tuple | None = None,
-                   before: tuple | None = None) -> Callable[[], object] | None: ...
+                   before: tuple | None = None, answer: bool = False,
+                   dead: Callable[[], set[int]] | None = None) -> Callable[..., object] | None: ...
     def mark_broken(self, why: str) -> None: ...
     def synchronize(self) -> None: ...   # the device's work before a collective step
     def feature(self, key: FeatureKey[Feature], make: Callable[[], Feature]) -> Feature: ...
@@ -490,30 +498,44 @@ class HeapCore:
         agreement = self.agreement
         if self.closed or agreement.broken:
             self.check_usable()
+        # (positional: no keyword parsing)
+        return agreement.collective(call, self._dead_to_release(), flag)
+
+    def _dead_to_release(self) -> set[int]:
+        """The blocks that nothing here views any more, which the next step
+        carries (agree(), and an allocation's quick step): this PE's newly dead
+        ones taken from the engine into those still pending."""
         dead = self.local.take_dead()
         if dead:
             self._pending.update(dead)
-        return agreement.collective(call, self._pending, flag)   # (positional: no keyword parsing)
+        return self._pending
 
     def make_quick(self, call: Call, guards: tuple = (), carry: tuple | None = None,
-                   deliver: tuple | None = None,
-                   before: tuple | None = None) -> Callable[[], object] | None:
+                   deliver: tuple | None = None, before: tuple | None = None,
+                   answer: bool = False, releasing: bool = False) -> Callable[..., object] | None:
         """`call`'s quick step on the heap's own agreement (quick_step()), taken
         while nothing agree() and quiet() would deal with is there: blocks to
-        release, operations to complete, nor any of the caller's `guards`;
+        release (unless `releasing`: the step then carries them, as agree()'s
+        does), operations to complete, nor any of the caller's `guards`;
         carrying `carry` (made by `before`) and delivering `deliver` where
-        given (a fused collective's). None where there is none (quiet() always
-        synchronizes a stream)."""
+        given (a fused collective's; an allocation's, whose tensor it returns
+        with `answer`). None where there is none (quiet() always synchronizes
+        a stream)."""
         quiet = self.tracker.idle_guards
         if quiet is None:
             return None
+        if releasing:
+            return self.quick_step(self.agreement, call, self.lock, quiet + guards,
+                                   carry=carry, deliver=deliver, before=before, answer=answer,
+                                   dead=self._dead_to_release)
         return self.quick_step(self.agreement, call, self.lock,
                                ((self, "_pending"),) + quiet + self.local.idle_guards + guards,
-                               carry=carry, deliver=deliver, before=before)
+                               carry=carry, deliver=deliver, before=before, answer=answer)
 
     def quick_step(self, agreement: Agreement, call: Call, lock, guards: tuple,
                    wrap=None, carry: tuple | None = None, deliver: tuple | None = None,
-                   before: tuple | None = None) -> Callable[[], object] | None:
+                   before: tuple | None = None, answer: bool = False,
+                   dead: Callable[[], set[int]] | None = None) -> Callable[..., object] | None:
         """A quick step of `call` on `agreement` (the heap's, or a team's) under
         `lock` (Agreement.quick), while `guards` and the heap's own (broken; a
         finalized heap's boards are closed) are false; `wrap(settle)` runs a
@@ -525,7 +547,7 @@ class HeapCore:
             return None
         if agreement is not self.agreement:
             guards += ((self.agreement, "broken"),)
-        return agreement.quick(call, lock, guards, wrap, carry, deliver, before)
+        return agreement.quick(call, lock, guards, wrap, carry, deliver, before, answer, dead)
 
     def release_dead(self, offsets: set[int]) -> None:
         """Release the blocks that nothing views on any PE any more (the
@@ -716,7 +738,17 @@ class HeapCore:
         on every PE, so each PE fills the block it will take before the
         agreement). Otherwise (a new segment, a first block of its size) a
         second step, after the fill. A fill that raises before the agreement
-        makes every PE raise at this call."""
+        makes every PE raise at this call.
+
+        Without a fill, a repeated allocation is first its quick step
+        (quick_allocation()): this same step and allocation in one native
+        call, where nothing agree() would deal with is there."""
+        if fill is None and call.error is None:
+            quick = self.quick_allocation(call, nbytes, dims, dtype)
+            if quick is not None:
+                tensor = quick()
+                if tensor is not None:
+                    return tensor
         local = self.local
         size = math.prod(dims) * dtype.itemsize
         with self.lock:
@@ -740,25 +772,70 @@ class HeapCore:
             try:
                 self.agree(call)
                 try:
-                    block = sharing.allocate_collectively(self, nbytes, call)
+                    tensor = self._allocated(nbytes, dims, dtype, call)
                 except HeapExhaustedError:
                     held, self._held = self._held, None
                     if not held:
                         raise
                     self.release_dead(held)   # (room, maybe: as on every PE)
-                    block = sharing.allocate_collectively(self, nbytes, call)
+                    tensor = self._allocated(nbytes, dims, dtype, call)
             finally:
                 if holding:
                     held, self._held = self._held, None
                     if held:
                         self.release_dead(held)
-            tensor = local.tensor_for(block, dims, dtype)
-        if fill is not None and size and block.offset != filled:   # (the same on every PE;
-            # filled is None or -1 where nothing was filled before the step)
-            fill(local.scratch(block.offset, size))
-            self.backend.synchronize()
-            self.agree(call.step(Phase.FILLED, "filled"))
+        if fill is not None and size:
+            offset = local.offset_of(tensor)
+            if offset != filled:   # (the same on every PE; filled is None or -1 where
+                # nothing was filled before the step)
+                fill(local.scratch(offset, size))
+                self.backend.synchronize()
+                self.agree(call.step(Phase.FILLED, "filled"))
         return tensor
+
+    def _allocated(self, nbytes: int, dims: tuple[int, ...], dtype: torch.dtype,
+                   call: Call) -> torch.Tensor:
+        """The tensor of the block that the agreed `call` allocates (its step
+        done): allocate()'s work after its step, and its quick step's."""
+        return self.local.tensor_for(sharing.allocate_collectively(self, nbytes, call), dims,
+                                     dtype)
+
+    def quick_allocation(self, call: Call, nbytes: int, dims: tuple[int, ...],
+                         dtype: torch.dtype) -> Callable[[], torch.Tensor | None] | None:
+        """allocate()'s quick step for `call` without a fill (make_quick(): the
+        agreed step, then _allocated() in the same native call, returning the
+        tensor, or None where it did nothing), made at the first such call
+        and kept by the call's phase, arguments and text (QUICK_KEPT of them);
+        None where there is none, or the call's arguments cannot be a key."""
+        try:
+            key = ("allocate", call.phase, call.args, call.source, nbytes, dims, dtype)
+            quick = self.quick.get(key, _UNMADE)
+        except TypeError:   # (an unhashable argument)
+            return None
+        if quick is _UNMADE:
+            if len(self.quick) >= QUICK_KEPT:
+                return None
+            fixed = Call(call.phase, call.args, call.source, None, call.exact).fixed()
+            quick = self.quick[key] = self.make_quick(  # type: ignore[index]
+                fixed, deliver=(self._allocated, (nbytes, dims, dtype, fixed)), answer=True,
+                releasing=True)
+        return quick
+
+    def quick_free(self, offset: int) -> Callable[[bool], Outcome | int | None] | None:
+        """free()'s quick step of the block at `offset` (core/steps.py), taken
+        with its flag while nothing quiet_all() and agree() would deal with is
+        there (no context's operations either); kept by offset as
+        quick_allocation() keeps its."""
+        key = ("free", offset)
+        quick = self.quick.get(key, _UNMADE)   # type: ignore[call-overload]
+        if quick is _UNMADE:
+            if len(self.quick) >= QUICK_KEPT:
+                return None
+            call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset),
+                        None, True).fixed()
+            quick = self.quick[key] = self.make_quick(  # type: ignore[index]
+                call, ((self, "_trackers"),))
+        return quick
 
     def free(self, find: Callable[[], torch.Tensor], text: str) -> None:
         """Free the tensor find() gives, in one agreed step (core/steps.py;

@@ -29,6 +29,7 @@ class Steps(sharing.Sharing, Protocol):
     lock: threading.RLock
 
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
+    def quick_free(self, offset: int) -> Callable[[bool], Outcome | int | None] | None: ...
     def quiet_all(self) -> None: ...
     def retire(self, tensor: torch.Tensor) -> Any: ...
 
@@ -74,13 +75,20 @@ def free(core: Steps, find: Callable[[], torch.Tensor], text: str) -> None:
                 retirement = core.retire(tensor)
             except (TypeError, ValueError) as exc:   # (NotSymmetricError is a ValueError)
                 call = Call(Phase.FREE, (), text, exc)
+                outcome = None
             else:
                 offset = retirement.block.offset
                 call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset),
                             None, True)
-            core.quiet_all()
-            alone_everywhere = core.agree(
-                call, flag=retirement is not None and retirement.alone).flag_everywhere
+                # this step's quick one, where quiet_all() and agree() have nothing to
+                # do: 0 (agreed, the flag everywhere), the general path's Outcome, or
+                # None (not taken)
+                quick = core.quick_free(offset)
+                outcome = quick(retirement.alone) if quick is not None else None
+            if outcome is None:
+                core.quiet_all()
+                outcome = core.agree(call, flag=retirement is not None and retirement.alone)
+            alone_everywhere = True if isinstance(outcome, int) else outcome.flag_everywhere
             assert retirement is not None   # (else the agreement raised every PE's error)
             # imported memory is unmapped at once: where that fails on one PE, every PE says so
             imported = alone_everywhere and core.local.imported(offset) is not None

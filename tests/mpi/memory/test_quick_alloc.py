@@ -1,0 +1,204 @@
+"""A repeated malloc and a free in one native call each (issue 30): an
+allocation without a fill is its agreed step and then the block and tensor
+(HeapCore._allocated) in one _collective.Quick call, which also carries the
+dead blocks that are pending (a free deferred to its last view's death, as the
+NumPy face's always is); a free is its agreed step with the flag that says
+whether the block can go at once. The two paths make the same steps and the
+same blocks: PEs on different paths agree, a mismatch is a SymmetryError on
+every PE with nothing allocated or freed.
+
+    mpirun -n 2 python -m pytest --with-mpi -m mpi tests/mpi/memory/test_quick_alloc.py
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from shmemvm import SymmetryError, native
+
+WORLD = MPI.COMM_WORLD
+HEAP_OPTIONS = {"backend": "host"}
+
+pytestmark = pytest.mark.skipif(native._native is None,
+                                reason="the compiled piece is not built (pip install . builds it)")
+
+
+class _Paths:
+    """Counts the steps agree() takes (the general path) on `heap`'s core and
+    the quick steps taken; `general` sends this PE's allocations and frees
+    the general way."""
+
+    def __init__(self, heap, monkeypatch):
+        core = heap._core
+        if core.agreement.board is None:
+            pytest.skip("the heap's PEs share no board here (a quick step needs one)")
+        self.agreed = self.quick = 0
+        self.general = False
+        real_agree = core.agree
+
+        def agree(call, *, flag=True):
+            self.agreed += 1
+            return real_agree(call, flag=flag)
+
+        def counted(make):
+            def lookup(*args):
+                quick = make(*args)
+                if quick is None or self.general:
+                    return None
+
+                def step(*flag):
+                    try:
+                        result = quick(*flag)
+                    except BaseException:   # (taken: its step raised, a mismatch)
+                        self.quick += 1
+                        raise
+                    self.quick += result is not None
+                    return result
+                return step
+            return lookup
+
+        monkeypatch.setattr(core, "agree", agree)
+        monkeypatch.setattr(core, "quick_allocation", counted(core.quick_allocation))
+        monkeypatch.setattr(core, "quick_free", counted(core.quick_free))
+
+
+def _offset(heap, tensor) -> int:
+    return tensor.untyped_storage().data_ptr() - heap._core.local.base
+
+
+def _same_everywhere(value) -> bool:
+    return len(set(WORLD.allgather(value))) == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_repeated_mallocs_and_frees_are_one_quick_step_each(heap, monkeypatch):
+    paths = _Paths(heap, monkeypatch)
+    heap.free(heap.malloc(1024))              # the first: the general path makes the block
+    x = heap.empty((4, 8), torch.float64)
+    heap.free(x)
+    before = heap.heap_info()["live_allocations"]
+    paths.agreed = paths.quick = 0
+    offsets = set()
+    for i in range(20):
+        t = heap.malloc(1024)
+        y = heap.empty((4, 8), torch.float64)
+        assert t.shape == (1024,) and t.dtype == torch.uint8
+        assert y.shape == (4, 8) and y.dtype == torch.float64 and y.is_contiguous()
+        y.fill_(i)
+        offsets.add((_offset(heap, t), _offset(heap, y)))
+        heap.free(y)
+        heap.free(t)
+    assert paths.agreed == 0 and paths.quick == 80, (paths.agreed, paths.quick)
+    assert len(offsets) == 1 and _same_everywhere(offsets.pop())   # the cached blocks again
+    assert heap.heap_info()["live_allocations"] == before
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_deferred_release_rides_in_the_next_quick_allocation(heap, monkeypatch):
+    paths = _Paths(heap, monkeypatch)
+    heap.free(heap.malloc(4096))
+    t = heap.malloc(4096)
+    first = _offset(heap, t)
+    for _ in range(3):
+        view = t[16:]                   # a view outlives the free: the release waits for it
+        heap.free(t)
+        assert heap.heap_info()["live_allocations"] == 0   # freed, not yet released
+        del view
+        gc.collect()
+        paths.agreed = paths.quick = 0
+        t = heap.malloc(4096)           # carries the dead block, released, then taken again
+        assert paths.agreed == 0 and paths.quick == 1
+        assert not heap._core._pending
+        assert _offset(heap, t) == first and _same_everywhere(_offset(heap, t))
+    heap.free(t)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_mismatched_quick_malloc_raises_on_every_pe_and_allocates_nothing(heap, monkeypatch):
+    paths = _Paths(heap, monkeypatch)
+    for size in (1024, 2048):
+        heap.free(heap.malloc(size))
+    live = heap.heap_info()["live_allocations"]
+    paths.quick = 0
+    with pytest.raises(SymmetryError):
+        heap.malloc(1024 if WORLD.rank == 0 else 2048)
+    assert paths.quick == 1       # the quick step was taken, and settled the mismatch
+    assert heap.heap_info()["live_allocations"] == live
+    t = heap.malloc(2048)         # in step again
+    assert _same_everywhere(_offset(heap, t))
+    heap.free(t)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_mismatched_quick_free_raises_on_every_pe_and_frees_nothing(heap, monkeypatch):
+    paths = _Paths(heap, monkeypatch)
+    a, b = heap.malloc(64), heap.malloc(64)
+    for t in (a, b):                 # their quick frees made (by offset), then in use again
+        heap.free(t)
+    a, b = heap.malloc(64), heap.malloc(64)
+    a.fill_(1)
+    b.fill_(2)
+    paths.quick = 0
+    with pytest.raises(SymmetryError):
+        heap.free(a if WORLD.rank == 0 else b)
+    assert paths.quick == 1
+    assert int(a.sum()) == 64 and int(b.sum()) == 128    # both still live and usable
+    heap.free(a)
+    heap.free(b)
+    assert paths.quick == 3
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_allocations_on_mixed_paths_give_the_general_paths_blocks(heap, monkeypatch,
+                                                                         seed):
+    # Each PE takes the quick or the general path at random for each call; the
+    # blocks must be the ones a second heap taking only the general path gives, on
+    # every PE, with views kept at random (their release deferred into later steps)
+    paths = _Paths(heap, monkeypatch)
+    plain = type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+    try:
+        monkeypatch.setattr(plain._core, "quick_allocation", lambda *args: None)
+        monkeypatch.setattr(plain._core, "quick_free", lambda offset: None)
+        script = random.Random(seed)
+        chance = random.Random(seed * 1000 + WORLD.rank)
+        shapes = [(1024,), (8, 8), (3, 5), (4096,), (1,), (0,)]
+        live: list[tuple] = []
+        views = []
+        for _ in range(60):
+            if live and script.random() < 0.45:
+                t, u = live.pop(script.randrange(len(live)))
+                if script.random() < 0.3:
+                    views.append((t[:1], u[:1]))     # keeps the block until dropped
+                paths.general = chance.random() < 0.5
+                heap.free(t)
+                plain.free(u)
+            else:
+                shape = shapes[script.randrange(len(shapes))]
+                paths.general = chance.random() < 0.5
+                t = heap.empty(shape, torch.float32)
+                u = plain.empty(shape, torch.float32)
+                assert _offset(heap, t) == _offset(plain, u)
+                assert _same_everywhere(_offset(heap, t))
+                live.append((t, u))
+            if views and script.random() < 0.3:
+                views.pop(script.randrange(len(views)))
+                gc.collect()
+        assert paths.quick > 0
+        for t, u in live:
+            heap.free(t)
+            plain.free(u)
+        del views
+        gc.collect()
+        heap.malloc(8)   # (a step: the last dead blocks released on both)
+        plain.malloc(8)
+        assert heap._core.local.allocator_state() == plain._core.local.allocator_state()
+    finally:
+        gc.collect()
+        plain.finalize()
+
