@@ -803,38 +803,36 @@ class HeapCore:
     def quick_allocation(self, call: Call, nbytes: int, dims: tuple[int, ...],
                          dtype: torch.dtype) -> Callable[[], torch.Tensor | None] | None:
         """allocate()'s quick step for `call` without a fill (make_quick(): the
-        agreed step, then _allocated() in the same native call, returning the
-        tensor, or None where it did nothing), made at the first such call
-        and kept by the call's phase, arguments and text (QUICK_KEPT of them);
-        None where there is none, or the call's arguments cannot be a key."""
+        agreed step, carrying the pending releases, then _allocated() in the
+        same native call, returning the tensor, or None where it did nothing);
+        kept (_kept_quick()) by the call's phase, arguments and text."""
+        return self._kept_quick(
+            ("allocate", call.phase, call.args, call.source, nbytes, dims, dtype), call,
+            lambda fixed: self.make_quick(
+                fixed, deliver=(self._allocated, (nbytes, dims, dtype, fixed)), answer=True,
+                releasing=True))
+
+    def quick_free(self, call: Call) -> Callable[[bool], Outcome | int | None] | None:
+        """free()'s quick step for `call` (core/steps.py), taken with its flag
+        while nothing quiet_all() and agree() would deal with is there (no
+        context's operations either); kept (_kept_quick()) by the offset."""
+        return self._kept_quick(("free", call.args), call,
+                                lambda fixed: self.make_quick(fixed, ((self, "_trackers"),)))
+
+    def _kept_quick(self, key: tuple, call: Call, make: Callable[[Call], Any]) -> Any:
+        """The quick step kept under `key`, made by make() of a fixed copy of
+        `call` at the first use (QUICK_KEPT of them: a program's repeated sizes
+        and offsets); None where there is none, or `key` holds an argument
+        that cannot be a key."""
         try:
-            key = ("allocate", call.phase, call.args, call.source, nbytes, dims, dtype)
-            quick = self.quick.get(key, _UNMADE)
+            quick = self.quick.get(key, _UNMADE)   # type: ignore[call-overload]
         except TypeError:   # (an unhashable argument)
             return None
         if quick is _UNMADE:
             if len(self.quick) >= QUICK_KEPT:
                 return None
-            fixed = Call(call.phase, call.args, call.source, None, call.exact).fixed()
-            quick = self.quick[key] = self.make_quick(  # type: ignore[index]
-                fixed, deliver=(self._allocated, (nbytes, dims, dtype, fixed)), answer=True,
-                releasing=True)
-        return quick
-
-    def quick_free(self, offset: int) -> Callable[[bool], Outcome | int | None] | None:
-        """free()'s quick step of the block at `offset` (core/steps.py), taken
-        with its flag while nothing quiet_all() and agree() would deal with is
-        there (no context's operations either); kept by offset as
-        quick_allocation() keeps its."""
-        key = ("free", offset)
-        quick = self.quick.get(key, _UNMADE)   # type: ignore[call-overload]
-        if quick is _UNMADE:
-            if len(self.quick) >= QUICK_KEPT:
-                return None
-            call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset),
-                        None, True).fixed()
-            quick = self.quick[key] = self.make_quick(  # type: ignore[index]
-                call, ((self, "_trackers"),))
+            quick = self.quick[key] = make(  # type: ignore[index]
+                Call(call.phase, call.args, call.source, None, call.exact).fixed())
         return quick
 
     def free(self, find: Callable[[], torch.Tensor], text: str) -> None:

@@ -29,7 +29,7 @@ class Steps(sharing.Sharing, Protocol):
     lock: threading.RLock
 
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
-    def quick_free(self, offset: int) -> Callable[[bool], Outcome | int | None] | None: ...
+    def quick_free(self, call: Call) -> Callable[[bool], Outcome | int | None] | None: ...
     def quiet_all(self) -> None: ...
     def retire(self, tensor: torch.Tensor) -> Any: ...
 
@@ -83,7 +83,7 @@ def free(core: Steps, find: Callable[[], torch.Tensor], text: str) -> None:
                 # this step's quick one, where quiet_all() and agree() have nothing to
                 # do: 0 (agreed, the flag everywhere), the general path's Outcome, or
                 # None (not taken)
-                quick = core.quick_free(offset)
+                quick = core.quick_free(call)
                 outcome = quick(retirement.alone) if quick is not None else None
             if outcome is None:
                 core.quiet_all()
