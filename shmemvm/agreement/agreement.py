@@ -251,7 +251,8 @@ class Agreement:
     def quick(self, call: Call, lock, guards: tuple, wrap=None, carry: tuple | None = None,
               deliver: tuple | None = None, before: tuple | None = None,
               answer: bool = False,
-              dead: Callable[[], Set[int]] | None = None) -> Callable[..., object] | None:
+              dead: tuple[Callable[[], Set[int]], tuple] | None = None
+              ) -> Callable[..., object] | None:
         """A collective call that is the one agreed step of `call` (fixed: its
         vector encoded once; the flag set, nothing dead), whole in one native
         call (_collective.Quick) while nothing is unusual: a callable that
@@ -265,10 +266,11 @@ class Agreement:
         A step that carries nothing may deliver too (an allocation's block and
         tensor), and with `answer` the call returns what deliver returned.
         The callable takes the step's flag (default True: set): a step whose
-        flag is not everywhere settles. With `dead`, the step carries the dead
-        blocks that dead() gives (the caller's pending releases, which its
-        guards then leave out: an allocation's), as collective() carries
-        them, and a step that carries some settles. None where this agreement
+        flag is not everywhere settles. With `dead` = (take, guards), where one
+        of those guards is true the step carries the dead blocks that take()
+        gives (the caller's pending releases, which its own guards then leave
+        out: an allocation's), as collective() carries them, and a step that
+        carries some settles. None where this agreement
         cannot: no native board, or its steps are logged."""
         board = self.board
         if board is None or self._debug or call.template is None or call.error is not None:
@@ -278,7 +280,8 @@ class Agreement:
             settle = functools.partial(self._board_outcome, call, frozenset())
         else:
             settle = functools.partial(self._carried_outcome, call)
-            carries_dead = (functools.partial(self._carry_dead, dead), (), DEAD_SLOT)
+            take, dead_guards = dead
+            carries_dead = (functools.partial(self._carry_dead, take), (), DEAD_SLOT, dead_guards)
         if wrap is not None:
             settle = functools.partial(wrap, settle)
         if deliver is not None:

@@ -223,7 +223,7 @@ class Board:
         by before[0](*before[1]) first where given, and then calling
         deliver[0](*deliver[1]) (its result returned where `answer`),
         carrying the dead blocks of digest dead[0](*dead[1]) in words dead[2]
-        and on where given; `settle(code)` where it is not plain or carried
+        and on where given and one of the guards dead[3] is true; `settle(code)` where it is not plain or carried
         some. None where steps do not run in C (no Stepper)."""
         if self._stepper is None:
             return None

@@ -40,9 +40,11 @@ static PyTypeObject *stepper_type;
  *   quick(flag) -> the same, with the step's flag `flag` (truth) in place of
  *       set: a step whose flag is not everywhere (-2) settles.
  *
- * With `dead` (callable, args, word): the callable is called under the lock
- * after the guards and `before`, and returns the digest (an int >= 0) of the
- * dead blocks this PE's step carries, 0 for none. A step that carries some
+ * With `dead` (callable, args, word, guards): where one of its `guards` (as
+ * Quick's) names a true value (something is dead here, or pending), the
+ * callable is called under the lock after Quick's guards and `before`, and
+ * returns the digest (an int >= 0) of the dead blocks this PE's step
+ * carries, 0 for none; where none does, the step carries none. A step that carries some
  * has words `word` and `word` + 1 of its vector set to -digest and digest (the
  * agreement's _set_dead) and always settles: the agreement releases them
  * there, or learns that the PEs' dead blocks differ. (Its guards then leave
@@ -109,8 +111,8 @@ typedef struct {
     /* lock.acquire and lock.release */
     PyObject *acquire, *release;
     Attr state[N_STATE];
-    Attr *guards;
-    Py_ssize_t n_guards;
+    Attr *guards, *dead_guards;
+    Py_ssize_t n_guards, n_dead_guards;
     /* a fused collective's: the payload its step carries (`carry`, board.stage()'s
      * tuple, parsed once into `payload`, which is empty without one) and the
      * delivery after a plain step */
@@ -124,6 +126,58 @@ typedef struct {
 
 static PyObject *name_acquire, *name_release, *name_seq, *name_calls, *name_sub,
     *name_entered, *name_carried, *name_waiting;
+
+/* guards (a tuple) checked to be (object, name) pairs; 0, or -1 with a TypeError */
+static int check_guards(PyObject *guards, const char *what) {
+    if (!PyTuple_Check(guards)) {
+        PyErr_Format(PyExc_TypeError, "Quick: %s must be a tuple of (object, name) pairs", what);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); i++) {
+        PyObject *g = PyTuple_GET_ITEM(guards, i);
+        if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 2
+            || !PyUnicode_Check(PyTuple_GET_ITEM(g, 1))) {
+            PyErr_Format(PyExc_TypeError, "Quick: %s %zd is not an (object, name) pair", what, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* the checked `guards` as Attrs in *out (*n of them made, even on a failure) */
+static int make_guards(PyObject *guards, Attr **out, Py_ssize_t *n) {
+    Py_ssize_t count = PyTuple_GET_SIZE(guards);
+    *out = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Attr));
+    if (*out == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *g = PyTuple_GET_ITEM(guards, i);
+        *n = i + 1;
+        if (attr_init(&(*out)[i], PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(g, 1)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void clear_guards(Attr *guards, Py_ssize_t n) {
+    if (guards == NULL) return;
+    for (Py_ssize_t i = 0; i < n; i++) attr_clear(&guards[i]);
+    PyMem_Free(guards);
+}
+
+/* 1 where every guard names a false value, 0 where one does not, -1 on an error */
+static int all_false(Attr *guards, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = attr_get(&guards[i]);
+        if (value == NULL) return -1;
+        int busy = value == Py_None || value == Py_False ? 0 : PyObject_IsTrue(value);
+        Py_DECREF(value);
+        if (busy) return busy < 0 ? -1 : 0;
+    }
+    return 1;
+}
 
 static void quick_dealloc(Quick *self) {
     Py_XDECREF(self->stepper);
@@ -139,10 +193,8 @@ static void quick_dealloc(Quick *self) {
     Py_XDECREF(self->dead_args);
     release_payload(&self->payload);
     for (int i = 0; i < N_STATE; i++) attr_clear(&self->state[i]);
-    if (self->guards != NULL) {
-        for (Py_ssize_t i = 0; i < self->n_guards; i++) attr_clear(&self->guards[i]);
-        PyMem_Free(self->guards);
-    }
+    clear_guards(self->guards, self->n_guards);
+    clear_guards(self->dead_guards, self->n_dead_guards);
     free_instance((PyObject *)self);
 }
 
@@ -169,18 +221,7 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     Stepper *stepper = (Stepper *)a[0];
     PyObject *guards = a[8];
-    if (!PyTuple_Check(guards)) {
-        PyErr_SetString(PyExc_TypeError, "Quick: guards must be a tuple of (object, name) pairs");
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); i++) {
-        PyObject *g = PyTuple_GET_ITEM(guards, i);
-        if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 2
-            || !PyUnicode_Check(PyTuple_GET_ITEM(g, 1))) {
-            PyErr_Format(PyExc_TypeError, "Quick: guard %zd is not an (object, name) pair", i);
-            return NULL;
-        }
-    }
+    if (check_guards(guards, "guard") < 0) return NULL;
     if (!PyCallable_Check(a[9])) {
         PyErr_SetString(PyExc_TypeError, "Quick: settle must be callable");
         return NULL;
@@ -192,19 +233,24 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     PyObject *dead = nargs == 15 ? a[14] : Py_None;
     Py_ssize_t dead_word = -1;
     if (dead != Py_None) {
-        if (!PyTuple_Check(dead) || PyTuple_GET_SIZE(dead) != 3
+        if (!PyTuple_Check(dead) || PyTuple_GET_SIZE(dead) != 4
             || !PyCallable_Check(PyTuple_GET_ITEM(dead, 0))
             || !PyTuple_Check(PyTuple_GET_ITEM(dead, 1))) {
             PyErr_SetString(PyExc_TypeError, "Quick: dead is None or (callable, args tuple, "
-                            "word)");
+                            "word, guards)");
             return NULL;
         }
+        if (check_guards(PyTuple_GET_ITEM(dead, 3), "dead guard") < 0) return NULL;
         dead_word = PyLong_AsSsize_t(PyTuple_GET_ITEM(dead, 2));
         if (dead_word == -1 && PyErr_Occurred()) return NULL;
+        Py_ssize_t flag_word = stepper->flag_word, time_word = stepper->time_word;
         if (dead_word < 0 || dead_word + 1 >= stepper->h.words || dead_word > 62
-            || ((stepper->h.volatile_words >> dead_word) & 3) != 3) {
+            || ((stepper->h.volatile_words >> dead_word) & 3) != 3
+            || dead_word == flag_word || dead_word + 1 == flag_word
+            || dead_word == time_word || dead_word + 1 == time_word) {
             PyErr_Format(PyExc_ValueError, "Quick: dead word %zd is not a pair of volatile "
-                         "words of the %zd-word vector", dead_word, stepper->h.words);
+                         "words of the %zd-word vector apart from its flag and time words",
+                         dead_word, stepper->h.words);
             return NULL;
         }
     }
@@ -264,24 +310,15 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         self->dead = Py_NewRef(PyTuple_GET_ITEM(dead, 0));
         self->dead_args = Py_NewRef(PyTuple_GET_ITEM(dead, 1));
         self->dead_word = dead_word;
+        if (make_guards(PyTuple_GET_ITEM(dead, 3), &self->dead_guards, &self->n_dead_guards) < 0)
+            goto failed;
     }
     PyObject *owners[N_STATE] = {a[6], a[6], a[6], a[6], a[7], a[7]};
     PyObject *names[N_STATE] = {name_seq, name_calls, name_sub, name_entered, name_carried,
                                 name_waiting};
     for (int i = 0; i < N_STATE; i++)
         if (attr_init(&self->state[i], owners[i], names[i]) < 0) goto failed;
-    Py_ssize_t n = PyTuple_GET_SIZE(guards);
-    self->guards = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Attr));
-    if (self->guards == NULL) {
-        PyErr_NoMemory();
-        goto failed;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *g = PyTuple_GET_ITEM(guards, i);
-        self->n_guards = i + 1;
-        if (attr_init(&self->guards[i], PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(g, 1)) < 0)
-            goto failed;
-    }
+    if (make_guards(guards, &self->guards, &self->n_guards) < 0) goto failed;
     self->counted = counted;
     self->prompt = prompt;
     self->budget = budget;
@@ -289,18 +326,6 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 failed:
     Py_DECREF(self);
     return NULL;
-}
-
-/* 1 where every guard names a false value, 0 where one does not, -1 on an error */
-static int quick_idle(Quick *self) {
-    for (Py_ssize_t i = 0; i < self->n_guards; i++) {
-        PyObject *value = attr_get(&self->guards[i]);
-        if (value == NULL) return -1;
-        int busy = value == Py_None || value == Py_False ? 0 : PyObject_IsTrue(value);
-        Py_DECREF(value);
-        if (busy) return busy < 0 ? -1 : 0;
-    }
-    return 1;
 }
 
 /* the int attribute `a` plus `add`, stored back; -1 (an error set) or 0 */
@@ -332,7 +357,7 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
     Py_DECREF(got);
     if (held <= 0) return held < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *result = NULL;
-    int idle = quick_idle(self);
+    int idle = all_false(self->guards, self->n_guards);
     if (idle <= 0) {
         if (idle == 0) result = Py_NewRef(Py_None);
         goto release;
@@ -346,7 +371,9 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
     const int64_t *vector = self->template;
     int64_t with_dead[MAX_WORDS];
     long long digest = 0;
-    if (self->dead != NULL) {   /* the dead blocks this step carries, if any */
+    int nothing_dead = self->dead == NULL ? 1 : all_false(self->dead_guards, self->n_dead_guards);
+    if (nothing_dead < 0) goto release;
+    if (!nothing_dead) {   /* the dead blocks this step carries, if any */
         PyObject *got_digest = PyObject_Call(self->dead, self->dead_args, NULL);
         if (got_digest == NULL) goto release;
         digest = PyLong_AsLongLong(got_digest);

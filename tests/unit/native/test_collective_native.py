@@ -510,3 +510,58 @@ def test_quick_without_a_carry_delivers_answers_and_takes_the_flag():
     assert bare(False) == "settled" and settled == [-2] and owner.seq == 9
     assert _step(board, nbytes, 2, 1, 10, template, send1, out1, done1) == 1
     assert bare(True) == 0 and settled == [-2] and owner.seq == 10
+
+
+def test_quick_carries_dead_blocks_only_where_its_dead_guards_say_and_then_settles():
+    # an allocation's quick step (HeapCore.make_quick(releasing=True)): where a dead
+    # guard is true it asks for the digest and carries it in the vector's dead words
+    # (-digest, digest), and such a step settles (the agreement releases them there);
+    # where none is, the callable is not called and a plain step stays plain. Here an
+    # 8-word vector whose words 3 (flag), 4 (time), 5 and 6 (dead) are volatile
+    import threading
+    memory, board, nbytes = _board(2)
+    words, volatile, dead_word = 8, 0b1111000, 5
+
+    def stepper(rank, buffers):
+        return _collective.Stepper(board, nbytes, 2, rank, SLOT, words, 1, 16, volatile, 2, 3,
+                                   4, 10**9, *buffers, 0)
+
+    def buffers():
+        return array.array("q", bytes(8 * words)), array.array("q", bytes(8 * words)), \
+            bytearray(2)
+
+    template = array.array("q", [5, 0, 0, 0, 0, 0, 0, 42])
+    mine, theirs = buffers(), buffers()
+    peer = stepper(1, theirs)
+    owner, lock, flags = _Owner(), threading.RLock(), _Flags()
+    asked, settled = [], []
+
+    def digest():
+        asked.append(1)
+        return 14
+
+    make = functools.partial(_collective.Quick, stepper(0, mine), template, True, -1, 0, lock,
+                             owner, _Flags(), (),
+                             lambda code: settled.append(code) or "settled",
+                             None, (lambda: "tensor", ()), None, True)
+    quick = make((digest, (), dead_word, ((flags, "pending"),)))
+
+    def peer_steps(seq):
+        assert peer.step(-1, 0, seq, template, True, 0, 0, None, 0, 0, 0, -1) == 1
+
+    peer_steps(7)
+    assert quick() == "tensor" and not asked and not settled
+    flags.pending.add(1)
+    peer_steps(8)
+    assert quick() == "settled" and asked == [1] and settled == [0]
+    assert mine[0][dead_word] == -14 and mine[0][dead_word + 1] == 14
+    for wrong in [(digest, (), dead_word), (digest, [], dead_word, ()),
+                  (digest, (), dead_word, [(flags, "pending")]), (len, (), dead_word, ((1,),))]:
+        with pytest.raises(TypeError):
+            make(wrong)
+            pytest.fail(f"dead {wrong!r} was accepted")
+    for word in (-1, 0, 2, 3, 4, 6, 7):   # not a pair of volatile words apart from the
+        # flag (3) and the time (4)
+        with pytest.raises(ValueError):
+            make((digest, (), word, ()))
+            pytest.fail(f"dead word {word} was accepted")
