@@ -150,7 +150,8 @@ class Calls(Protocol):
     def quick_step(self, agreement: Agreement, call: Call, lock, guards: tuple,
                    wrap=None, carry: tuple | None = None, deliver: tuple | None = None,
                    before: tuple | None = None, answer: bool = False,
-                   dead: Callable[[], set[int]] | None = None) -> Callable[..., object] | None: ...
+                   dead: tuple[Callable[[], set[int]], tuple] | None = None
+                   ) -> Callable[..., object] | None: ...
     def mark_broken(self, why: str) -> None: ...
     def synchronize(self) -> None: ...   # the device's work before a collective step
     def feature(self, key: FeatureKey[Feature], make: Callable[[], Feature]) -> Feature: ...
@@ -524,25 +525,28 @@ class HeapCore:
         quiet = self.tracker.idle_guards
         if quiet is None:
             return None
+        releases = ((self, "_pending"),) + self.local.idle_guards
         if releasing:
             return self.quick_step(self.agreement, call, self.lock, quiet + guards,
                                    carry=carry, deliver=deliver, before=before, answer=answer,
-                                   dead=self._dead_to_release)
-        return self.quick_step(self.agreement, call, self.lock,
-                               ((self, "_pending"),) + quiet + self.local.idle_guards + guards,
+                                   dead=(self._dead_to_release, releases))
+        return self.quick_step(self.agreement, call, self.lock, releases + quiet + guards,
                                carry=carry, deliver=deliver, before=before, answer=answer)
 
     def quick_step(self, agreement: Agreement, call: Call, lock, guards: tuple,
                    wrap=None, carry: tuple | None = None, deliver: tuple | None = None,
                    before: tuple | None = None, answer: bool = False,
-                   dead: Callable[[], set[int]] | None = None) -> Callable[..., object] | None:
+                   dead: tuple[Callable[[], set[int]], tuple] | None = None
+                   ) -> Callable[..., object] | None:
         """A quick step of `call` on `agreement` (the heap's, or a team's) under
         `lock` (Agreement.quick), while `guards` and the heap's own (broken; a
         finalized heap's boards are closed) are false; `wrap(settle)` runs a
         step that is not plain (a team's: a timeout breaks the heap too); a
         fused collective's step carries `carry` (made by `before`) and calls
-        `deliver`. None where there is none: a finalized heap, a device backend
-        (a collective waits for the stream first), no native board."""
+        `deliver` (whose result it returns with `answer`: an allocation's); the
+        step carries dead blocks as `dead` says (Agreement.quick). None where
+        there is none: a finalized heap, a device backend (a collective waits
+        for the stream first), no native board."""
         if self.closed or self._device:
             return None
         if agreement is not self.agreement:
@@ -806,33 +810,38 @@ class HeapCore:
         agreed step, carrying the pending releases, then _allocated() in the
         same native call, returning the tensor, or None where it did nothing);
         kept (_kept_quick()) by the call's phase, arguments and text."""
-        return self._kept_quick(
-            ("allocate", call.phase, call.args, call.source, nbytes, dims, dtype), call,
-            lambda fixed: self.make_quick(
-                fixed, deliver=(self._allocated, (nbytes, dims, dtype, fixed)), answer=True,
-                releasing=True))
-
-    def quick_free(self, call: Call) -> Callable[[bool], Outcome | int | None] | None:
-        """free()'s quick step for `call` (core/steps.py), taken with its flag
-        while nothing quiet_all() and agree() would deal with is there (no
-        context's operations either); kept (_kept_quick()) by the offset."""
-        return self._kept_quick(("free", call.args), call,
-                                lambda fixed: self.make_quick(fixed, ((self, "_trackers"),)))
-
-    def _kept_quick(self, key: tuple, call: Call, make: Callable[[Call], Any]) -> Any:
-        """The quick step kept under `key`, made by make() of a fixed copy of
-        `call` at the first use (QUICK_KEPT of them: a program's repeated sizes
-        and offsets); None where there is none, or `key` holds an argument
-        that cannot be a key."""
+        key = ("allocate", call.phase, call.args, call.source, nbytes, dims, dtype)
         try:
             quick = self.quick.get(key, _UNMADE)   # type: ignore[call-overload]
         except TypeError:   # (an unhashable argument)
             return None
-        if quick is _UNMADE:
-            if len(self.quick) >= QUICK_KEPT:
-                return None
-            quick = self.quick[key] = make(  # type: ignore[index]
-                Call(call.phase, call.args, call.source, None, call.exact).fixed())
+        if quick is not _UNMADE:
+            return quick
+        return self._kept_quick(key, call, lambda fixed: self.make_quick(
+            fixed, deliver=(self._allocated, (nbytes, dims, dtype, fixed)), answer=True,
+            releasing=True))
+
+    def quick_free(self, call: Call) -> Callable[[bool], Outcome | int | None] | None:
+        """free()'s quick step for `call` (core/steps.py), taken with its flag
+        while nothing quiet_all() and agree() would deal with is there (no
+        context's operations either: their trackers' set is empty); kept
+        (_kept_quick()) by the offset."""
+        key = ("free", call.args)
+        quick = self.quick.get(key, _UNMADE)   # type: ignore[call-overload]
+        if quick is not _UNMADE:
+            return quick
+        return self._kept_quick(key, call, lambda fixed: self.make_quick(
+            fixed, ((self._trackers, "data"),)))
+
+    def _kept_quick(self, key: tuple, call: Call, make: Callable[[Call], Any]) -> Any:
+        """The quick step to keep under `key` (quick_allocation(), quick_free(),
+        where none is kept yet), made by make() of a fixed copy of `call`;
+        QUICK_KEPT are kept (a program's repeated sizes and offsets), and
+        beyond them there is none (None: the general path)."""
+        if len(self.quick) >= QUICK_KEPT:
+            return None
+        quick = self.quick[key] = make(  # type: ignore[index]
+            Call(call.phase, call.args, call.source, None, call.exact).fixed())
         return quick
 
     def free(self, find: Callable[[], torch.Tensor], text: str) -> None:

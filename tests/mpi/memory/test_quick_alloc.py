@@ -202,3 +202,25 @@ def test_random_allocations_on_mixed_paths_give_the_general_paths_blocks(heap, m
         gc.collect()
         plain.finalize()
 
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_free_steps_aside_while_a_context_lives_and_its_quiet_all_runs(heap, monkeypatch):
+    # free() completes every context's operations first (quiet_all): while a context
+    # lives the quick free (whose guards know only the default context) is not taken
+    paths = _Paths(heap, monkeypatch)
+    heap.free(heap.malloc(64))
+    quieted = []
+    real_quiet_all = heap._core.quiet_all
+    monkeypatch.setattr(heap._core, "quiet_all", lambda: quieted.append(1) or real_quiet_all())
+    ctx = heap.ctx_create()
+    t = heap.malloc(64)
+    paths.agreed = paths.quick = 0
+    heap.free(t)
+    assert quieted == [1] and paths.agreed == 1 and paths.quick == 0
+    heap.ctx_destroy(ctx)
+    gc.collect()
+    t = heap.malloc(64)
+    paths.agreed = paths.quick = 0
+    heap.free(t)
+    assert quieted == [1] and paths.agreed == 0 and paths.quick == 1
