@@ -514,8 +514,8 @@ class VMemPow2Allocator:
             elif record.views is not None:
                 record.views.discard(watch)
             offset = watch.offset
-            if not record.viewed:
-                self._dead.add(offset)
+            if not (record.own_alive or record.views):   # (Record.viewed, inline: the
+                self._dead.add(offset)                    # deferred free's every release)
 
     def _release_dead(self) -> None:
         if self._releases_dead:
