@@ -22,6 +22,7 @@ state lives in this class. The core is built by setup.py; SymmetricHeap
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -68,8 +69,7 @@ HOST_BASES_HINT = (
 
 #: locate_in()'s and recall()'s memos hold at most this many entries each
 _LOCATED_MAX = 4096
-#: quick steps of allocations and frees kept (HeapCore.quick_allocation, quick_free):
-#: a program's repeated sizes and offsets; a program of more takes the general path
+#: quick steps kept (Calls.quick: barriers', allocations' and frees'; HeapCore._kept_quick)
 QUICK_KEPT = 1024
 #: (no quick step made yet for a key; None is "none there")
 _UNMADE = object()
@@ -835,11 +835,14 @@ class HeapCore:
 
     def _kept_quick(self, key: tuple, call: Call, make: Callable[[Call], Any]) -> Any:
         """The quick step to keep under `key` (quick_allocation(), quick_free(),
-        where none is kept yet), made by make() of a fixed copy of `call`;
-        QUICK_KEPT are kept (a program's repeated sizes and offsets), and
-        beyond them there is none (None: the general path)."""
+        where none is kept yet), made by make() of a fixed copy of `call`. At
+        most QUICK_KEPT are kept: a full memo forgets its older half (a
+        program's sizes and offsets in use now are made again at their next
+        call; refusing new keys instead would leave a program that once freed
+        many blocks without quick steps for good)."""
         if len(self.quick) >= QUICK_KEPT:
-            return None
+            for old in list(itertools.islice(self.quick, QUICK_KEPT // 2)):
+                del self.quick[old]
         quick = self.quick[key] = make(  # type: ignore[index]
             Call(call.phase, call.args, call.source, None, call.exact).fixed())
         return quick

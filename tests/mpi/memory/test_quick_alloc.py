@@ -224,3 +224,24 @@ def test_a_free_steps_aside_while_a_context_lives_and_its_quiet_all_runs(heap, m
     paths.agreed = paths.quick = 0
     heap.free(t)
     assert quieted == [1] and paths.agreed == 0 and paths.quick == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_full_memo_of_quick_steps_forgets_its_older_half_and_keeps_making_new_ones(
+        heap, monkeypatch):
+    # a program that once freed many blocks at many offsets still gets quick steps
+    # for the sizes and offsets it uses afterwards (the memo forgets its older half)
+    from shmemvm.core import state
+    monkeypatch.setattr(state, "QUICK_KEPT", 16)
+    paths = _Paths(heap, monkeypatch)
+    many = [heap.malloc(64) for _ in range(40)]
+    for t in many:
+        heap.free(t)
+    del many
+    assert len(heap._core.quick) <= 16
+    heap.free(heap.malloc(4096))       # a new size: its quick steps made now
+    paths.agreed = paths.quick = 0
+    for _ in range(3):
+        heap.free(heap.malloc(4096))
+    assert paths.agreed == 0 and paths.quick == 6
+    assert len(heap._core.quick) <= 16
