@@ -107,6 +107,23 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
                 quick_steps.pop()
             return result
         core.quick[BARRIER_ALL] = traced
+    # whether the malloc below was taken by its allocation's quick step
+    quick_mallocs: list = []
+    real_quick_allocation = core.quick_allocation
+
+    def quick_allocation(*args):
+        quick_malloc = real_quick_allocation(*args)
+        if quick_malloc is None:
+            return None
+
+        def traced_malloc():
+            quick_mallocs.append(True)        # taken, also where it raises
+            result = quick_malloc()
+            if result is None:                # stepped aside: the general path runs
+                quick_mallocs.pop()
+            return result
+        return traced_malloc
+    core.quick_allocation = quick_allocation
     late = me == n - 1
     if late:
         stop_for(stop)
@@ -133,6 +150,7 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
     # replayed whole by its Plan's quick step (nodecoll.replay), not step by step
     fields["replayed_quick"] = bool(replayed) and not stepwise
     fields["quick"] = bool(quick_steps)
+    fields["quick_malloc"] = bool(quick_mallocs)
     start = time.monotonic()
     try:
         heap.malloc(16)

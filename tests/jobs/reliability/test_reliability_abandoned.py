@@ -98,6 +98,8 @@ def test_a_pe_arriving_after_the_others_gave_up_raises_for_that_call(outcomes, n
     off_node = JOBS[name][3] is not None
     if name == "barrier-board":   # (every PE's barrier the one native call of the quick step)
         assert all(record["quick"] for record in records.values()), context
+    if name == "malloc-board":    # (every PE's malloc its allocation's quick step)
+        assert all(record["quick_malloc"] for record in records.values()), context
     for pe, record in records.items():
         assert record["error"] == "PeerTimeoutError", context
         if record["late"]:
