@@ -100,29 +100,14 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
     core = core_of(heap)
     quick = core.quick[BARRIER_ALL]
     if quick is not None:
-        def traced():
-            quick_steps.append(True)          # taken, also where it raises
-            result = quick()
-            if result is None:                # stepped aside: the general path runs
-                quick_steps.pop()
-            return result
-        core.quick[BARRIER_ALL] = traced
+        core.quick[BARRIER_ALL] = _recorded(quick, quick_steps)
     # whether the malloc below was taken by its allocation's quick step
     quick_mallocs: list = []
     real_quick_allocation = core.quick_allocation
 
     def quick_allocation(*args):
         quick_malloc = real_quick_allocation(*args)
-        if quick_malloc is None:
-            return None
-
-        def traced_malloc():
-            quick_mallocs.append(True)        # taken, also where it raises
-            result = quick_malloc()
-            if result is None:                # stepped aside: the general path runs
-                quick_mallocs.pop()
-            return result
-        return traced_malloc
+        return None if quick_malloc is None else _recorded(quick_malloc, quick_mallocs)
     core.quick_allocation = quick_allocation
     late = me == n - 1
     if late:
@@ -159,6 +144,19 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
         fields.update(second_error=type(exc).__name__, second_message=str(exc))
     fields["second_elapsed"] = time.monotonic() - start
     return heap, fields
+
+
+def _recorded(quick, taken: list):
+    """`quick` (a quick step) that appends True to `taken` where it was taken,
+    also where it raised, and not where it stepped aside (None: the general
+    path runs)."""
+    def traced():
+        taken.append(True)
+        result = quick()
+        if result is None:
+            taken.pop()
+        return result
+    return traced
 
 
 def dump_on_hang() -> None:
