@@ -167,22 +167,25 @@ def test_random_allocations_on_mixed_paths_give_the_general_paths_blocks(heap, m
         monkeypatch.setattr(plain._core, "quick_free", lambda offset: None)
         script = random.Random(seed)
         chance = random.Random(seed * 1000 + WORLD.rank)
-        shapes = [(1024,), (8, 8), (3, 5), (4096,), (1,), (0,)]
+        shapes = [(1024,), (8, 8), (3, 5), (4096,), (1,), (0,), ()]
+        dtypes = [torch.float32, torch.float16, torch.bool, torch.complex64, torch.int8]
         live: list[tuple] = []
         views = []
         for _ in range(60):
             if live and script.random() < 0.45:
                 t, u = live.pop(script.randrange(len(live)))
                 if script.random() < 0.3:
-                    views.append((t[:1], u[:1]))     # keeps the block until dropped
+                    views.append((t.view(-1)[:1], u.view(-1)[:1]))   # keeps the block until dropped
                 paths.general = chance.random() < 0.5
                 heap.free(t)
                 plain.free(u)
             else:
                 shape = shapes[script.randrange(len(shapes))]
+                dtype = dtypes[script.randrange(len(dtypes))]
                 paths.general = chance.random() < 0.5
-                t = heap.empty(shape, torch.float32)
-                u = plain.empty(shape, torch.float32)
+                t = heap.empty(shape, dtype)
+                u = plain.empty(shape, dtype)
+                assert (t.shape, t.dtype, t.is_contiguous()) == (u.shape, u.dtype, True)
                 assert _offset(heap, t) == _offset(plain, u)
                 assert _same_everywhere(_offset(heap, t))
                 live.append((t, u))
