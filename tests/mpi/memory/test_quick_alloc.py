@@ -175,7 +175,8 @@ def test_random_allocations_on_mixed_paths_give_the_general_paths_blocks(heap, m
             if live and script.random() < 0.45:
                 t, u = live.pop(script.randrange(len(live)))
                 if script.random() < 0.3:
-                    views.append((t.view(-1)[:1], u.view(-1)[:1]))   # keeps the block until dropped
+                    # a view keeps the block until dropped (0-d ones too: view(-1))
+                    views.append((t.view(-1)[:1], u.view(-1)[:1]))
                 paths.general = chance.random() < 0.5
                 heap.free(t)
                 plain.free(u)
