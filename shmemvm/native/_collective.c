@@ -191,10 +191,26 @@ int parse_payload(const Head *h, PyObject *const *args, int writing, Payload *p)
     return 0;
 }
 
+/* a spinning read's pause: it yields the core's pipeline to a hyperthread
+ * sibling (perhaps the PE this one waits for) and saves power */
+static inline void spin_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* reads of the others' slots that a step makes before it lets other threads run */
 #define HOT_SPINS 32
 
 static long long monotonic_ns(void);
+
+/* a step's waiting: its hot time (ns) and the monotonic time of its first
+ * clock read, at the HOT_SPINS-th read of the slots (0: not yet) */
+typedef struct {
+    long long hot_ns, since;
+} Spin;
 
 /* The exchange itself on checked arguments (see the top of the file): `vector`
  * (NULL: read only) written into this PE's slot of step `seq`, then the others'
@@ -203,7 +219,7 @@ static long long monotonic_ns(void);
  * PEs left. */
 static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vector,
                                int64_t *acc, unsigned char *flags, const Payload *p,
-                               long long hot_until) {
+                               Spin *spin) {
     Py_ssize_t size = h->size, words = h->words, slot_words = h->slot_words;
     int64_t *bank = h->board + (seq & 1) * size * slot_words;
     unsigned char *gather = (unsigned char *)p->scratch.buf;
@@ -235,16 +251,21 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
     if (!left) return 0;
     const int64_t my_hash = mine[1];   /* (this step's: this PE wrote its slot first) */
     int64_t theirs[MAX_WORDS];
-    /* The first HOT_SPINS reads keep the GIL, and so do those before the
-     * monotonic time `hot_until` (0: none; the clock read every 16th): a step
-     * whose PEs arrive together (a barrier in a loop) ends in them, and
-     * releasing and taking the GIL again cost about as much as the wait itself
-     * there. The rest go without it, and from the 64th on yield the core. */
+    /* The first HOT_SPINS reads keep the GIL, and so do those of the next
+     * `spin->hot_ns` (the clock read every 16th): a step whose PEs arrive
+     * together (a barrier in a loop) ends in them, and releasing and taking
+     * the GIL again cost about as much as the wait itself there. The rest go
+     * without it, and from the 64th on yield the core. The monotonic clock is
+     * first read at the HOT_SPINS-th read (spin->since): a step that does not
+     * wait reads no clock here (a clock read is a tenth of a barrier). */
     PyThreadState *released = NULL;
     for (long long i = 0; i < h->spins && left; i++) {
-        if (!released && i >= HOT_SPINS
-            && (!hot_until || ((i & 15) == 0 && monotonic_ns() >= hot_until)))
-            released = PyEval_SaveThread();
+        if (!released && i >= HOT_SPINS) {
+            if (!spin->since) spin->since = monotonic_ns();
+            else if (!spin->hot_ns
+                     || ((i & 15) == 0 && monotonic_ns() >= spin->since + spin->hot_ns))
+                released = PyEval_SaveThread();
+        }
         for (Py_ssize_t pe = 0; pe < size; pe++) {
             if (flags[pe]) continue;
             int64_t *slot = bank + pe * slot_words;
@@ -279,6 +300,7 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
             left--;
         }
         if (left && released && i >= 64) sched_yield();
+        else if (left) spin_pause();
     }
     if (released) PyEval_RestoreThread(released);
     return left;
@@ -315,8 +337,10 @@ static PyObject *coll_exchange(PyObject *self, PyObject *const *args, Py_ssize_t
             goto end;
         }
     }
+    Spin spin = {0, 0};   /* (no hot reads past the first HOT_SPINS) */
     result = PyLong_FromSsize_t(run_exchange(&h, seq, writing ? (int64_t *)vector.buf : NULL,
-                                             (int64_t *)out.buf, (unsigned char *)done.buf, &p, 0));
+                                             (int64_t *)out.buf, (unsigned char *)done.buf, &p,
+                                             &spin));
 end:
     release_payload(&p);
     if (vector.obj) PyBuffer_Release(&vector);
@@ -337,7 +361,8 @@ end:
  *       `send` <- `template` (the call's vector) with the step number at
  *       seq_word, its negation at neg_seq_word, -1 at flag_word where `flag`,
  *       and minus this PE's entry time in ticks of `tick_ns` (CLOCK_REALTIME,
- *       as time.time_ns()) at time_word; then exchange() as above (`out` the
+ *       as time.time_ns(); its coarse form where a tick is at least 8 of its
+ *       resolution) at time_word; then exchange() as above (`out` the
  *       MAX vector, `done` the PEs read), its spins repeated while PEs are
  *       left, for at most `budget_ns`; its reads keep the GIL and do not yield
  *       the core for its first `hot_ns` (board.py: where every PE of the
@@ -353,9 +378,13 @@ end:
  *
  * The board's memory must outlive the Stepper's steps (board.py drops it first). */
 
-static long long now_ns(void) {
+/* CLOCK_REALTIME (as time.time_ns()), or its coarse form where `coarse`: a
+ * read of the last timer tick, a tenth of the fine clock's cost, for a
+ * Stepper whose ticks are at least 8 of the coarse clock's resolution (the
+ * entry times it stamps are ticks; stepper_new decides) */
+static long long wall_ns(int coarse) {
     struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
+    clock_gettime(coarse ? CLOCK_REALTIME_COARSE : CLOCK_REALTIME, &t);
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
@@ -406,6 +435,9 @@ static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
                      self->time_word, self->tick, self->hot_ns);
         goto fail;
     }
+    struct timespec res;
+    self->coarse = clock_getres(CLOCK_REALTIME_COARSE, &res) == 0 && res.tv_sec == 0
+                   && res.tv_nsec * 8 <= self->tick;
     if (PyObject_GetBuffer(a[13], &self->send, PyBUF_WRITABLE) < 0
         || PyObject_GetBuffer(a[14], &self->out, PyBUF_WRITABLE) < 0
         || PyObject_GetBuffer(a[15], &self->done, PyBUF_WRITABLE) < 0)
@@ -435,20 +467,22 @@ Py_ssize_t run_step(Stepper *self, long long prompt, long long budget, long long
     mine[h->seq_word] = seq;
     mine[self->neg_word] = -seq;
     if (flag) mine[self->flag_word] = -1;
-    mine[self->time_word] = -(now_ns() / self->tick);
-    long long start = monotonic_ns(), hot_until = self->hot_ns ? start + self->hot_ns : 0;
-    Py_ssize_t left = run_exchange(h, seq, mine, acc, flags, p, hot_until);
+    mine[self->time_word] = -(wall_ns(self->coarse) / self->tick);
+    Spin spin = {self->hot_ns, 0};
+    Py_ssize_t left = run_exchange(h, seq, mine, acc, flags, p, &spin);
     if (left > 0 && budget > 0) {
-        /* go on reading (no write) until the budget is spent */
-        long long until = start + budget;
+        /* go on reading (no write) until the budget is spent, counted from the
+         * first clock read (where the step began to wait) */
+        long long until = (spin.since ? spin.since : monotonic_ns()) + budget;
         while (left > 0 && monotonic_ns() < until)
-            left = run_exchange(h, seq, NULL, acc, flags, p, hot_until);
+            left = run_exchange(h, seq, NULL, acc, flags, p, &spin);
     }
     if (left > 0) return left;
     int agreed = 1;
     for (Py_ssize_t w = 0; w < h->words && agreed; w++)
         if (!(w < 64 && (h->volatile_words >> w) & 1) && acc[w] != mine[w]) agreed = 0;
-    if (agreed && prompt >= 0 && now_ns() / self->tick + acc[self->time_word] > prompt)
+    if (agreed && prompt >= 0
+        && wall_ns(self->coarse) / self->tick + acc[self->time_word] > prompt)
         agreed = 0;
     return !agreed ? -1 : acc[self->flag_word] == -1 ? 0 : -2;
 }

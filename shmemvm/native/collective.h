@@ -78,6 +78,7 @@ typedef struct {
     Head h;
     Py_ssize_t neg_word, flag_word, time_word;
     long long tick, hot_ns;
+    int coarse;   /* entry times from CLOCK_REALTIME_COARSE (wall_ns) */
     Py_buffer send, out, done;
 } Stepper;
 

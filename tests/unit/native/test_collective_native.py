@@ -229,6 +229,21 @@ def test_step_fills_the_vector_and_says_whether_the_outcome_is_plain():
     assert _step(board, nbytes, 2, 1, 12, template, send1, out1, done1, hot=20_000) == 0
 
 
+def test_step_stamps_the_entry_time_in_ticks_of_the_wall_clock():
+    # A tick of a second or of a millisecond is stamped from the coarse clock (a
+    # tenth of the fine one's cost: Stepper's `coarse`), one of a microsecond from
+    # the fine one; either way the time.time_ns() of the entry, in ticks, give or
+    # take the tick that the stamp's floor and the coarse clock's lag may cost.
+    memory, board, nbytes = _board(2)
+    template = array.array("q", [5, 0, 0, 0, 0, 42])
+    send, out, done = _step_buffers()
+    for seq, tick in enumerate((10**9, 10**6, 10**3), start=20):
+        before = time.time_ns() // tick
+        assert _step(board, nbytes, 2, 0, seq, template, send, out, done, tick=tick) == 1
+        after = time.time_ns() // tick
+        assert before - 1 <= -send[4] <= after, (tick, before, -send[4], after)
+
+
 def _exchange_step(board, nbytes, rank, seq, out, done):
     return _collective.exchange(board, nbytes, 2, rank, SLOT, STEP_WORDS, 1, 16, SKIP, seq, None,
                                 out, done, 0, 0, None, 0, 0, 0, -1)
