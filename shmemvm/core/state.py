@@ -823,15 +823,17 @@ class HeapCore:
 
     def quick_free(self, call: Call) -> Callable[[bool], Outcome | int | None] | None:
         """free()'s quick step for `call` (core/steps.py), taken with its flag
-        while nothing quiet_all() and agree() would deal with is there (no
-        context's operations either: their trackers' set is empty); kept
-        (_kept_quick()) by the offset."""
+        while nothing quiet_all() would deal with is there (no context's
+        operations either: their trackers' set is empty), carrying the pending
+        releases as agree()'s step would (the NumPy face's `x = empty(...);
+        free(x)` frees with the previous array's block dead: it died when x was
+        bound anew); kept (_kept_quick()) by the offset."""
         key = ("free", call.args)
         quick = self.quick.get(key, _UNMADE)   # type: ignore[call-overload]
         if quick is not _UNMADE:
             return quick
         return self._kept_quick(key, call, lambda fixed: self.make_quick(
-            fixed, ((self._trackers, "data"),)))
+            fixed, ((self._trackers, "data"),), releasing=True))
 
     def _kept_quick(self, key: tuple, call: Call, make: Callable[[Call], Any]) -> Any:
         """The quick step to keep under `key` (quick_allocation(), quick_free(),

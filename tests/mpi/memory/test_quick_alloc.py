@@ -119,6 +119,30 @@ def test_a_deferred_release_rides_in_the_next_quick_allocation(heap, monkeypatch
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_deferred_release_rides_in_the_next_quick_free(heap, monkeypatch):
+    # The NumPy face's loop `x = empty(); free(x)`: x's last view dies when x is
+    # bound to the next array, after that allocation, so the free comes with a
+    # dead block pending. Its step carries it (as agree()'s would), quick still.
+    paths = _Paths(heap, monkeypatch)
+    heap.free(heap.malloc(4096))
+    s = heap.malloc(1024)
+    heap.free(s)
+    for _ in range(3):
+        t = heap.malloc(4096)
+        s = heap.malloc(1024)
+        view = t[16:]
+        heap.free(t)
+        del view
+        gc.collect()
+        assert heap.heap_info()["live_allocations"] == 1   # t freed, its block not released
+        paths.agreed = paths.quick = 0
+        heap.free(s)                    # carries t's dead block, released in its step
+        assert paths.agreed == 0 and paths.quick == 1, (paths.agreed, paths.quick)
+        assert not heap._core._pending
+        assert heap.heap_info()["live_allocations"] == 0
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_mismatched_quick_malloc_raises_on_every_pe_and_allocates_nothing(heap, monkeypatch):
     paths = _Paths(heap, monkeypatch)
     for size in (1024, 2048):
