@@ -401,8 +401,13 @@ def fcollect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
             return fused.plan(t)   # (the face may replay it: nodecoll.replay)
         flat = dest.data
         if t.on_node:
-            for i, pe in enumerate(t.pes):
-                flat[i * m:(i + 1) * m].copy_(_mapped(heap, source.data, pe))
+            sources = nodecoll.peer_addresses(heap, t.pes, source.data)   # (C where it can)
+            if sources:
+                nodecoll.copy_parts(flat.data_ptr(), sources,
+                                    [(i * m, i, 0, m) for i in range(len(t.pes))])
+            else:
+                for i, pe in enumerate(t.pes):
+                    flat[i * m:(i + 1) * m].copy_(_mapped(heap, source.data, pe))
             t.step(Phase.FCOLLECT_COPIED, f"{t.label}fcollect (copied)")
             return None
         send, receive = _host(source.data), _receive_buffer(flat)
@@ -507,12 +512,18 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
         flat = dest.data
         if t.on_node:
             data = source.data
-            for i, pe in enumerate(t.pes):
-                if counts[i]:
-                    # team PE i's source: counts[i] bytes from the same offset, in
-                    # a block of the same size on every PE
-                    theirs = torch.as_strided(data, (counts[i],), (1,), data.storage_offset())
-                    flat[displs[i]:displs[i] + counts[i]].copy_(_mapped(heap, theirs, pe))
+            # team PE i's source: counts[i] bytes from the same offset, in a block of
+            # the same size on every PE (C where it can)
+            sources = nodecoll.peer_addresses(heap, t.pes, data)
+            if sources:
+                nodecoll.copy_parts(flat.data_ptr(), sources, [
+                    (displs[i], i, 0, counts[i]) for i in range(len(t.pes)) if counts[i]])
+            else:
+                for i, pe in enumerate(t.pes):
+                    if counts[i]:
+                        theirs = torch.as_strided(data, (counts[i],), (1,),
+                                                  data.storage_offset())
+                        flat[displs[i]:displs[i] + counts[i]].copy_(_mapped(heap, theirs, pe))
             t.step(Phase.COLLECT_COPIED, f"{text} (copied)")
             return None
         target = flat[:sum(counts)]
@@ -590,8 +601,14 @@ def alltoall_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
             return fused.plan(t)   # (the face may replay it: nodecoll.replay)
         flat = dest.data
         if t.on_node:
-            for i, pe in enumerate(t.pes):
-                flat[i * b:(i + 1) * b].copy_(_mapped(heap, source.data, pe)[me * b:(me + 1) * b])
+            sources = nodecoll.peer_addresses(heap, t.pes, source.data)   # (C where it can)
+            if sources:
+                nodecoll.copy_parts(flat.data_ptr(), sources,
+                                    [(i * b, i, me * b, b) for i in range(n)])
+            else:
+                for i, pe in enumerate(t.pes):
+                    flat[i * b:(i + 1) * b].copy_(
+                        _mapped(heap, source.data, pe)[me * b:(me + 1) * b])
             t.step(Phase.ALLTOALL_COPIED, f"{t.label}alltoall (copied)")
             return None
         send, receive = _host(source.data), _receive_buffer(flat)
@@ -805,36 +822,52 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
             # order, so bitwise as below), then one step says every PE has read every
             # source, after which dest (maybe source itself) may change: two steps
             # with the agreement, against three (issue 24: 8 bytes cost 3 round trips)
-            views = [_mapped(heap, source.data, pe) for pe in t.pes]
-            acc = nodecoll.combined(views, source.dtype, op, heap.identity.native)   # C, if it can
-            if acc is None:
-                acc = views[0].clone()
-                for view in views[1:]:
-                    combine(acc, view)
+            # (C at the members' addresses where the CPU copies, else torch views)
+            sources = nodecoll.peer_addresses(heap, t.pes, source.data)
+            acc = torch.empty(numel * size, dtype=torch.uint8)
+            if not (sources and nodecoll.combined_at(acc.data_ptr(), numel * size, list(sources),
+                                                     source.dtype, op)):
+                views = [_mapped(heap, source.data, pe) for pe in t.pes]
+                folded = nodecoll.combined(views, source.dtype, op, heap.identity.native, acc)
+                if folded is None:   # (C folded into acc where it could)
+                    acc = views[0].clone()
+                    for view in views[1:]:
+                        combine(acc, view)
             t.step(Phase.REDUCE_COMBINED, f"{text} (combined)")
             flat.copy_(acc)
             return None
         if t.on_node:
-            # 1) this PE combines its chunk from every member's source, in team order
-            if hi > lo:
+            # In C at the members' addresses where the CPU copies (nodecoll.peer_addresses:
+            # a torch view and copy_ of a slice cost 3 to 6 us a PE), else through torch
+            # views of their mappings: the same bytes folded in the same order either way
+            sources = nodecoll.peer_addresses(heap, t.pes, source.data)
+            # 1) this PE combines its chunk from every member's source, in team order,
+            # straight into dest's chunk, but where dest is source and this PE's chunk
+            # is not the first folded (it would be overwritten)
+            straight = me == 0 or flat.data_ptr() != source.data.data_ptr()
+            if hi > lo and not (sources and straight and nodecoll.combined_at(
+                    flat.data_ptr() + lo, hi - lo, [a + lo for a in sources], source.dtype, op)):
                 views = [_mapped(heap, source.data, pe)[lo:hi] for pe in t.pes]
-                # straight into dest's chunk (C, if it can), but where dest is source
-                # and this PE's chunk is not the first folded (it would be overwritten)
-                into = flat[lo:hi] if me == 0 or flat.data_ptr() != source.data.data_ptr() \
-                    else None
-                acc = nodecoll.combined(views, source.dtype, op, heap.identity.native, into)
-                if acc is None:
-                    acc = views[0].clone()
+                into = flat[lo:hi] if straight else None
+                folded = nodecoll.combined(views, source.dtype, op, heap.identity.native, into)
+                if folded is None:
+                    folded = views[0].clone()
                     for view in views[1:]:
-                        combine(acc, view)
-                if acc is not into:
-                    flat[lo:hi].copy_(acc)
+                        combine(folded, view)
+                if folded is not into:
+                    flat[lo:hi].copy_(folded)
             t.step(Phase.REDUCE_COMBINED, f"{text} (chunks combined)")
             # 2) every PE gathers the other chunks from their owners' dest
-            for i, pe in enumerate(t.pes):
-                if i != me and counts[i]:
-                    start, stop = displs[i], displs[i] + counts[i]
-                    flat[start:stop].copy_(_mapped(heap, dest.data, pe)[start:stop])
+            owners = nodecoll.peer_addresses(heap, t.pes, flat) if sources else None
+            if owners:
+                nodecoll.copy_parts(flat.data_ptr(), owners, [
+                    (displs[i], i, displs[i], counts[i]) for i in range(n)
+                    if i != me and counts[i]])
+            else:
+                for i, pe in enumerate(t.pes):
+                    if i != me and counts[i]:
+                        start, stop = displs[i], displs[i] + counts[i]
+                        flat[start:stop].copy_(_mapped(heap, dest.data, pe)[start:stop])
             t.step(Phase.REDUCE_GATHERED, f"{text} (gathered)")
             return None
         # 1) reduce-scatter: this PE receives its chunk of every member's source ...
