@@ -38,6 +38,21 @@ _heap: SymmetricHeap | None = None
 #: its core (default_core()): the NumPy face's one-pass paths take it in one call
 _core: HeapCore | None = None
 
+
+class _NoQuickSteps(dict):
+    """quick_steps while there is no default heap: no call has a quick step."""
+
+    def __missing__(self, call) -> None:
+        return None
+
+
+#: the default heap's quick steps (its core's Calls.quick: `quick_steps[call]` is a
+#: fixed call's, None where it has none), or none while init() made no heap. Both
+#: faces' barrier_all and sync_all take their step from here first, with no call of
+#: their own (a frame is a tenth of a barrier); while a profiler records they take
+#: the routine, whose range the trace shows. Not a function of the API (not in __all__).
+quick_steps: dict = _NoQuickSteps()
+
 Function = TypeVar("Function", bound=Callable)
 
 
@@ -67,11 +82,12 @@ def init(comm: MPI.Comm | None = None, heap_size: int | str | None = None, backe
         ShmemError: init() was called already (finalize() first).
         As SymmetricHeap(...).
     """
-    global _heap, _core
+    global _heap, _core, quick_steps
     if _heap is not None and not _heap.closed:
         raise ShmemError("shmemvm.init() was already called; call finalize() first")
     _heap = SymmetricHeap(comm, heap_size, backend, **options)
     _core = core_of(_heap)
+    quick_steps = _core.calls.quick
     return _heap
 
 
@@ -84,7 +100,7 @@ def finalize() -> None:
     Raises:
         As SymmetricHeap.finalize().
     """
-    global _heap, _core
+    global _heap, _core, quick_steps
     if _heap is not None:
         heap, _heap = _heap, None
         try:
@@ -94,6 +110,7 @@ def finalize() -> None:
                 _heap = heap
             else:
                 _core = None
+                quick_steps = _NoQuickSteps()
 
 
 def default_heap() -> SymmetricHeap:
@@ -276,30 +293,16 @@ def heap_bases() -> torch.Tensor:
 # -- synchronisation and state -------------------------------------------------------------
 @_documented_by(barrier.barrier_all)
 def barrier_all() -> None:
-    if quick_barrier(barrier.BARRIER_ALL):
-        return None
-    return default_heap().barrier_all()
+    quick = quick_steps[barrier.BARRIER_ALL]   # (the routine's own first try: quick_steps)
+    if quick is None or trace.FLAG._is_profiler_enabled or quick() is None:
+        default_heap().barrier_all()
 
 
 @_documented_by(barrier.sync_all)
 def sync_all() -> None:
-    if quick_barrier(barrier.SYNC_ALL):
-        return None
-    return default_heap().sync_all()
-
-
-def quick_barrier(call) -> bool:
-    """Whether the default heap's quick step of barrier `call` did the whole call
-    (the routine's own first try, from here, for both faces: the heap's method
-    and its range around it are three Python frames, a third of a barrier);
-    False where there is no heap, a profiler records (the method's range says
-    what ran), or the step did nothing (the routine then runs it the general
-    way). Not a module function of the API (not in __all__)."""
-    core = _core
-    if core is None or trace.FLAG._is_profiler_enabled:
-        return False
-    quick = core.calls.quick[call]
-    return quick is not None and quick() is not None
+    quick = quick_steps[barrier.SYNC_ALL]
+    if quick is None or trace.FLAG._is_profiler_enabled or quick() is None:
+        default_heap().sync_all()
 
 
 @_documented_by(HeapCore.query_thread)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .. import _args, api, native
+from ..core import trace
 from ..vocabulary import REDUCE_OPS
 from ..openshmem import barrier, collectives
 from ..openshmem.collectives import Operand
@@ -47,7 +48,8 @@ def barrier_all() -> None:
     Raises:
         SymmetryError, PeerTimeoutError: as shmemvm.barrier_all.
     """
-    if not api.quick_barrier(barrier.BARRIER_ALL):   # (the routine's own first try)
+    quick = api.quick_steps[barrier.BARRIER_ALL]   # (the routine's own first try)
+    if quick is None or trace.FLAG._is_profiler_enabled or quick() is None:
         barrier.barrier_all(api.default_core())
 
 
@@ -60,7 +62,8 @@ def sync_all() -> None:
     Raises:
         SymmetryError, PeerTimeoutError: as shmemvm.sync_all.
     """
-    if not api.quick_barrier(barrier.SYNC_ALL):
+    quick = api.quick_steps[barrier.SYNC_ALL]
+    if quick is None or trace.FLAG._is_profiler_enabled or quick() is None:
         barrier.sync_all(api.default_core())
 
 

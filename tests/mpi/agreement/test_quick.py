@@ -17,7 +17,7 @@ import time
 import pytest
 from mpi4py import MPI
 
-from shmemvm import SymmetricHeap, SymmetryError, native
+from shmemvm import ShmemError, SymmetricHeap, SymmetryError, native
 from shmemvm.core.state import core_of
 from shmemvm.openshmem.barrier import BARRIER_ALL, SYNC_ALL
 
@@ -255,5 +255,20 @@ def test_the_module_functions_barriers_are_the_quick_step_and_a_profiler_still_s
             shmemvm.barrier_all()
             shmemvm.sync_all()
         assert ran == ["barrier_all", "sync_all"] and _counts(heap) == (seq + 8, calls + 8)
+    finally:
+        shmemvm.finalize()
+    # the functions find their steps in api.quick_steps, which finalize() empties and
+    # init() fills with the new heap's (importing the NumPy face here would make its
+    # default heap: tests/mpi/shmem runs its barriers)
+    for barrier in (shmemvm.barrier_all, shmemvm.sync_all):
+        with pytest.raises(ShmemError, match="no symmetric heap"):
+            barrier()
+    heap = shmemvm.init(world, "16M", **OPTIONS)
+    try:
+        assert shmemvm.api.quick_steps is core_of(heap).quick
+        seq, calls = _counts(heap)
+        shmemvm.barrier_all()
+        shmemvm.sync_all()
+        assert _counts(heap) == (seq + 2, calls + 2)
     finally:
         shmemvm.finalize()
