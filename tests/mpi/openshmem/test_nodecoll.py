@@ -482,5 +482,14 @@ def test_replayed_torch_calls_are_agreed_and_check_the_storage(heap, monkeypatch
             h.broadcast(z[::2], zs[::2], 0)
         assert not ran
         h.free(z), h.free(zs)
+        # contiguous, with other strides on its dimensions of 1: the same bytes, so the
+        # same key and Plan (the key asks is_contiguous(), not stride()), and the root's data
+        source.copy_(torch.arange(4) + 10 * me)
+        for _ in range(2):
+            h.broadcast(dest.view(4, 1), source.view(4, 1), 0)
+        ran.clear()
+        dest.zero_()
+        h.broadcast(dest.as_strided((4, 1), (1, 7)), source.as_strided((4, 1), (1, 5)), 0)
+        assert dest.tolist() == [0, 1, 2, 3] and bool(ran) == _fuses(h)
     h.barrier_all()
     h.free(source), h.free(dest)
