@@ -246,8 +246,11 @@ def of_collective(team: Optional[Team]) -> Optional[teams.Team]:
         return None
     if not isinstance(team, Team):
         raise TypeError(f"team must be a shmem.Team or None, got {type(team).__name__}")
-    if team._team is WORLD:
+    handle = team._team
+    if handle is WORLD:
         return None
+    if type(handle) is teams.Team:   # (a split team: resolve()'s answer, a frame sooner)
+        return handle
     return resolve(team)
 
 
