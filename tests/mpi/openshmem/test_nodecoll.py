@@ -129,7 +129,7 @@ def _run_both(monkeypatch, h, call, same: bool = True):
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fused_reduce_matches_general_path(heap, monkeypatch, dtype):
-    h, n, me = heap, heap.n_pes, heap.my_pe
+    h, me = heap, heap.my_pe
     size = torch.empty(0, dtype=dtype).element_size()
     fused_calls = expected_fused = 0
     for count in _counts(size):
