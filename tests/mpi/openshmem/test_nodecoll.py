@@ -285,6 +285,42 @@ def test_larger_reduce_combined_in_c_matches_python_combiners(heap, monkeypatch,
 
 
 @pytest.mark.mpi(min_size=2)
+def test_node_addresses_of_a_block_made_again_give_the_general_paths_bytes(heap, monkeypatch):
+    """peer_addresses() remembers each member's address by this PE's address and
+    extent while the blocks live (a free forgets it all): a block of the same
+    size class made again at an address used before, with another size, gives
+    the general path's bytes, for a reduce and an fcollect past the payload."""
+    h, me, n = heap, heap.my_pe, heap.n_pes
+    located = []
+    peer_addresses = nodecoll.peer_addresses
+    monkeypatch.setattr(nodecoll, "peer_addresses", lambda core, pes, tensor: located.append(
+        tensor.nbytes) or peer_addresses(core, pes, tensor))
+    used: set[int] = set()
+    for count in (PAYLOAD // 4 + 3, PAYLOAD // 2 - 200):   # (one size class: 16 KiB)
+        src, dst = h.zeros(count, torch.float64), h.zeros(count, torch.float64)
+        gathered = h.zeros(n * count, torch.float64)
+        assert not used or {src.data_ptr(), dst.data_ptr()} & used   # (made again there)
+        used |= {src.data_ptr(), dst.data_ptr()}
+        for round_ in range(2):
+            src.copy_(_random(torch.float64, count, 31 * me + count + round_))
+
+            def reduce():
+                h.reduce(dst, src, "sum")
+                h.barrier_all()
+                return dst.clone()
+
+            def fcollect():
+                h.fcollect(gathered, src)
+                h.barrier_all()
+                return gathered.clone()
+            for call in (reduce, fcollect):
+                fused, general, _ = _run_both(monkeypatch, h, call)
+                assert fused == general, (count, round_, call.__name__)
+        h.free(src), h.free(dst), h.free(gathered)
+    assert len(set(located)) >= 2   # (both sizes were asked for)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_team_collectives_fuse_on_the_teams_board_and_match_the_general_path(heap, monkeypatch):
     """A split team (here of every PE) gets a board of its own where the heap's steps run on one
     in C: its small collectives fuse, its larger reduce combines in C, with the
@@ -491,5 +527,22 @@ def test_replayed_torch_calls_are_agreed_and_check_the_storage(heap, monkeypatch
         dest.zero_()
         h.broadcast(dest.as_strided((4, 1), (1, 7)), source.as_strided((4, 1), (1, 5)), 0)
         assert dest.tolist() == [0, 1, 2, 3] and bool(ran) == _fuses(h)
+        # a negated view of a real dtype (the key skips is_conj() there, not is_neg()):
+        # the general path's ValueError, not the plain tensor's Plan
+        ran.clear()
+        for negated in ((torch._neg_view(dest), source), (dest, torch._neg_view(source))):
+            with pytest.raises(ValueError, match="negated"):
+                h.broadcast(*negated, 0)
+        assert not ran and dest.tolist() == [0, 1, 2, 3]
+        # 0-d tensors: contiguous, a key of shape (), replayed with the root's data
+        x, y = h.zeros((), dtype=torch.float64), h.zeros((), dtype=torch.float64)
+        y.fill_(5.0 + me)
+        ran.clear()
+        for _ in range(3):
+            x.zero_()
+            h.broadcast(x, y, 1)
+            assert x.item() == 6.0
+        assert bool(ran) == _fuses(h)
+        h.free(x), h.free(y)
     h.barrier_all()
     h.free(source), h.free(dest)
