@@ -223,6 +223,20 @@ def _mapped(heap: Core, tensor: torch.Tensor, pe: int) -> torch.Tensor:
     return target.copy_view(tensor)
 
 
+def _copy_from_members(heap: Core, t, into: torch.Tensor, tensor: torch.Tensor,
+                       parts: list[tuple[int, int, int, int]]) -> None:
+    """A node path's gather: each (to, i, start, nbytes) of `parts` copies the
+    `nbytes` at `start` of team PE i's copy of `tensor` (bytes of a live block)
+    to `into[to:]`. In C at the members' addresses where the CPU copies
+    (nodecoll.peer_addresses), else through torch views of their mappings."""
+    addresses = nodecoll.peer_addresses(heap, t.pes, tensor)
+    if addresses:
+        nodecoll.copy_parts(into.data_ptr(), addresses, parts)
+        return
+    for to, i, start, nbytes in parts:
+        into[to:to + nbytes].copy_(_mapped(heap, tensor, t.pes[i])[start:start + nbytes])
+
+
 def _host(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor with `tensor`'s data: itself where it already is one."""
     if tensor.device.type == "cpu" and tensor.is_contiguous():
@@ -408,13 +422,8 @@ def fcollect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
             return fused.plan(t)   # (the face may replay it: nodecoll.replay)
         flat = dest.data
         if t.on_node:
-            sources = nodecoll.peer_addresses(heap, t.pes, source.data)   # (C where it can)
-            if sources:
-                nodecoll.copy_parts(flat.data_ptr(), sources,
-                                    [(i * m, i, 0, m) for i in range(len(t.pes))])
-            else:
-                for i, pe in enumerate(t.pes):
-                    flat[i * m:(i + 1) * m].copy_(_mapped(heap, source.data, pe))
+            _copy_from_members(heap, t, flat, source.data,
+                               [(i * m, i, 0, m) for i in range(len(t.pes))])
             t.step(Phase.FCOLLECT_COPIED, f"{t.label}fcollect (copied)")
             return None
         send, receive = _host(source.data), _receive_buffer(flat)
@@ -520,17 +529,11 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
         if t.on_node:
             data = source.data
             # team PE i's source: counts[i] bytes from the same offset, in a block of
-            # the same size on every PE (C where it can)
-            sources = nodecoll.peer_addresses(heap, t.pes, data)
-            if sources:
-                nodecoll.copy_parts(flat.data_ptr(), sources, [
-                    (displs[i], i, 0, counts[i]) for i in range(len(t.pes)) if counts[i]])
-            else:
-                for i, pe in enumerate(t.pes):
-                    if counts[i]:
-                        theirs = torch.as_strided(data, (counts[i],), (1,),
-                                                  data.storage_offset())
-                        flat[displs[i]:displs[i] + counts[i]].copy_(_mapped(heap, theirs, pe))
+            # the same size on every PE: this PE's bytes from there to the largest
+            # count stand for each member's (_collect_fits kept it off dest)
+            widest = torch.as_strided(data, (max(counts),), (1,), data.storage_offset())
+            _copy_from_members(heap, t, flat, widest, [
+                (displs[i], i, 0, counts[i]) for i in range(len(t.pes)) if counts[i]])
             t.step(Phase.COLLECT_COPIED, f"{text} (copied)")
             return None
         target = flat[:sum(counts)]
@@ -608,14 +611,8 @@ def alltoall_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], 
             return fused.plan(t)   # (the face may replay it: nodecoll.replay)
         flat = dest.data
         if t.on_node:
-            sources = nodecoll.peer_addresses(heap, t.pes, source.data)   # (C where it can)
-            if sources:
-                nodecoll.copy_parts(flat.data_ptr(), sources,
-                                    [(i * b, i, me * b, b) for i in range(n)])
-            else:
-                for i, pe in enumerate(t.pes):
-                    flat[i * b:(i + 1) * b].copy_(
-                        _mapped(heap, source.data, pe)[me * b:(me + 1) * b])
+            _copy_from_members(heap, t, flat, source.data,
+                               [(i * b, i, me * b, b) for i in range(n)])
             t.step(Phase.ALLTOALL_COPIED, f"{t.label}alltoall (copied)")
             return None
         send, receive = _host(source.data), _receive_buffer(flat)
@@ -832,7 +829,7 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
             # (C at the members' addresses where the CPU copies, else torch views)
             sources = nodecoll.peer_addresses(heap, t.pes, source.data)
             acc = torch.empty(numel * size, dtype=torch.uint8)
-            if not (sources and nodecoll.combined_at(acc.data_ptr(), numel * size, list(sources),
+            if not (sources and nodecoll.combined_at(acc.data_ptr(), numel * size, sources,
                                                      source.dtype, op)):
                 views = [_mapped(heap, source.data, pe) for pe in t.pes]
                 folded = nodecoll.combined(views, source.dtype, op, heap.identity.native, acc)
@@ -865,16 +862,8 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
                     flat[lo:hi].copy_(folded)
             t.step(Phase.REDUCE_COMBINED, f"{text} (chunks combined)")
             # 2) every PE gathers the other chunks from their owners' dest
-            owners = nodecoll.peer_addresses(heap, t.pes, flat) if sources else None
-            if owners:
-                nodecoll.copy_parts(flat.data_ptr(), owners, [
-                    (displs[i], i, displs[i], counts[i]) for i in range(n)
-                    if i != me and counts[i]])
-            else:
-                for i, pe in enumerate(t.pes):
-                    if i != me and counts[i]:
-                        start, stop = displs[i], displs[i] + counts[i]
-                        flat[start:stop].copy_(_mapped(heap, dest.data, pe)[start:stop])
+            _copy_from_members(heap, t, flat, flat, [
+                (displs[i], i, displs[i], counts[i]) for i in range(n) if i != me and counts[i]])
             t.step(Phase.REDUCE_GATHERED, f"{text} (gathered)")
             return None
         # 1) reduce-scatter: this PE receives its chunk of every member's source ...

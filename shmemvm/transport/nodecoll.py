@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -355,7 +356,7 @@ def combined(views: list, dtype, op: str, native: bool,
                                dtype, op) else None
 
 
-def combined_at(into: int, nbytes: int, addresses: list[int], dtype, op: str) -> bool:
+def combined_at(into: int, nbytes: int, addresses: Sequence[int], dtype, op: str) -> bool:
     """combined()'s fold in C at addresses (peer_addresses()'s, each offset to
     the same part): `nbytes` at each of `addresses`, in team PE order, folded
     into the `nbytes` at `into` (overlapping none but the first); False where C
