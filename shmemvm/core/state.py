@@ -195,7 +195,10 @@ class Memory(Protocol):
 
     #: malloc, empty, zeros, align, ...: the agreement, the block and its tensor (filled)
     def allocate(self, call: Call, nbytes: int, dims: tuple[int, ...], dtype: torch.dtype,
-                 fill: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor: ...
+                 fill: Callable[[torch.Tensor], object] | None = None,
+                 memo: tuple | None = None) -> torch.Tensor: ...
+    #: the quick step an earlier allocate() kept under a face's `memo`, or None
+    def remembered_allocation(self, memo: tuple) -> Callable[[], torch.Tensor | None] | None: ...
     #: free (both faces): the agreed free of the tensor find() gives
     def free(self, find: Callable[[], torch.Tensor], text: str) -> None: ...
     #: realloc
@@ -730,7 +733,8 @@ class HeapCore:
 
     # -- collective steps of memory (core/sharing.py) ------------------------------------
     def allocate(self, call: Call, nbytes: int, dims: tuple[int, ...], dtype: torch.dtype,
-                 fill: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
+                 fill: Callable[[torch.Tensor], object] | None = None,
+                 memo: tuple | None = None) -> torch.Tensor:
         """One collective allocation: the agreement on `call` (SymmetryError on
         every PE where the PEs differ; call.error where every PE made it), a
         block of `nbytes` (HeapExhaustedError on every PE where none fits), and
@@ -746,9 +750,14 @@ class HeapCore:
 
         Without a fill, a repeated allocation is first its quick step
         (quick_allocation()): this same step and allocation in one native
-        call, where nothing agree() would deal with is there."""
+        call, where nothing agree() would deal with is there. That step is
+        kept under `memo` too, where the face gives one: the face's own
+        arguments, which make this same call every time (remembered_allocation():
+        a face's repeated call takes it without forming the call again)."""
         if fill is None and call.error is None:
             quick = self.quick_allocation(call, nbytes, dims, dtype)
+            if memo is not None:
+                self._remember_allocation(memo, quick)
             if quick is not None:
                 tensor = quick()
                 if tensor is not None:
@@ -821,6 +830,22 @@ class HeapCore:
             fixed, deliver=(self._allocated, (nbytes, dims, dtype, fixed)), answer=True,
             releasing=True))
 
+    def remembered_allocation(self, memo: tuple) -> Callable[[], torch.Tensor | None] | None:
+        """The quick step that allocate() kept under a face's `memo` (the face's
+        arguments, which made the same call each time), or None: the face then
+        forms the call and allocate() takes its general course. The step does
+        what allocate() would, the block and tensor in one native call, and
+        returns None where anything is unusual (nothing done: the same
+        fallback)."""
+        return self.quick.get(("remembered allocation", memo))   # type: ignore[call-overload]
+
+    def _remember_allocation(self, memo: tuple, quick) -> None:
+        """Keep `quick` (quick_allocation()'s, or None) under `memo` (allocate())."""
+        try:
+            self._keep_quick(("remembered allocation", memo), quick)
+        except TypeError:   # (an unhashable argument: nothing kept)
+            pass
+
     def quick_free(self, call: Call) -> Callable[[bool], Outcome | int | None] | None:
         """free()'s quick step for `call` (core/steps.py), taken with its flag
         while nothing quiet_all() would deal with is there (no context's
@@ -842,12 +867,17 @@ class HeapCore:
         program's sizes and offsets in use now are made again at their next
         call; refusing new keys instead would leave a program that once freed
         many blocks without quick steps for good)."""
-        if len(self.quick) >= QUICK_KEPT:
+        quick = make(Call(call.phase, call.args, call.source, None, call.exact).fixed())
+        self._keep_quick(key, quick)
+        return quick
+
+    def _keep_quick(self, key: tuple, quick) -> None:
+        """self.quick[key] = quick, where a full memo first forgets its older
+        half (_kept_quick() says why); TypeError for an unhashable key."""
+        if len(self.quick) >= QUICK_KEPT and key not in self.quick:
             for old in list(itertools.islice(self.quick, QUICK_KEPT // 2)):
                 del self.quick[old]
-        quick = self.quick[key] = make(  # type: ignore[index]
-            Call(call.phase, call.args, call.source, None, call.exact).fixed())
-        return quick
+        self.quick[key] = quick   # type: ignore[index]
 
     def free(self, find: Callable[[], torch.Tensor], text: str) -> None:
         """Free the tensor find() gives, in one agreed step (core/steps.py;

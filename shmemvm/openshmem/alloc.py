@@ -72,7 +72,8 @@ def _checked(heap: Core, request: Request, what: str) -> tuple:
 
 
 def allocate(heap: Core, request: Callable[[], Request], text: str | tuple, *,
-             phase: Phase = Phase.ALLOCATE, what: str = "alloc") -> torch.Tensor:
+             phase: Phase = Phase.ALLOCATE, what: str = "alloc",
+             memo: tuple | None = None) -> torch.Tensor:
     """Symmetric memory as a 1-D uint8 tensor, as `request()` asks for it
     (collective): both faces' one allocation with alignment, hints and a fill.
 
@@ -87,6 +88,10 @@ def allocate(heap: Core, request: Callable[[], Request], text: str | tuple, *,
             only where a message needs it).
         phase: the call's phase (the agreement compares it too).
         what: the routine's name, for messages.
+        memo: None, or the face's arguments where they alone make request()
+            and `text` (hashable, equal only where those are): a repeated call
+            then takes the quick step kept under it (Memory.remembered_allocation),
+            neither forming the call nor checking the request again.
 
     Returns:
         A uint8 tensor of request().nbytes bytes, at the same heap offset on
@@ -96,6 +101,11 @@ def allocate(heap: Core, request: Callable[[], Request], text: str | tuple, *,
         As malloc; ValueError for an alignment that is not a power of two or
         exceeds the backend's granularity, or hints other than MALLOC_*.
     """
+    if memo is not None:
+        memo = (phase, memo)
+        tensor = _repeated(heap, memo)
+        if tensor is not None:
+            return tensor
     call = Call(phase, text=text)
     made = None
     try:
@@ -112,7 +122,18 @@ def allocate(heap: Core, request: Callable[[], Request], text: str | tuple, *,
         return heap.memory.allocate(call, 0, (0,), torch.uint8)   # (raises every PE's error)
     assert made is not None
     nbytes, alignment = call.args[:2]   # (hints: checked and agreed; no effect yet)
-    return heap.memory.allocate(call, max(nbytes, alignment), (nbytes,), torch.uint8, made.fill)
+    return heap.memory.allocate(call, max(nbytes, alignment), (nbytes,), torch.uint8, made.fill,
+                                memo)
+
+
+def _repeated(heap: Core, memo: tuple) -> torch.Tensor | None:
+    """The tensor of an allocation a face repeats, made by the quick step that
+    allocate() kept under `memo` (the face's arguments, which make the same
+    call every time); None where there is none, or where it did nothing (a
+    release or an operation pending, another thread holding the lock): the
+    face then forms its call, as it did the first time."""
+    quick = heap.memory.remembered_allocation(memo)
+    return quick() if quick is not None else None
 
 
 def malloc(heap: Core, nbytes: int) -> torch.Tensor:
@@ -139,10 +160,14 @@ def malloc(heap: Core, nbytes: int) -> torch.Tensor:
     text = ("malloc({!r})", nbytes)   # made into text only if a message needs it
     if type(nbytes) is not int or nbytes < 0:
         return _empty(heap, (nbytes,), torch.uint8, text, Phase.MALLOC)  # checked (or rejected) there
+    memo = ("malloc", nbytes)
+    tensor = _repeated(heap, memo)
+    if tensor is not None:
+        return tensor
     # empty((nbytes,), torch.uint8) with tensor_nbytes' answer for a plain int, inline
     dims = (nbytes,)
     call = Call(Phase.MALLOC, (nbytes, torch.uint8, dims), text, None, True)
-    return heap.memory.allocate(call, nbytes, dims, torch.uint8)
+    return heap.memory.allocate(call, nbytes, dims, torch.uint8, None, memo)
 
 
 def empty(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -167,20 +192,31 @@ def empty(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor
         TypeError, ValueError: a bad shape or a dtype symmetric memory
             does not support.
     """
+    # a plain shape and dtype make the same call each time: its quick step is kept
+    memo = ("empty", shape, dtype) if type(dtype) is torch.dtype and (
+        type(shape) is int or type(shape) is tuple and all(type(d) is int for d in shape)) \
+        else None
+    if memo is not None:
+        tensor = _repeated(heap, memo)
+        if tensor is not None:
+            return tensor
     # the call's text is made only if a message needs it (Call)
-    return _empty(heap, shape, dtype, ("empty({!r}, {})", shape, dtype), Phase.MALLOC)
+    return _empty(heap, shape, dtype, ("empty({!r}, {})", shape, dtype), Phase.MALLOC,
+                  memo=memo)
 
 
 def _empty(heap: Core, shape, dtype, text, phase: Phase,
-           fill: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
+           fill: Callable[[torch.Tensor], object] | None = None,
+           memo: tuple | None = None) -> torch.Tensor:
     """empty() as the call `phase` with the message text `text` (malloc, zeros),
-    filled by `fill` on every PE before any returns (Core.memory.allocate)."""
+    filled by `fill` on every PE before any returns (Core.memory.allocate),
+    its quick step kept under `memo` (_repeated())."""
     try:
         dims, nbytes = _args.tensor_nbytes(shape, dtype)
     except (TypeError, ValueError) as exc:
         return heap.memory.allocate(Call(phase, (), text, exc), 0, (0,), torch.uint8)  # (raises)
     call = Call(phase, (nbytes, dtype, dims), text, None, True)  # exact: ints, a dtype
-    return heap.memory.allocate(call, nbytes, dims, dtype, fill)
+    return heap.memory.allocate(call, nbytes, dims, dtype, fill, memo)
 
 
 def zeros(heap: Core, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -99,7 +99,7 @@ def alloc(count: int, size: int = 1, align: Optional[int] = None,
 
     raw = routines.allocate(arrays.core(), request,
                             ("alloc({!r}, {!r}, align={!r}, hints={!r})", count, size, align,
-                             hints))
+                             hints), memo=memo)   # (memo: the same call each time)
     return memoryview(arrays.over(raw))
 
 
@@ -189,8 +189,15 @@ def _new(shape: Shape, dtype: Any, order: str, align: Optional[int], hints: Opti
         return (Request(arrays.nbytes_of(dims, kind), align, hints, fill,
                         key=(dims, kind.str, layout)), (dims, kind, layout))
 
+    # the arguments of a Request kept make the same call each time (its text: what,
+    # shape and dtype): its quick step is kept, and the array's form is the kept one's
+    kept = _REQUESTS.get(memo) if memo is not None else None
     raw = routines.allocate(arrays.core(), request, ("{}(shape={!r}, dtype={!r})", what, shape,
-                                                     dtype))
+                                                     dtype),
+                            memo=(what, memo) if kept is not None else None)
+    if not made:   # (the kept step's: request() was not asked)
+        assert kept is not None
+        made[:] = kept[1]
     dims, kind, layout = made
     return arrays.shaped(raw, dims, kind, layout)
 

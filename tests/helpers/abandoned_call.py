@@ -109,6 +109,12 @@ def call(scenario: str, timeout: float, stop: float, agreement: str,
         quick_malloc = real_quick_allocation(*args)
         return None if quick_malloc is None else _recorded(quick_malloc, quick_mallocs)
     core.quick_allocation = quick_allocation
+    real_remembered = core.remembered_allocation   # (a repeated malloc's kept step)
+
+    def remembered_allocation(memo):
+        quick_malloc = real_remembered(memo)
+        return None if quick_malloc is None else _recorded(quick_malloc, quick_mallocs)
+    core.remembered_allocation = remembered_allocation
     late = me == n - 1
     if late:
         stop_for(stop)

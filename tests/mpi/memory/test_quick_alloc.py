@@ -5,7 +5,9 @@ dead blocks that are pending (a free deferred to its last view's death, as the
 NumPy face's always is); a free is its agreed step with the flag that says
 whether the block can go at once. The two paths make the same steps and the
 same blocks: PEs on different paths agree, a mismatch is a SymmetryError on
-every PE with nothing allocated or freed.
+every PE with nothing allocated or freed. A face's repeated allocation takes
+the quick step kept under its own arguments (remembered_allocation), without
+forming its call again: what those arguments keep apart stays apart.
 
     mpirun -n 2 python -m pytest --with-mpi -m mpi tests/mpi/memory/test_quick_alloc.py
 """
@@ -62,9 +64,17 @@ class _Paths:
                 return step
             return lookup
 
+        real_remembered = core.remembered_allocation
+
+        def remembered(memo):   # (a face's repeated call: the step kept by a counted one)
+            self.remembered += 1
+            return None if self.general else real_remembered(memo)
+
+        self.remembered = 0
         monkeypatch.setattr(core, "agree", agree)
         monkeypatch.setattr(core, "quick_allocation", counted(core.quick_allocation))
         monkeypatch.setattr(core, "quick_free", counted(core.quick_free))
+        monkeypatch.setattr(core, "remembered_allocation", remembered)
 
 
 def _offset(heap, tensor) -> int:
@@ -273,3 +283,111 @@ def test_a_full_memo_of_quick_steps_forgets_its_older_half_and_keeps_making_new_
         heap.free(heap.malloc(4096))
     assert paths.agreed == 0 and paths.quick == 6
     assert len(heap._core.quick) <= 16
+
+
+
+@pytest.fixture
+def default_heap():
+    """The NumPy face's default heap (shmemvm.init()), finalized after the test."""
+    import shmemvm
+    heap = shmemvm.init(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+    yield heap
+    gc.collect()
+    shmemvm.finalize()
+
+
+def _repeated_calls_take_the_kept_step(heap, monkeypatch, calls: dict) -> None:
+    """Each of `calls` (an allocation and its free), repeated: the allocation
+    takes the quick step kept for its arguments, without forming its call."""
+    paths = _Paths(heap, monkeypatch)
+    formed = []
+    real = heap._core.quick_allocation
+    monkeypatch.setattr(heap._core, "quick_allocation",
+                        lambda *args: formed.append(1) or real(*args))
+    for name, call in calls.items():
+        for _ in range(3):   # the first forms the call and keeps its step
+            call()
+        formed.clear()
+        paths.agreed = paths.quick = paths.remembered = 0
+        for _ in range(4):
+            call()
+        assert formed == [] and paths.agreed == 0, (name, formed, paths.agreed)
+        assert paths.remembered == 4 and paths.quick == 8, (name, paths.remembered, paths.quick)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_repeated_allocation_takes_the_step_kept_for_its_arguments(heap, monkeypatch):
+    _repeated_calls_take_the_kept_step(heap, monkeypatch, {
+        "malloc": lambda: heap.free(heap.malloc(1024)),
+        "empty": lambda: heap.free(heap.empty((4, 8), torch.float64))})
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_numpy_faces_repeated_allocation_takes_the_step_kept_for_its_arguments(
+        default_heap, monkeypatch):
+    from shmemvm import shmem
+
+    def empty():
+        x = shmem.empty((4, 8), "f8")
+        shmem.free(x)
+    _repeated_calls_take_the_kept_step(default_heap, monkeypatch, {
+        "empty": empty, "alloc": lambda: shmem.free(shmem.alloc(96, clear=False))})
+
+
+@pytest.mark.mpi(min_size=2)
+def test_remembered_allocations_keep_apart_what_their_arguments_keep_apart(heap):
+    # the same call text and request for equal arguments only: an int shape and a
+    # one-element tuple, a float in a shape, a bool for an int
+    for _ in range(3):
+        a = heap.empty(3, torch.float32)
+        b = heap.empty((3,), torch.float32)
+        c = heap.empty((2, 3), torch.float16)
+        assert (a.shape, b.shape, c.shape, c.dtype) == ((3,), (3,), (2, 3), torch.float16)
+        for t in (a, b, c):
+            heap.free(t)
+        with pytest.raises(TypeError):
+            heap.empty((3.0,), torch.float32)    # equal to (3,), refused as before
+        with pytest.raises(TypeError):
+            heap.empty(True, torch.float32)
+        m = heap.malloc(40)
+        assert m.shape == (40,) and m.dtype == torch.uint8
+        heap.free(m)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_numpy_faces_remembered_allocations_keep_their_form(default_heap):
+    import numpy as np
+    from shmemvm import shmem
+    for _ in range(3):
+        f = shmem.empty((2, 3), "f4", order="F")
+        c = shmem.empty((2, 3), np.float32)
+        i = shmem.empty((2, 3), "i4")
+        assert f.flags.f_contiguous and not f.flags.c_contiguous and f.dtype == np.float32
+        assert c.flags.c_contiguous and c.shape == (2, 3) and c.dtype == np.float32
+        assert i.dtype == np.int32 and i.shape == (2, 3)
+        m = shmem.alloc(12, 4, clear=False)
+        assert m.nbytes == 48
+        for x in (f, c, i, m):
+            shmem.free(x)
+        with pytest.raises(TypeError):
+            shmem.empty((2, 3.0), "f4")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_mismatch_of_remembered_allocations_raises_on_every_pe_and_allocates_nothing(
+        default_heap):
+    from shmemvm import shmem
+    for shape in ((8,), (16,)):
+        for _ in range(3):
+            x = shmem.empty(shape, "i8")
+            shmem.free(x)
+    del x
+    gc.collect()
+    shmem.barrier_all()
+    live = default_heap.heap_info()["live_allocations"]
+    with pytest.raises(SymmetryError):
+        shmem.empty((8,) if WORLD.rank == 0 else (16,), "i8")
+    assert default_heap.heap_info()["live_allocations"] == live
+    y = shmem.empty((16,), "i8")    # in step again
+    assert _same_everywhere(y.__array_interface__["data"][0] - default_heap._core.local.base)
+    shmem.free(y)
