@@ -200,7 +200,7 @@ class Memory(Protocol):
     #: the quick step an earlier allocate() kept under a face's `memo`, or None
     def remembered_allocation(self, memo: tuple) -> Callable[[], torch.Tensor | None] | None: ...
     #: free (both faces): the agreed free of the tensor find() gives
-    def free(self, find: Callable[[], torch.Tensor], text: str) -> None: ...
+    def free(self, find: Callable[[], torch.Tensor], text: str, own: bool = False) -> None: ...
     #: realloc
     def reallocate(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor: ...
     #: trim (collective): the bytes released here
@@ -722,10 +722,11 @@ class HeapCore:
         return self.anchor.size if self.anchor is not None else 0
 
     # -- the heap's engine (memory/vmm.py), for alloc.py ---------------------------------
-    def retire(self, tensor: torch.Tensor):
-        """Start freeing `tensor`'s block (undone unless finish_free() follows)."""
+    def retire(self, tensor: torch.Tensor, detach: bool = True):
+        """Start freeing `tensor`'s block (undone unless finish_free() follows;
+        a face's own tensor, `detach` false, is not emptied)."""
         self.forget()   # its block is live no more: nor its targets and Plans
-        return self.local.retire(tensor)
+        return self.local.retire(tensor, detach)
 
     def stats(self) -> HeapStats:
         """The engine's usage figures (heap_info())."""
@@ -879,10 +880,10 @@ class HeapCore:
                 del self.quick[old]
         self.quick[key] = quick   # type: ignore[index]
 
-    def free(self, find: Callable[[], torch.Tensor], text: str) -> None:
+    def free(self, find: Callable[[], torch.Tensor], text: str, own: bool = False) -> None:
         """Free the tensor find() gives, in one agreed step (core/steps.py;
-        openshmem/alloc.py's release() says what find() may raise)."""
-        steps.free(self, find, text)
+        openshmem/alloc.py's release() says what find() may raise and `own`)."""
+        steps.free(self, find, text, own)
 
     def reallocate(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         """realloc() as one core call (core/steps.py)."""

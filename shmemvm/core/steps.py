@@ -31,7 +31,7 @@ class Steps(sharing.Sharing, Protocol):
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
     def quick_free(self, call: Call) -> Callable[[bool], Outcome | int | None] | None: ...
     def quiet_all(self) -> None: ...
-    def retire(self, tensor: torch.Tensor) -> Any: ...
+    def retire(self, tensor: torch.Tensor, detach: bool = True) -> Any: ...
 
 
 def whole(core: Steps, tensor, what: str) -> None:
@@ -63,16 +63,20 @@ def _dense(tensor: torch.Tensor) -> bool:
                                           zip(tensor.shape, tensor.stride()) if size > 1)
 
 
-def free(core: Steps, find: Callable[[], torch.Tensor], text: str) -> None:
+def free(core: Steps, find: Callable[[], torch.Tensor], text: str, own: bool = False) -> None:
     """Free the tensor find() gives, in one agreed step (alloc.release says
-    what find() may raise: at this call on every PE, nothing freed)."""
+    what find() may raise: at this call on every PE, nothing freed). With
+    `own`, find() gives the face's own tensor of a whole allocation, kept by
+    the face while its arrays live: not checked for being whole, nor emptied
+    (the block is released once it dies)."""
     retirement = None
     try:
         with core.lock:
             try:
                 tensor = find()
-                whole(core, tensor, "free")
-                retirement = core.retire(tensor)
+                if not own:
+                    whole(core, tensor, "free")
+                retirement = core.retire(tensor, not own)
             except (TypeError, ValueError) as exc:   # (NotSymmetricError is a ValueError)
                 call = Call(Phase.FREE, (), text, exc)
                 outcome = None

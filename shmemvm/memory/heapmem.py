@@ -129,9 +129,10 @@ class HeapMemory(VMemPow2Allocator):
         return block.offset if imported is None else imported.start
 
     # -- freeing, in two halves, and releasing what every PE agreed on ------------
-    def retire(self, tensor: torch.Tensor) -> Retirement:
-        """Detach `tensor` from its live block (first half of a free)."""
-        return self._retire(tensor)
+    def retire(self, tensor: torch.Tensor, detach: bool = True) -> Retirement:
+        """Detach `tensor` from its live block (first half of a free; not a
+        face's own tensor, `detach` false: ownership.Retirement)."""
+        return self._retire(tensor, detach)
 
     def finish_free(self, retirement: Retirement, release_now: bool) -> Exception | None:
         """Second half of a free: release the block now (nothing views it, here

@@ -119,15 +119,24 @@ def record(storage, died, block: Block) -> Record:
 class Retirement:
     """First half of freeing a tensor: the tensor is detached from its block
     (it becomes empty) and `alone` says whether anything else here still views
-    the block. restore() undoes the detaching (a collective free that failed)."""
+    the block. restore() undoes the detaching (a collective free that failed).
+    Without `detach` (a face's own tensor of the allocation, which keeps it
+    until the face's arrays over it die: the NumPy face's) the tensor stays as
+    it is, and the block is not alone: it is released once it dies."""
 
     __slots__ = ("block", "tensor", "storage", "_geometry", "detached", "alone")
+    _geometry: tuple | None
 
-    def __init__(self, record: Record, tensor: torch.Tensor, storage: torch.UntypedStorage):
+    def __init__(self, record: Record, tensor: torch.Tensor, storage: torch.UntypedStorage,
+                 detach: bool = True):
         self.block = block = record.block
         self.tensor = tensor
         #: tensor's, the block's own; None once the free is finished
         self.storage: torch.UntypedStorage | None = storage
+        if not detach:   # (a face's own tensor: nothing to detach, nor to restore)
+            self._geometry = None
+            self.detached = self.alone = False
+            return
         self._geometry = (tensor.storage_offset(), tensor.shape, tensor.stride())
         try:
             tensor.set_()  # type: ignore[call-overload]  # (see _calibrate)
@@ -143,7 +152,7 @@ class Retirement:
                       and _storage_use_count(storage._cdata) == HELD_ALONE)
 
     def restore(self) -> None:
-        if self.detached and self.storage is not None:
+        if self.detached and self.storage is not None and self._geometry is not None:
             self.tensor.set_(self.storage, *self._geometry)
             del self.tensor._shmemvm_freed  # type: ignore[attr-defined]  # (our mark)
             self.detached = False

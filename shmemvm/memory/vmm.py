@@ -403,11 +403,12 @@ class VMemPow2Allocator:
             self._records[block.offset] = record
         return tensor
 
-    def _retire(self, tensor: torch.Tensor) -> ownership.Retirement:
-        """Detach `tensor` from its live block (first half of a free)."""
+    def _retire(self, tensor: torch.Tensor, detach: bool = True) -> ownership.Retirement:
+        """Detach `tensor` from its live block (first half of a free; a face's
+        own tensor, `detach` false, stays as it is: ownership.Retirement)."""
         with self._lock:
             record, storage = self._record_of(tensor)
-            return ownership.Retirement(record, tensor, storage)
+            return ownership.Retirement(record, tensor, storage, detach)
 
     def _finish_free(self, retirement: ownership.Retirement, release_now: bool) -> Exception | None:
         """Second half of a free: release the block now (nothing views it), or

@@ -340,13 +340,16 @@ def free(heap: Core, tensor: torch.Tensor) -> None:
     release(heap, lambda: tensor, "free(tensor)")
 
 
-def release(heap: Core, find: Callable[[], torch.Tensor], text: str) -> None:
+def release(heap: Core, find: Callable[[], torch.Tensor], text: str, *,
+            own: bool = False) -> None:
     """free() of the tensor `find()` gives (collective): both faces' one free.
     find() runs inside the call's agreement: where it raises TypeError,
     ValueError or NotSymmetricError (not something this heap allocated, a slice
     that does not start an allocation, freed already: FreedTensorError), every
-    PE raises at this call and nothing is freed."""
-    heap.memory.free(find, text)
+    PE raises at this call and nothing is freed. With `own`, find() gives the
+    face's own tensor of a whole allocation, which it keeps while its arrays
+    live (the NumPy face's): freed as it is, not emptied."""
+    heap.memory.free(find, text, own)
 
 
 def realloc(heap: Core, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:

@@ -130,9 +130,10 @@ def free(mem: Union[memoryview, np.ndarray]) -> None:
         if memory is None or start != memory.address:
             raise ValueError("free: this is not the start of an allocation of the symmetric "
                              "heap (not allocated here, or a slice of one)")
-        return memory.handle()
+        return memory.tensor
 
-    routines.release(arrays.core(), find, "free(memory)")
+    # (own: the allocation's own tensor, whole, kept while arrays over it live)
+    routines.release(arrays.core(), find, "free(memory)", own=True)
 
 
 def fromalloc(mem: memoryview, shape: Optional[Shape] = None, dtype: Any = None,

@@ -103,6 +103,26 @@ def test_free_of_a_slice_on_one_pe(world):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_frees_of_two_arrays_that_differ_on_one_pe_leave_both_whole_and_usable(world):
+    # free() hands the allocation's own tensor, which it does not empty: after the
+    # mismatch both arrays are still live, their bytes intact, for every routine
+    me, n = shmem.my_pe(), shmem.n_pes()
+    for _ in range(2):   # (the second time through the quick steps kept by the first)
+        a, b = shmem.zeros(4, dtype=np.int64), shmem.zeros(4, dtype=np.int64)
+        a[:] = me
+        b[:] = 10 + me
+        shmem.barrier_all()
+        _same_error_everywhere(lambda: shmem.free(b if me == _last() else a),
+                               "SymmetryError", "free")
+        shmem.put(b[:1], np.array([100 + me], dtype=np.int64), (me + 1) % n)
+        shmem.barrier_all()
+        assert a.tolist() == [me] * 4
+        assert b.tolist() == [100 + (me - 1) % n] + [10 + me] * 3
+        shmem.free(a)
+        shmem.free(b)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_new_array_of_long_double_and_a_bad_dtype_on_one_pe(world):
     me, n = shmem.my_pe(), shmem.n_pes()
     wide = shmem.new_array(4, dtype=np.longdouble)   # no torch counterpart: works all the same
