@@ -847,18 +847,19 @@ class HeapCore:
         except TypeError:   # (an unhashable argument: nothing kept)
             pass
 
-    def quick_free(self, call: Call) -> Callable[[bool], Outcome | int | None] | None:
-        """free()'s quick step for `call` (core/steps.py), taken with its flag
+    def quick_free(self, offset: int) -> Callable[[bool], Outcome | int | None] | None:
+        """free()'s quick step for the block at heap `offset` (core/steps.py's
+        free_call()), taken with its flag
         while nothing quiet_all() would deal with is there (no context's
         operations either: their trackers' set is empty), carrying the pending
         releases as agree()'s step would (the NumPy face's `x = empty(...);
         free(x)` frees with the previous array's block dead: it died when x was
-        bound anew); kept (_kept_quick()) by the offset."""
-        key = ("free", call.args)
+        bound anew); kept (_kept_quick()) by the offset of the block freed."""
+        key = ("free", offset)
         quick = self.quick.get(key, _UNMADE)   # type: ignore[call-overload]
         if quick is not _UNMADE:
             return quick
-        return self._kept_quick(key, call, lambda fixed: self.make_quick(
+        return self._kept_quick(key, steps.free_call(offset), lambda fixed: self.make_quick(
             fixed, ((self._trackers, "data"),), releasing=True))
 
     def _kept_quick(self, key: tuple, call: Call, make: Callable[[Call], Any]) -> Any:

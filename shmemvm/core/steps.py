@@ -29,7 +29,7 @@ class Steps(sharing.Sharing, Protocol):
     lock: threading.RLock
 
     def agree(self, call: Call, *, flag: bool = True) -> Outcome: ...
-    def quick_free(self, call: Call) -> Callable[[bool], Outcome | int | None] | None: ...
+    def quick_free(self, offset: int) -> Callable[[bool], Outcome | int | None] | None: ...
     def quiet_all(self) -> None: ...
     def retire(self, tensor: torch.Tensor, detach: bool = True) -> Any: ...
 
@@ -70,6 +70,7 @@ def free(core: Steps, find: Callable[[], torch.Tensor], text: str, own: bool = F
     the face while its arrays live: not checked for being whole, nor emptied
     (the block is released once it dies)."""
     retirement = None
+    call: Call | None = None
     try:
         with core.lock:
             try:
@@ -81,15 +82,15 @@ def free(core: Steps, find: Callable[[], torch.Tensor], text: str, own: bool = F
                 call = Call(Phase.FREE, (), text, exc)
                 outcome = None
             else:
-                offset = retirement.block.offset
-                call = Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset),
-                            None, True)
+                offset = retirement.block.offset   # (its call made where the general path needs it)
                 # this step's quick one, where quiet_all() and agree() have nothing to
                 # do: 0 (agreed, the flag everywhere), the general path's Outcome, or
                 # None (not taken)
-                quick = core.quick_free(call)
+                quick = core.quick_free(offset)
                 outcome = quick(retirement.alone) if quick is not None else None
             if outcome is None:
+                if call is None:
+                    call = free_call(offset)
                 core.quiet_all()
                 outcome = core.agree(call, flag=retirement is not None and retirement.alone)
             alone_everywhere = True if isinstance(outcome, int) else outcome.flag_everywhere
@@ -98,11 +99,17 @@ def free(core: Steps, find: Callable[[], torch.Tensor], text: str, own: bool = F
             imported = alone_everywhere and core.local.imported(offset) is not None
             failure = core.local.finish_free(retirement, release_now=alone_everywhere)
             if imported:
-                sharing.agree_on_unmapping(core, call, failure, "the imported memory")
+                sharing.agree_on_unmapping(core, call or free_call(offset), failure,
+                                           "the imported memory")
     except BaseException:
         if retirement is not None and retirement.storage is not None:
             retirement.restore()  # nothing was done: the tensor stays usable
         raise
+
+
+def free_call(offset: int) -> Call:
+    """The call of a free of the block at heap `offset` (the agreed step's)."""
+    return Call(Phase.FREE, (offset,), ("free(tensor at heap offset {:#x})", offset), None, True)
 
 
 def reallocate(core: Steps, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
