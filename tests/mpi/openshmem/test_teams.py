@@ -481,6 +481,29 @@ def test_bad_arguments_give_clear_errors_on_every_pe(mheap):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_the_module_team_sync_takes_what_the_heaps_takes_and_refuses_the_rest(heap):
+    # shmemvm.team_sync() syncs a Team of the default heap itself (fewer calls); it
+    # must raise as the heap's method does for everything else
+    n = WORLD.Get_size()
+    with shmemvm.init(heap_size="4M", backend="host", timeout=30) as default:
+        team = shmemvm.team_split_strided(shmemvm.team_world(), 0, 1, n)
+        for _ in range(3):
+            shmemvm.team_sync(team)
+            shmemvm.team_sync(shmemvm.team_world())
+        other = heap.team_split_strided(heap.team_world(), 0, 1, n)   # another heap's
+        for bad, error in ((None, TypeError), (other, ValueError), (object(), TypeError)):
+            with pytest.raises(error):
+                shmemvm.team_sync(bad)
+            with pytest.raises(error):
+                default.team_sync(bad)
+        shmemvm.team_destroy(team)
+        for sync in (shmemvm.team_sync, default.team_sync):
+            with pytest.raises(ShmemError, match="destroyed"):
+                sync(team)
+        heap.team_destroy(other)
+
+
+@pytest.mark.mpi(min_size=1)
 def test_module_functions_forward_to_the_default_heap():
     n = WORLD.Get_size()
     with shmemvm.init(heap_size="4M", backend="host", timeout=30) as heap:
