@@ -78,6 +78,22 @@ def test_copy_moves_bytes_between_addresses():
     assert target.tobytes() == b"sysymme" + b"ic!"
 
 
+@pytest.mark.parametrize("nbytes", [64 * 1024 - 1, 64 * 1024, 64 * 1024 + 3, 1 << 20, 3 * (1 << 20) + 5])
+def test_a_large_copy_moves_what_memmove_moves_apart_and_overlapping(nbytes):
+    # from 64 KiB on a copy is one `rep movsb` where the CPU has FSRM (FAST_STRINGS),
+    # which copies forward: ranges that overlap must still move as memmove moves them
+    import random
+    total = 2 * nbytes + 4096
+    data = random.Random(nbytes).randbytes(total)
+    for dst, src in ((nbytes + 1000, 7), (3, nbytes + 999),        # apart, odd alignments
+                     (1001, 7), (7, 1001), (64, 0), (0, 64)):      # overlapping both ways
+        moved = bytearray(data)
+        moved[dst:dst + nbytes] = data[src:src + nbytes]
+        buffer = array.array("B", data)
+        native.copy(buffer.buffer_info()[0] + dst, buffer.buffer_info()[0] + src, nbytes)
+        assert buffer.tobytes() == bytes(moved), (nbytes, dst, src, native._native.FAST_STRINGS)
+
+
 def _in_children(count: int, body) -> None:
     """Run body(child index) in `count` forked processes at once; each must exit 0."""
     pids = []
