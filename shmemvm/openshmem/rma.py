@@ -271,10 +271,13 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return not (a0 == b0 and a.stride() == b.stride() and a.shape == b.shape)
 
 
-#: copies below this many bytes on the host are one memmove: torch's copy_ costs
+#: copies below this many bytes on the host are one native copy: torch's copy_ costs
 #: more up to a few MiB (0.78-0.90 of OSHMEM's bandwidth at 64 KiB-1 MiB against
-#: 0.91-1.02), and above it splits a copy over its threads, which then wins
-CPU_COPY_MAX = 4 << 20
+#: 0.91-1.02), and above it splits a copy over its threads, which may then win
+#: where it has many. With two threads or fewer it does not: on the 2-core machine,
+#: a put to a node peer of 4 MiB took 36-42 GB/s through copy_ against 50 as one
+#: copy, of 16 MiB 17-28 against 36-38 (docs/performance.md), so there is no cap there
+CPU_COPY_MAX = 4 << 20 if torch.get_num_threads() > 2 else 1 << 62
 
 
 def _cpu_copyable(symmetric: torch.Tensor, local: torch.Tensor) -> int:
