@@ -138,7 +138,8 @@ class Calls(Protocol):
     #: quick[call]: a fixed call's whole collective call in one native call, which
     #: returns None where it did nothing (the caller's general path then runs); None
     #: where there is none (Agreement.quick, HeapCore.make_quick); also the quick
-    #: steps of allocations and frees, by their keys (quick_allocation, quick_free)
+    #: steps of allocations and frees, by their keys (quick_allocation, quick_free),
+    #: and of allocations by the faces' arguments (remembered_allocation)
     quick: dict[Any, Callable[..., object] | None]
 
     def check_usable(self) -> None: ...
