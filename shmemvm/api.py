@@ -240,12 +240,18 @@ def trim() -> int:
 # -- one-sided access and its completion ---------------------------------------------------
 @_documented_by(rma.put)
 def put(dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-    return default_heap().put(dest, source, pe)
+    core = _core   # (the routine on the open default heap's core, as heap.put calls it)
+    if core is None or core.calls.closed or trace.FLAG._is_profiler_enabled:
+        return default_heap().put(dest, source, pe)   # (it raises, or records the range)
+    return rma.put(core, dest, source, pe)
 
 
 @_documented_by(rma.get)
 def get(dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
-    return default_heap().get(dest, source, pe)
+    core = _core   # (as put)
+    if core is None or core.calls.closed or trace.FLAG._is_profiler_enabled:
+        return default_heap().get(dest, source, pe)
+    return rma.get(core, dest, source, pe)
 
 
 @_documented_by(rma.put_nbi)

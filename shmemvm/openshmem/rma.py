@@ -296,8 +296,10 @@ def _cpu_copyable(symmetric: torch.Tensor, local: torch.Tensor) -> int:
     # lazy views: a memmove moves the bits, while copy_ reads or writes them conjugated
     # or negated (x.conj(), x._neg_view()); copy_ gets them right. And bool: copy_
     # stores any nonzero byte as 1, a memmove as it is
-    if (local.is_conj() or symmetric.is_conj() or local.is_neg() or symmetric.is_neg()
-            or local.dtype is torch.bool):
+    # (transfer() made them of one dtype; a real dtype has no conjugate bit to ask for)
+    dtype = local.dtype
+    if (local.is_neg() or symmetric.is_neg() or dtype is torch.bool
+            or dtype.is_complex and (local.is_conj() or symmetric.is_conj())):
         return 0
     return nbytes
 
