@@ -786,6 +786,29 @@ def reduce(heap: Core, dest, source, op: str = "sum", *, team=None) -> None:
              dest, source)
 
 
+def _fold_members(heap: Core, t, source: Operand, op: str, combine: Combine, lo: int, hi: int,
+                  into: torch.Tensor | None) -> torch.Tensor:
+    """Bytes [lo, hi) of source combined over t's members (on this node), in team
+    order, so bitwise the same on every PE: into `into` (contiguous CPU bytes that
+    overlap no member's source but the first member's) where it is given and C
+    folds, else into a new tensor, which is returned. In C at the
+    members' addresses where the CPU copies (nodecoll.peer_addresses: a torch view
+    and copy_ of a slice cost 3 to 6 us a PE), else in C through torch views of
+    their mappings, else by the face's combiner: the same bytes every way."""
+    if into is not None:
+        sources = nodecoll.peer_addresses(heap, t.pes, source.data)
+        if sources and nodecoll.combined_at(into.data_ptr(), hi - lo,
+                                            [a + lo for a in sources], source.dtype, op):
+            return into
+    views = [_mapped(heap, source.data, pe)[lo:hi] for pe in t.pes]
+    folded = nodecoll.combined(views, source.dtype, op, heap.identity.native, into)
+    if folded is None:
+        folded = views[0].clone()
+        for view in views[1:]:
+            combine(folded, view)
+    return folded
+
+
 def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op: str,
                  combiner: Callable[[Operand], Combine], *, team=None) -> nodecoll.Plan | None:
     """reduce() of the Operands that `operands()` makes (see broadcast_bytes),
@@ -826,38 +849,19 @@ def reduce_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], op
             # order, so bitwise as below), then one step says every PE has read every
             # source, after which dest (maybe source itself) may change: two steps
             # with the agreement, against three (issue 24: 8 bytes cost 3 round trips)
-            # (C at the members' addresses where the CPU copies, else torch views)
-            sources = nodecoll.peer_addresses(heap, t.pes, source.data)
-            acc = torch.empty(numel * size, dtype=torch.uint8)
-            if not (sources and nodecoll.combined_at(acc.data_ptr(), numel * size, sources,
-                                                     source.dtype, op)):
-                views = [_mapped(heap, source.data, pe) for pe in t.pes]
-                folded = nodecoll.combined(views, source.dtype, op, heap.identity.native, acc)
-                if folded is None:   # (C folded into acc where it could)
-                    acc = views[0].clone()
-                    for view in views[1:]:
-                        combine(acc, view)
+            acc = _fold_members(heap, t, source, op, combine, 0, numel * size,
+                                torch.empty(numel * size, dtype=torch.uint8))
             t.step(Phase.REDUCE_COMBINED, f"{text} (combined)")
             flat.copy_(acc)
             return None
         if t.on_node:
-            # In C at the members' addresses where the CPU copies (nodecoll.peer_addresses:
-            # a torch view and copy_ of a slice cost 3 to 6 us a PE), else through torch
-            # views of their mappings: the same bytes folded in the same order either way
-            sources = nodecoll.peer_addresses(heap, t.pes, source.data)
             # 1) this PE combines its chunk from every member's source, in team order,
             # straight into dest's chunk, but where dest is source and this PE's chunk
             # is not the first folded (it would be overwritten)
             straight = me == 0 or flat.data_ptr() != source.data.data_ptr()
-            if hi > lo and not (sources and straight and nodecoll.combined_at(
-                    flat.data_ptr() + lo, hi - lo, [a + lo for a in sources], source.dtype, op)):
-                views = [_mapped(heap, source.data, pe)[lo:hi] for pe in t.pes]
+            if hi > lo:
                 into = flat[lo:hi] if straight else None
-                folded = nodecoll.combined(views, source.dtype, op, heap.identity.native, into)
-                if folded is None:
-                    folded = views[0].clone()
-                    for view in views[1:]:
-                        combine(folded, view)
+                folded = _fold_members(heap, t, source, op, combine, lo, hi, into)
                 if folded is not into:
                     flat[lo:hi].copy_(folded)
             t.step(Phase.REDUCE_COMBINED, f"{text} (chunks combined)")

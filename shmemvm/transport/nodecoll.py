@@ -343,7 +343,8 @@ def combined(views: list, dtype, op: str, native: bool,
     views[0] itself) or else a new tensor, which is returned; None where C does
     not combine `dtype` with `op`, or where the heap does not use the compiled
     piece (`native`: its vote, SHMEMVM_NATIVE), or the memory is not the CPU's."""
-    if not native or views[0].device.type != "cpu" or combinable(dtype, op) is None:
+    numbers = combinable(dtype, op) if native and views[0].device.type == "cpu" else None
+    if _collective is None or numbers is None:
         return None
     nbytes = views[0].numel()
     if any(view.numel() != nbytes or view.device.type != "cpu" for view in views):
@@ -352,8 +353,8 @@ def combined(views: list, dtype, op: str, native: bool,
         into = torch.empty(nbytes, dtype=torch.uint8)
     elif into.numel() != nbytes or into.device.type != "cpu" or not into.is_contiguous():
         return None
-    return into if combined_at(into.data_ptr(), nbytes, [view.data_ptr() for view in views],
-                               dtype, op) else None
+    _combine_from(into.data_ptr(), nbytes, [view.data_ptr() for view in views], numbers)
+    return into
 
 
 def combined_at(into: int, nbytes: int, addresses: Sequence[int], dtype, op: str) -> bool:
@@ -364,9 +365,13 @@ def combined_at(into: int, nbytes: int, addresses: Sequence[int], dtype, op: str
     numbers = combinable(dtype, op)
     if _collective is None or numbers is None:
         return False
+    _combine_from(into, nbytes, addresses, numbers)
+    return True
+
+
+def _combine_from(into: int, nbytes: int, addresses: Sequence[int], numbers: tuple[int, int]):
     if nbytes:
         _collective.combine_from(into, nbytes, tuple(addresses), *numbers)
-    return True
 
 
 def peer_addresses(core, pes: tuple[int, ...], tensor: torch.Tensor) -> tuple[int, ...] | None:
