@@ -191,26 +191,8 @@ int parse_payload(const Head *h, PyObject *const *args, int writing, Payload *p)
     return 0;
 }
 
-/* a spinning read's pause: it yields the core's pipeline to a hyperthread
- * sibling (perhaps the PE this one waits for) and saves power */
-static inline void spin_pause(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 /* reads of the others' slots that a step makes before it lets other threads run */
 #define HOT_SPINS 32
-
-/* A step that waits long yields the core at one read in YIELD_EVERY (a power of
- * two) and pauses at the others, staying on its core as OSHMEM's progress loop
- * does: on the 16-core machine, while 15 PEs waited in a barrier, PE 0's put of
- * 1 MiB ran at 15.3-19.1 GB/s where they yielded at every read, 15.3-15.8 where
- * they slept and 20.5-21.8 where they spun (docs/performance.md). With more PEs
- * than cores the yield still comes every few microseconds. */
-#define YIELD_EVERY 64
 
 static long long monotonic_ns(void);
 
@@ -263,8 +245,8 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
      * `spin->hot_ns` (the clock read every 16th): a step whose PEs arrive
      * together (a barrier in a loop) ends in them, and releasing and taking
      * the GIL again cost about as much as the wait itself there. The rest go
-     * without it, and from the 64th on every YIELD_EVERY-th yields the core (the
-     * others pause). The monotonic clock is
+     * without it, and wait between reads as every waiting loop here does
+     * (shared.h: wait_between_reads). The monotonic clock is
      * first read at the HOT_SPINS-th read (spin->since): a step that does not
      * wait reads no clock here (a clock read is a tenth of a barrier). */
     PyThreadState *released = NULL;
@@ -308,7 +290,7 @@ static Py_ssize_t run_exchange(const Head *h, long long seq, const int64_t *vect
             flags[pe] = 1;
             left--;
         }
-        if (left && released && i >= 64 && (i & (YIELD_EVERY - 1)) == 0) sched_yield();
+        if (left && released) wait_between_reads(i);
         else if (left) spin_pause();
     }
     if (released) PyEval_RestoreThread(released);

@@ -422,7 +422,7 @@ static PyObject *native_board_read(PyObject *self, PyObject *const *args, Py_ssi
             int64_t check = __atomic_load_n(words + 1 + n, __ATOMIC_RELAXED);
             ok = dst[seq_word] == seq && check == (int64_t)crc32_of((unsigned char *)dst, (size_t)n * 8);
         }
-        if (!ok && i >= 64) sched_yield();
+        if (!ok) wait_between_reads(i);
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&out);
