@@ -42,6 +42,15 @@
  *       the same from a tuple of addresses (each PE's source through the
  *       node's mappings, in team PE order): a larger reduce on the node.
  *   deliver(dst, scratch, offset, nbytes)   memmove scratch[offset:+nbytes] to dst.
+ *   deliver_collected(dst, scratch, n, stride, d, s, dest_count, size) -> bool
+ *       a collect's delivery (transport/nodecoll.py's Collected): the n PEs'
+ *       payloads lie `stride` bytes apart in scratch, each a byte count (int64)
+ *       then that many bytes. Where the counts pass collect's check (their
+ *       elements of `size` bytes fit dest's `dest_count` at heap offset d, and
+ *       dest's part written overlaps no source, the widest count at heap
+ *       offset s), the bytes are written to dst one PE after the other and
+ *       True returned; else False, nothing written: the Python check raises
+ *       collect's own error there.
  *   call_key(kind, group_id, values, target, source, ndarray, memory)
  *       the NumPy face's memo key of a collective call on arrays target and
  *       source (shmem/collectives.py's python_key, the same tuple), read from
@@ -546,6 +555,8 @@ static PyMethodDef methods[] = {
      "combine_from(dst, nbytes, sources, kind, op)"},
     {"deliver", (PyCFunction)(void (*)(void))coll_deliver, METH_FASTCALL,
      "deliver(dst, scratch, offset, nbytes)"},
+    {"deliver_collected", (PyCFunction)(void (*)(void))coll_deliver_collected, METH_FASTCALL,
+     "deliver_collected(dst, scratch, n, stride, d, s, dest_count, size) -> bool"},
     {"call_key", (PyCFunction)(void (*)(void))coll_call_key, METH_FASTCALL,
      "call_key(kind, group_id, values, target, source, ndarray, memory) -> key or None"},
     {NULL, NULL, 0, NULL},

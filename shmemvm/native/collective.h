@@ -95,6 +95,7 @@ int quick_exec(PyObject *module, PyTypeObject *stepper);
 PyObject *coll_combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *coll_combine_from(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *coll_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *coll_deliver_collected(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *coll_call_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* the data side's part of the module's exec: its tables (KINDS, REDUCE_OPS) and names */
 int collective_data_exec(PyObject *module);

@@ -209,6 +209,70 @@ PyObject *coll_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 }
 
 
+/* deliver_collected(dst, scratch, n, stride, d, s, dest_count, size) -> bool */
+PyObject *coll_deliver_collected(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "deliver_collected(dst, scratch, n, stride, d, s, dest_count, size)");
+        return NULL;
+    }
+    Py_ssize_t n, stride, d, s, dest_count, size;
+    if (get_ssize(args[2], &n, 1, "deliver_collected: n") < 0
+        || get_ssize(args[3], &stride, 16, "deliver_collected: stride") < 0
+        || get_ssize(args[4], &d, 0, "deliver_collected: d") < 0
+        || get_ssize(args[5], &s, 0, "deliver_collected: s") < 0
+        || get_ssize(args[6], &dest_count, 0, "deliver_collected: dest_count") < 0
+        || get_ssize(args[7], &size, 1, "deliver_collected: size") < 0)
+        return NULL;
+    Py_buffer scratch;
+    if (PyObject_GetBuffer(args[1], &scratch, PyBUF_SIMPLE) < 0) return NULL;
+    if (n > scratch.len / stride) {
+        PyBuffer_Release(&scratch);
+        PyErr_Format(PyExc_ValueError, "deliver_collected: %zd payloads of %zd bytes in a "
+                     "scratch of %zd", n, stride, scratch.len);
+        return NULL;
+    }
+    const unsigned char *payloads = (const unsigned char *)scratch.buf;
+    /* the counts as the Python check reads them (collectives._collect_fits), in
+     * elements; anything it would refuse, or a count that does not fit its payload,
+     * is left to it (False, nothing written) */
+    long long total = 0, widest = 0, nbytes = 0;
+    int fits = 1;
+    for (Py_ssize_t pe = 0; pe < n && fits; pe++) {
+        int64_t count;
+        memcpy(&count, payloads + pe * stride, 8);
+        if (count < 0 || count > stride - 8) {
+            fits = 0;
+            break;
+        }
+        total += count / size;
+        if (count / size > widest) widest = count / size;
+        nbytes += count;
+    }
+    if (fits && total > dest_count) fits = 0;
+    if (fits) {
+        long long nd = total * size, ns = widest * size;   /* (at most n * stride each) */
+        if (nd && ns && d < s + ns && s < d + nd) fits = 0;
+    }
+    uintptr_t dst = 0;
+    if (fits && parse_address(args[0], &dst, (unsigned long long)nbytes, 0,
+                              "deliver_collected: dst") < 0) {
+        PyBuffer_Release(&scratch);
+        return NULL;
+    }
+    if (fits) {
+        unsigned char *to = (unsigned char *)dst;
+        for (Py_ssize_t pe = 0; pe < n; pe++) {
+            int64_t count;
+            memcpy(&count, payloads + pe * stride, 8);
+            if (count) memmove(to, payloads + pe * stride + 8, (size_t)count);
+            to += count;
+        }
+    }
+    PyBuffer_Release(&scratch);
+    return PyBool_FromLong(fits);
+}
+
 /* -- call_key: a replayed collective's memo key of the NumPy face -------------------
  * The leading fields of a NumPy array, as NumPy's PyArrayObject_fields lays
  * them out. They are NumPy's ABI (its PyArray_DATA()... macros compile these

@@ -522,7 +522,7 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
         if carried is not None:
             fused.deliver_collected(carried, dest.data.data_ptr())
             return fused.plan(t, nodecoll.Collected(dest.data.data_ptr(), functools.partial(
-                _collect_settled, what, d, s, dest_count, size)))
+                _collect_settled, what, d, s, dest_count, size), (d, s, dest_count, size)))
         counts = [c * size for c in counts]           # in bytes from here on
         displs = [sum(counts[:i]) for i in range(len(counts))]
         flat = dest.data

@@ -107,9 +107,14 @@ class Collected(NamedTuple):
     """What a collect's step leaves to do (its `after`): every PE's byte count
     checked by `settle(counts)`, which raises alike on every PE where they do
     not fit dest (it depends on the other PEs' counts: checked every call),
-    then the carried bytes written at address `dest`, in team order."""
+    then the carried bytes written at address `dest`, in team order. `bounds`
+    (dest's heap offset, source's, dest's elements, the element size) are what
+    settle checks the counts against: C checks and writes them in one call
+    first (_collective.deliver_collected), and leaves the rest to settle
+    where they fail."""
     dest: int
     settle: Any
+    bounds: tuple[int, int, int, int] | None = None
 
 
 class Plan(NamedTuple):
@@ -192,7 +197,7 @@ class Fusion:
         quick = None
         if self.board is not None:
             # collect's payload is filled again before each step (refresh), and its
-            # counts checked after it (Collected, in Python: _deliver)
+            # counts checked after it (Collected: _deliver)
             deliver = (_deliver, (self.board, self.n, after)) if type(after) is Collected \
                 else _delivery(self.board, self.n, after)
             quick = group.quick_step(call, self.board.staging(*self.stage_args), deliver,
@@ -317,6 +322,10 @@ def _deliver(board: Board, n: int, after: tuple) -> None:
     (address, nbytes, kind, op) for a reduction combined in C, or a Collected
     (collect's: the counts checked first)."""
     if type(after) is Collected:
+        if after.bounds is not None and _collective is not None and \
+                _collective.deliver_collected(after.dest, board.scratch, n, PAYLOAD,
+                                              *after.bounds):
+            return
         counts = _carried_counts(board, n)
         after.settle(counts)   # (raises on every PE alike: nothing written)
         _deliver_collected(board, counts, after.dest)

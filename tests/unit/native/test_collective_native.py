@@ -140,6 +140,52 @@ def test_combine_from_addresses_is_combine_and_refuses_overlaps():
         _collective.combine_from(got.ctypes.data, 400, [parts[0].ctypes.data], 8, 0)
 
 
+
+@pytest.mark.parametrize("seed", range(6))
+def test_deliver_collected_writes_what_the_python_check_and_delivery_write(seed):
+    """A collect's delivery in one call (nodecoll.Collected) against the Python
+    path it shortcuts (collectives._collect_fits, then nodecoll's delivery):
+    on random counts, bounds and element sizes, C writes exactly the Python
+    path's bytes where its check passes, and nothing where it refuses the
+    counts or a count does not fit its payload (the Python path decides there)."""
+    from types import SimpleNamespace
+
+    from shmemvm.agreement.board import PAYLOAD
+    from shmemvm.openshmem.collectives import _collect_fits
+    from shmemvm.transport import nodecoll
+    rng = np.random.default_rng(seed)
+    outcomes = set()
+    for _ in range(60):
+        n, size = int(rng.integers(1, 6)), int(rng.choice([1, 2, 4, 8, 16]))
+        words = array.array("q", bytes(n * PAYLOAD))
+        raw = np.frombuffer(words, dtype=np.uint8)
+        raw[:] = rng.integers(0, 256, raw.size, dtype=np.uint8)
+        counts = [int(rng.integers(0, 40)) * size for _ in range(n)]
+        if rng.random() < 0.15:   # a count past its payload, or below zero
+            counts[int(rng.integers(n))] = int(rng.choice([-size, PAYLOAD - 8 + size]))
+        for pe, count in enumerate(counts):
+            words[pe * PAYLOAD // 8] = count
+        total = sum(max(c, 0) for c in counts)
+        dest_count = int(rng.integers(0, total // size + 8))
+        d = int(rng.integers(0, 4)) * 256
+        s = d + int(rng.integers(-300, 600)) if rng.random() < 0.5 else d + 100_000
+        s = max(s, 0)
+        got = np.full(total + 64, 0xEE, dtype=np.uint8)
+        want = got.copy()
+        written = _collective.deliver_collected(got.ctypes.data, words, n, PAYLOAD, d, s,
+                                                dest_count, size)
+        outcomes.add(written)
+        try:
+            _collect_fits("collect", d, s, dest_count, size, [c // size for c in counts])
+            if not all(0 <= c <= PAYLOAD - 8 for c in counts):
+                raise ValueError("a count past its payload")
+        except ValueError:
+            assert written is False and got.tobytes() == want.tobytes()
+            continue
+        nodecoll._deliver_collected(SimpleNamespace(scratch=words), counts, want.ctypes.data)
+        assert written is True and got.tobytes() == want.tobytes()
+    assert outcomes == {True, False}   # (both sides of the check, every seed)
+
 def test_every_entry_point_refuses_bad_arguments():
     memory, board, nbytes = _board(2)
     vector, out, done = array.array("q", bytes(32)), array.array("q", bytes(32)), bytearray(2)
@@ -173,6 +219,14 @@ def test_every_entry_point_refuses_bad_arguments():
         lambda: _collective.deliver(out.buffer_info()[0], bytearray(8), 4, 8),
         lambda: _collective.deliver(out.buffer_info()[0], bytearray(8), 0, -1),
         lambda: _collective.deliver(1 << 60, bytearray(8), 0, 8),
+        lambda: _collective.deliver_collected(out.buffer_info()[0], bytearray(64), 2, 64, 0,
+                                              0, 8, 8),                          # scratch short
+        lambda: _collective.deliver_collected(out.buffer_info()[0], bytearray(128), 2, 64, -1,
+                                              0, 8, 8),
+        lambda: _collective.deliver_collected(out.buffer_info()[0], bytearray(128), 2, 64, 0,
+                                              0, 8, 0),                          # no element size
+        lambda: _collective.deliver_collected(0, bytearray([8] + [0] * 127), 2, 64, 0, 64, 8,
+                                              8),                                # null dst
     ]
     for i, call in enumerate(bad):
         with pytest.raises(ValueError):
