@@ -233,7 +233,7 @@ def _core_receiver(node: ast.expr, names=("heap", "core", "h")) -> bool:
 
 
 def _protocol_members(tree: ast.Module, name: str) -> dict[str, str | None]:
-    """The members of Protocol class `name` of core/state.py (its Protocol bases'
+    """The members of Protocol class `name` of core/door.py (its Protocol bases'
     too), each with its annotation's name where it has one (a facet's type)."""
     cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
     members: dict[str, str | None] = {}
@@ -250,9 +250,9 @@ def _protocol_members(tree: ast.Module, name: str) -> dict[str, str | None]:
 
 
 def _door() -> tuple[set[str], dict[str, set[str]]]:
-    """core/state.py's Core Protocol: its members (all a routine may use of the
-    core), and its facets (members typed by a Protocol of state.py) with theirs."""
-    tree = ast.parse((PACKAGE / "core" / "state.py").read_text())
+    """core/door.py's Core Protocol: its members (all a routine may use of the
+    core), and its facets (members typed by a Protocol of door.py) with theirs."""
+    tree = ast.parse((PACKAGE / "core" / "door.py").read_text())
     protocols = {node.name for node in tree.body if isinstance(node, ast.ClassDef) and any(
         isinstance(base, ast.Name) and base.id == "Protocol" for base in node.bases)}
     members = _protocol_members(tree, "Core")
@@ -289,7 +289,7 @@ def test_no_reach_through_a_part_of_the_core():
 
 def test_the_routines_use_the_core_through_its_door_only():
     """Every attribute of a core that openshmem/ and the faces above it use is a
-    member of the Core Protocol (core/state.py), the one typed door, and every
+    member of the Core Protocol (core/door.py), the one typed door, and every
     attribute they use of one of its facets (`heap.where.locate`) is a member
     of that facet's Protocol."""
     door, facets = _door()
