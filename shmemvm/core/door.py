@@ -121,6 +121,7 @@ class Where(Protocol):
     # -- the target, resolved once an operation (transport/target.py) --------------------
     def locate(self, tensor: torch.Tensor, pe: int, role: str) -> Target: ...
     def locate_in(self, allocation: torch.Tensor, address: int, pe: int) -> Target | None: ...
+    def located(self, tensor: torch.Tensor, pe: int) -> Target | None: ...   # the torch one pass
     def array_address(self, array: Any) -> int | None: ...   # the NumPy face's one pass
     #: the NumPy face's collective memo key in one native call, or None (the Locator's)
     call_key: Callable[..., tuple | None] | None

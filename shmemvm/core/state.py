@@ -224,6 +224,9 @@ class HeapCore:
         #: (retire(), release_dead()), so that a repeated put or atomic resolves in one
         #: dict lookup
         self._located: dict[tuple[int, int], Target] = {}
+        #: located()'s memo, alike: (address, pe) -> (a weak reference to the storage of
+        #: the tensor located there, its Target)
+        self._located_tensors: dict[tuple[int, int], tuple[weakref.ref, Target]] = {}
         #: recall()'s memo, alike: what a routine checked of its operands (a fused
         #: collective's Plan, transport/nodecoll.py), by a key of the face's, kept
         #: while every block stays live here (forget() clears both)
@@ -459,6 +462,31 @@ class HeapCore:
             return None
         return self._target(block, address, pe)
 
+    def located(self, tensor: torch.Tensor, pe: int) -> Target | None:
+        """locate() for the torch face's one-pass put and get (openshmem/rma.py):
+        the Target of `tensor` (exactly a torch.Tensor) on PE `pe` (a checked
+        PE number), remembered with a weak reference to tensor's storage while
+        every block stays live (forget()): the same storage at the same address
+        is then the same live block, found in one lookup. None where the heap
+        is unusable or `tensor` views no live block here, so that the caller
+        takes locate(), which names what is wrong."""
+        if self.closed or self.agreement.broken:
+            return None
+        storage = tensor.untyped_storage()
+        key = (tensor.data_ptr(), pe)
+        kept = self._located_tensors.get(key)
+        if kept is not None and kept[0]() is storage:
+            return kept[1]
+        try:
+            block = self.local.block_of(tensor)
+        except NotSymmetricError:
+            return None
+        target = self._target(block, key[0], pe)   # (data_ptr(): locate()'s address)
+        if len(self._located_tensors) >= _LOCATED_MAX:   # (many addresses: start again)
+            self._located_tensors.clear()
+        self._located_tensors[key] = (weakref.ref(storage), target)
+        return target
+
     def _target(self, block: Block, address: int, pe: int) -> Target:
         """The Target of the byte at `address` inside live `block` on PE `pe`,
         from the memo of locate() and locate_in() (kept while every block stays
@@ -489,6 +517,7 @@ class HeapCore:
         live here (a free, a release), a team was destroyed (its Plans hold
         its group), or the heap is torn down."""
         self._located.clear()
+        self._located_tensors.clear()
         self._recalled.clear()
 
     def array_address(self, array: Any) -> int | None:

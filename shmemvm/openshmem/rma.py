@@ -78,7 +78,9 @@ def put(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None
             transfer within the heap's timeout (SHMEMVM_TIMEOUT); the heap
             is unusable afterwards.
     """
-    transfer(ctx.core, dest, source, ctx.world_pe(pe), writing=True, tracker=None)
+    pe = ctx.world_pe(pe)
+    if not _copied_by_cpu(ctx.core, dest, source, pe, True):
+        transfer(ctx.core, dest, source, pe, writing=True, tracker=None)
 
 
 def get(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
@@ -108,7 +110,9 @@ def get(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None
             transfer within the heap's timeout (SHMEMVM_TIMEOUT); the heap
             is unusable afterwards.
     """
-    transfer(ctx.core, dest, source, ctx.world_pe(pe), writing=False, tracker=None)
+    pe = ctx.world_pe(pe)
+    if not _copied_by_cpu(ctx.core, source, dest, pe, False):
+        transfer(ctx.core, dest, source, pe, writing=False, tracker=None)
 
 
 def put_nbi(ctx: Context, dest: torch.Tensor, source: torch.Tensor, pe: int) -> None:
@@ -229,13 +233,9 @@ def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
         else:
             window.get(local, remote, pe, target.block, tracker)
         return
-    if tracker is None and target.cpu_address is not None:
-        nbytes = _cpu_copyable(remote, local)
-        if nbytes:   # one memmove between the PE's copy and `local` (overlap is fine)
-            there, here = target.cpu_address, local.data_ptr()
-            dst_address, src_address = (there, here) if writing else (here, there)
-            native.copy(dst_address, src_address, nbytes)
-            return
+    if tracker is None and target.cpu_address is not None and _cpu_copy(
+            target, remote, local, writing, _cpu_copyable(remote, local)):
+        return
     if target.mapping is not None:   # a node peer's: copied through its mapping
         remote = target.copy_view(remote)
     dst, src = (remote, local) if writing else (local, remote)
@@ -249,6 +249,41 @@ def transfer(heap: Core, dest: torch.Tensor, source: torch.Tensor, pe: int, *,
         heap.where.copy(dst, src)
     else:
         tracker.copy(dst, src)
+
+
+def _copied_by_cpu(heap: Core, symmetric, local, pe: int, writing: bool) -> bool:
+    """A blocking put or get in one pass, where it is one: exact torch.Tensors of
+    one dtype and shape, a copy _cpu_copyable() takes, and the symmetric one on
+    a target the CPU copies to, located in one lookup (Where.located): transfer()'s
+    own copy (_cpu_copy), less its steps that these checks stand for (put 8 B:
+    about 1 us of 3 on the 2-core machine). False (nothing done) for anything
+    else, and for anything wrong, which transfer() then names. `pe` is a
+    checked PE number."""
+    if type(symmetric) is not torch.Tensor or type(local) is not torch.Tensor \
+            or symmetric.dtype != local.dtype or symmetric.shape != local.shape:
+        return False
+    nbytes = _cpu_copyable(symmetric, local)
+    if not nbytes:
+        return False
+    target = heap.where.located(symmetric, pe)
+    return target is not None and _cpu_copy(target, symmetric, local, writing, nbytes)
+
+
+def _cpu_copy(target, symmetric: torch.Tensor, local: torch.Tensor, writing: bool,
+              nbytes: int) -> bool:
+    """The `nbytes` that _cpu_copyable() gave for `symmetric` (on `target`) and
+    `local` copied as one memmove between the PE's copy and `local` (overlap is
+    fine), where the CPU copies to that target; False (nothing done) elsewhere,
+    or for no bytes."""
+    there = target.cpu_address
+    if not nbytes or there is None:
+        return False
+    here = local.data_ptr()
+    if writing:
+        native.copy(there, here, nbytes)
+    else:
+        native.copy(here, there, nbytes)
+    return True
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int]:

@@ -71,7 +71,7 @@ class FakeCore:
                                         device=self.device)
         self.cpu = cpu
         self.freed = False
-        self.located: list[tuple[int, int]] = []
+        self.targets: list[tuple[int, int]] = []   # (pe, offset) of each Target made
         self.segment = Segment(0, SIZE, 1)
         #: the door's facets (Core.calls, .where, ...): the fake itself, as HeapCore's are
         self.calls = self.where = self.memory = self.contexts = self
@@ -100,6 +100,9 @@ class FakeCore:
         block = self.symmetric(tensor, role)
         return self._target(block, tensor.data_ptr() - self.mine.data_ptr(), pe)
 
+    def located(self, tensor, pe):
+        return None   # (no one pass kept: every put and get takes transfer())
+
     def locate_in(self, allocation, address, pe):
         if self.freed:
             return None
@@ -107,7 +110,7 @@ class FakeCore:
                             address - self.mine.data_ptr(), pe)
 
     def _target(self, block, offset, pe):
-        self.located.append((pe, offset))
+        self.targets.append((pe, offset))
         memory = self.mine if pe == 0 else self.theirs
         address = memory.data_ptr() + offset
         return Target(pe, Route.SELF if pe == 0 else Route.NODE, block, offset, address,
@@ -140,7 +143,7 @@ def test_put_and_get_go_through_the_located_target():
     rma.put(core, dest, torch.arange(4, dtype=torch.float32), 1)
     assert core.theirs.view(torch.float32)[4:8].tolist() == [0, 1, 2, 3]   # PE 1's copy
     assert core.mine.count_nonzero() == 0                               # not this PE's
-    assert core.located == [(1, 16)]                                    # located once
+    assert core.targets == [(1, 16)]                                    # located once
     got = torch.empty(4, dtype=torch.float32)
     rma.get(core, got, dest, 1)
     assert got.tolist() == [0, 1, 2, 3]
