@@ -13,7 +13,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from shmemvm import FreedTensorError, NotSymmetricError, SymmetricHeap, native
+from shmemvm import FreedTensorError, NotSymmetricError, ShmemError, SymmetricHeap, native
 from shmemvm.core.state import parts_of
 from shmemvm.openshmem import rma
 
@@ -70,6 +70,7 @@ def test_a_repeated_put_and_get_take_one_pass_and_refuse_what_transfer_refuses(m
         h.put(x, torch.arange(8).view(2, 4), peer)
         h.barrier_all()
         assert x.tolist() == list(range(8))
+        h.barrier_all()   # (read before the peer writes x again)
 
         # a view of a block freed since it was located: FreedTensorError, nothing copied
         view = x[2:]
@@ -99,3 +100,12 @@ def test_a_repeated_put_and_get_take_one_pass_and_refuse_what_transfer_refuses(m
         assert y.tolist() == [5] * 8
         del view, alias
         h.free(y)
+        kept = h.zeros(4, torch.int64)
+        for _ in range(2):
+            h.put(kept, torch.ones(4, dtype=torch.int64), peer)
+        h.barrier_all()
+    # a finalized heap: the one pass steps aside, and the general path says why
+    with pytest.raises(ShmemError, match="finaliz"):
+        h.put(kept, torch.ones(4, dtype=torch.int64), peer)
+    with pytest.raises(ShmemError, match="finaliz"):
+        h.get(torch.zeros(4, dtype=torch.int64), kept, peer)
