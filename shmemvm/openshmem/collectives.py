@@ -521,8 +521,8 @@ def collect_bytes(heap: Core, operands: Callable[[], tuple[Operand, Operand]], *
             return None
         if carried is not None:
             fused.deliver_collected(carried, dest.data.data_ptr())
-            return fused.plan(t, nodecoll.Collected(dest.data.data_ptr(), functools.partial(
-                _collect_settled, what, d, s, dest_count, size), (d, s, dest_count, size)))
+            return fused.plan(t, nodecoll.Collected(dest.data.data_ptr(), (d, s, dest_count, size),
+                                                    functools.partial(_collect_settled, what)))
         counts = [c * size for c in counts]           # in bytes from here on
         displs = [sum(counts[:i]) for i in range(len(counts))]
         flat = dest.data
@@ -791,9 +791,9 @@ def _fold_members(heap: Core, t, source: Operand, op: str, combine: Combine, lo:
     """Bytes [lo, hi) of source combined over t's members (on this node), in team
     order, so bitwise the same on every PE: into `into` (contiguous CPU bytes that
     overlap no member's source but the first member's) where it is given and C
-    folds, else into a new tensor, which is returned. In C at the
-    members' addresses where the CPU copies (nodecoll.peer_addresses: a torch view
-    and copy_ of a slice cost 3 to 6 us a PE), else in C through torch views of
+    folds, else into a new tensor, which is returned. In C at the members'
+    addresses where the CPU copies (nodecoll.peer_addresses: a torch view and
+    copy_ of a slice cost 3 to 6 us a PE), else in C through torch views of
     their mappings, else by the face's combiner: the same bytes every way."""
     if into is not None:
         sources = nodecoll.peer_addresses(heap, t.pes, source.data)

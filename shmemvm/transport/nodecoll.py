@@ -105,16 +105,15 @@ def element_kind(dtype) -> int | None:
 
 class Collected(NamedTuple):
     """What a collect's step leaves to do (its `after`): every PE's byte count
-    checked by `settle(counts)`, which raises alike on every PE where they do
-    not fit dest (it depends on the other PEs' counts: checked every call),
-    then the carried bytes written at address `dest`, in team order. `bounds`
-    (dest's heap offset, source's, dest's elements, the element size) are what
-    settle checks the counts against: C checks and writes them in one call
-    first (_collective.deliver_collected), and leaves the rest to settle
-    where they fail."""
+    checked against `bounds` (dest's heap offset, source's, dest's elements,
+    the element size), then the carried bytes written at address `dest`, in
+    team order. It depends on the other PEs' counts: checked every call. C
+    checks and writes them in one call (_collective.deliver_collected); where
+    they do not fit, `settle(*bounds, counts)` raises collect's own error,
+    alike on every PE."""
     dest: int
+    bounds: tuple[int, int, int, int]
     settle: Any
-    bounds: tuple[int, int, int, int] | None = None
 
 
 class Plan(NamedTuple):
@@ -322,12 +321,11 @@ def _deliver(board: Board, n: int, after: tuple) -> None:
     (address, nbytes, kind, op) for a reduction combined in C, or a Collected
     (collect's: the counts checked first)."""
     if type(after) is Collected:
-        if after.bounds is not None and _collective is not None and \
-                _collective.deliver_collected(after.dest, board.scratch, n, PAYLOAD,
-                                              *after.bounds):
+        if _collective is not None and _collective.deliver_collected(
+                after.dest, board.scratch, n, PAYLOAD, *after.bounds):
             return
         counts = _carried_counts(board, n)
-        after.settle(counts)   # (raises on every PE alike: nothing written)
+        after.settle(*after.bounds, counts)   # (raises on every PE alike: nothing written)
         _deliver_collected(board, counts, after.dest)
     else:
         write, args = _delivery(board, n, after)
