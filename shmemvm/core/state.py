@@ -456,11 +456,7 @@ class HeapCore:
             return self._located[address, pe]
         except KeyError:
             pass
-        try:
-            block = self.local.block_of(allocation)
-        except NotSymmetricError:
-            return None
-        return self._target(block, address, pe)
+        return self._live_target(allocation, address, pe)
 
     def located(self, tensor: torch.Tensor, pe: int) -> Target | None:
         """locate() for the torch face's one-pass put and get (openshmem/rma.py):
@@ -477,15 +473,23 @@ class HeapCore:
         kept = self._located_tensors.get(key)
         if kept is not None and kept[0]() is storage:
             return kept[1]
-        try:
-            block = self.local.block_of(tensor)
-        except NotSymmetricError:
+        target = self._live_target(tensor, key[0], pe)   # (data_ptr(): locate()'s address)
+        if target is None:
             return None
-        target = self._target(block, key[0], pe)   # (data_ptr(): locate()'s address)
         if len(self._located_tensors) >= _LOCATED_MAX:   # (many addresses: start again)
             self._located_tensors.clear()
         self._located_tensors[key] = (weakref.ref(storage), target)
         return target
+
+    def _live_target(self, tensor: torch.Tensor, address: int, pe: int) -> Target | None:
+        """_target() of the byte at `address` of the live block `tensor` views,
+        or None where it views none here (locate_in() and located(): their
+        caller's general path names why)."""
+        try:
+            block = self.local.block_of(tensor)
+        except NotSymmetricError:
+            return None
+        return self._target(block, address, pe)
 
     def _target(self, block: Block, address: int, pe: int) -> Target:
         """The Target of the byte at `address` inside live `block` on PE `pe`,
