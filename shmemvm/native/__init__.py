@@ -84,6 +84,40 @@ def wanted(value=None) -> bool:
     return _native is not None and _collective is not None
 
 
+class PyHeapMemory:
+    """One allocation of the heap, as NumPy sees it (the NumPy face's object
+    at the end of every heap array's base chain: shmem/arrays.py): the array
+    interface of a uint8 tensor of its block, whose storage is the block's
+    own. The pure Python one; views.c's HeapMemory is the compiled one (a
+    buffer, which NumPy takes in a tenth of the time)."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        # from the storage: a tensor without elements has no data_ptr()
+        self.address = int(tensor.untyped_storage().data_ptr() + tensor.storage_offset())
+        self.nbytes = tensor.numel()
+
+    @property
+    def __array_interface__(self) -> dict:
+        return {"data": (self.address, False), "shape": (self.nbytes,), "typestr": "|u1",
+                "version": 3}
+
+
+def _local() -> bool:
+    """wanted(), for what no other PE takes part in (so no vote): a bad
+    setting leaves it Python's here, and init() raises for it."""
+    try:
+        return wanted()
+    except ValueError:
+        return False
+
+
+#: HeapMemory(tensor): the type of the NumPy face's allocations (`tensor`,
+#: `address`, `nbytes`; numpy.asarray(memory) is a uint8 array over them):
+#: views.c's where the compiled piece is built and wanted, else PyHeapMemory
+HeapMemory: type = _native.HeapMemory if _local() else PyHeapMemory
+
+
 def atomic(address: int, code: str, op: int, value=0, cond=0):
     """One atomic operation on the word at `address` (checked by the caller:
     mapped, aligned, of typecode `code`); the value before it."""

@@ -18,6 +18,8 @@
  *       spins, out)                         write this PE's slot of a step of
  *       the agreement's shared-memory board, poll another's (agreement/
  *       board.py has the layout and protocol).
+ *   HeapMemory(tensor)                      the NumPy face's buffer over an
+ *       allocation's bytes (views.c).
  *
  * Every function takes plain integers (addresses) and keeps no state: the
  * Python side checks every argument first (bounds, alignment, the live block)
@@ -40,6 +42,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include "shared.h"
+#include "views.h"
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
@@ -454,6 +457,7 @@ static int exec_module(PyObject *module) {
     if (PyModule_AddObjectRef(module, "FAST_STRINGS", fast_strings ? Py_True : Py_False) < 0)
         return -1;
     if (add_numbering(module, "WORDS", word_codes, W_COUNT) < 0) return -1;
+    if (add_views(module) < 0) return -1;
     return add_numbering(module, "OPERATIONS", op_names, OP_COUNT);
 }
 

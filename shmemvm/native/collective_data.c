@@ -308,8 +308,9 @@ static long long int_attribute(PyObject *obj, PyObject *name) {
 
 /* The facts of array `a` that a collective's checks read, as four new
  * references in `facts` (its data address, shape, strides, dtype), where `a` is
- * exactly an ndarray whose base chain of exact ndarrays ends at an object of
- * exactly type `memory` (the face's HeapMemory) and whose bytes lie inside it
+ * exactly an ndarray whose base chain of exact ndarrays (then perhaps a
+ * memoryview: NumPy's of a buffer) ends at an object of exactly type `memory`
+ * (the face's HeapMemory) and whose bytes lie inside it
  * (its `address` and `nbytes`). 1 where they were made, 0 where `a` is
  * anything else (the caller's Python path decides then), -1 on an error. */
 static int array_facts(PyObject *a, PyTypeObject *ndarray, PyTypeObject *memory,
@@ -318,6 +319,8 @@ static int array_facts(PyObject *a, PyTypeObject *ndarray, PyTypeObject *memory,
     numpy_array *array = (numpy_array *)a;
     PyObject *owner = array->base;
     while (owner != NULL && Py_TYPE(owner) == ndarray) owner = ((numpy_array *)owner)->base;
+    if (owner != NULL && Py_TYPE(owner) == &PyMemoryView_Type)   /* NumPy's view of a buffer */
+        owner = PyMemoryView_GET_BUFFER(owner)->obj;             /* (NULL once released) */
     if (owner == NULL || Py_TYPE(owner) != memory || array->nd < 0 || array->nd > 64) return 0;
     long long first = int_attribute(owner, name_address);
     if (first < 0) return -1;

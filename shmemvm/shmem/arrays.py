@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from .. import _args, api
+from .. import _args, api, native
 from ..transport import target
 from ..errors import NotSymmetricError
 from ..core.state import HeapCore
@@ -41,20 +42,19 @@ def heap() -> SymmetricHeap:
 core = api.default_core
 
 
-class HeapMemory:
-    """One allocation of the heap, as NumPy sees it (the array interface of a
-    uint8 tensor of its block, whose storage is the block's own)."""
+class Memory(Protocol):
+    """What a HeapMemory is to the face: one allocation's uint8 tensor, and
+    where its bytes start and how many there are."""
+    tensor: torch.Tensor
+    address: int
+    nbytes: int
 
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor
-        # from the storage: a tensor without elements has no data_ptr()
-        self.address = int(tensor.untyped_storage().data_ptr() + tensor.storage_offset())
-        self.nbytes = tensor.numel()
+    def __init__(self, tensor: torch.Tensor) -> None: ...
 
-    @property
-    def __array_interface__(self) -> dict:
-        return {"data": (self.address, False), "shape": (self.nbytes,), "typestr": "|u1",
-                "version": 3}
+
+#: the type of the object at the end of every heap array's base chain (native's:
+#: the compiled one, a buffer, or the pure Python one, an array interface)
+HeapMemory: type[Memory] = native.HeapMemory
 
 
 def over(tensor: torch.Tensor) -> np.ndarray:
@@ -67,16 +67,14 @@ def shaped(tensor: torch.Tensor, shape: tuple, dtype: np.dtype, order: str) -> n
     return over(tensor).view(dtype).reshape(shape, order=order)
 
 
-def owner(obj) -> HeapMemory | None:
+def owner(obj) -> Memory | None:
     """The HeapMemory at the end of `obj`'s base chain, or None (not heap memory)."""
     while obj is not None:
         kind = type(obj)   # (exact types first: no call for the common chain)
         if kind is np.ndarray:
             obj = obj.base
             continue
-        if kind is HeapMemory:
-            return obj
-        if isinstance(obj, HeapMemory):
+        if kind is HeapMemory or isinstance(obj, HeapMemory):
             return obj
         if isinstance(obj, np.ndarray):
             obj = obj.base
@@ -132,7 +130,7 @@ def check_array(a, role: str, writable: bool) -> np.ndarray:
     return a
 
 
-def locate(a: np.ndarray, role: str) -> tuple[HeapMemory, int]:
+def locate(a: np.ndarray, role: str) -> tuple[Memory, int]:
     """(its allocation, the byte offset in it) of a symmetric array, or NotSymmetricError."""
     start = heap_address(a)
     if start is None:
@@ -157,7 +155,7 @@ def heap_address(a: np.ndarray) -> int | None:
     return start if first <= start <= first + memory.nbytes - a.nbytes else None
 
 
-def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[HeapCore, HeapMemory, int] | None:
+def one_pass(a: np.ndarray, pe, nbytes: int) -> tuple[HeapCore, Memory, int] | None:
     """(heap, allocation, address) of the first `nbytes` of C-contiguous
     array `a`, for the one-pass put/get/atomics (rma.py, atomics.py): where `a`
     lies on the heap with that many bytes inside its allocation, `pe` is an

@@ -134,8 +134,7 @@ def _native_key_agrees() -> bool:
     make = native.call_key
     if make is None:
         return False
-    memory = arrays.HeapMemory(torch.zeros(256, dtype=torch.uint8))
-    whole = np.asarray(memory)
+    whole = arrays.over(torch.zeros(256, dtype=torch.uint8))   # (as the face makes arrays)
     probes = [whole, whole[8:40].view(np.float64), whole[3:19], whole[40:0:-1],
               whole.view(np.int32).reshape(8, 8)[1:5, ::3], whole[:0],
               whole.view(np.int16)[5:6].reshape(()), whole[::-2], np.zeros(4), whole[:8].copy()]

@@ -1045,10 +1045,15 @@ class TestData:
             return "tensor"
 
         monkeypatch.setattr(_dlpack, "_from_dlpack", from_dlpack)
-        assert be.tensor(0x7F00_0020_0000, (3, 5), torch.bfloat16) == "tensor"
-        assert seen == {"data": 0x7F00_0020_0000, "device": (_dlpack.KDL_ROCM, 1),
-                        "shape": [3, 5], "dtype": (4, 16, 1), "strides": False,
-                        "deleter": None}
+        # both capsules: the compiled piece's (its own struct, which its C deleter
+        # frees) and the ctypes one (one shared struct, no deleter)
+        for compiled in (_dlpack._native_tensor_at, None):
+            monkeypatch.setattr(_dlpack, "_native_tensor_at", compiled)
+            assert be.tensor(0x7F00_0020_0000, (3, 5), torch.bfloat16) == "tensor"
+            deleter = seen.pop("deleter")
+            assert seen == {"data": 0x7F00_0020_0000, "device": (_dlpack.KDL_ROCM, 1),
+                            "shape": [3, 5], "dtype": (4, 16, 1), "strides": False}
+            assert (deleter is not None) == (compiled is not None)
 
     def test_tensor_refuses_unsupported_dtypes(self, backend):
         with pytest.raises(TypeError, match="not supported"):
