@@ -15,7 +15,7 @@ import array
 import enum
 import functools
 import hashlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class Phase(enum.IntEnum):
@@ -242,9 +242,10 @@ def _digest(kind: str, text: str) -> tuple[int, int]:
     return 1 + (int.from_bytes(raw[:8], "little") >> 2), int.from_bytes(raw[8:], "little") >> 1
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What a collective step found out, the same on every PE."""
+class Outcome(NamedTuple):
+    """What a collective step found out, the same on every PE. A named tuple:
+    a step that released blocks makes one, and a frozen dataclass's __init__
+    was a Python frame of every NumPy malloc + free (issue 30)."""
     flag_everywhere: bool           # the `flag` of collective() was True on every PE
     released: frozenset = frozenset()   # offsets every PE had dead, now released
 

@@ -729,10 +729,10 @@ class HeapCore:
                 del self.quick[old]
         self.quick[key] = quick   # type: ignore[index]
 
-    def free(self, find: Callable[[], torch.Tensor], text: str, own: bool = False) -> None:
-        """Free the tensor find() gives, in one agreed step (core/steps.py;
-        openshmem/alloc.py's release() says what find() may raise and `own`)."""
-        steps.free(self, find, text, own)
+    #: free(find, text, own=False): free the tensor find() gives, in one agreed step
+    #: (core/steps.py; openshmem/alloc.py's release() says what find() may raise and
+    #: `own`). The step itself, not a wrapper: a frame of every free saved.
+    free = steps.free
 
     def reallocate(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
         """realloc() as one core call (core/steps.py)."""

@@ -84,8 +84,8 @@ def free(core: Steps, find: Callable[[], torch.Tensor], text: str, own: bool = F
             else:
                 offset = retirement.block.offset   # (its call made where the general path needs it)
                 # this step's quick one, where quiet_all() and agree() have nothing to
-                # do: 0 (agreed, the flag everywhere), the general path's Outcome, or
-                # None (not taken)
+                # do: 0 (agreed, the flag everywhere), -2 (agreed, the flag not
+                # everywhere), the general path's Outcome, or None (not taken)
                 quick = core.quick_free(offset)
                 outcome = quick(retirement.alone) if quick is not None else None
             if outcome is None:
@@ -93,7 +93,8 @@ def free(core: Steps, find: Callable[[], torch.Tensor], text: str, own: bool = F
                     call = free_call(offset)
                 core.quiet_all()
                 outcome = core.agree(call, flag=retirement is not None and retirement.alone)
-            alone_everywhere = True if isinstance(outcome, int) else outcome.flag_everywhere
+            alone_everywhere = outcome == 0 if isinstance(outcome, int) else \
+                outcome.flag_everywhere
             assert retirement is not None   # (else the agreement raised every PE's error)
             # imported memory is unmapped at once: where that fails on one PE, every PE says so
             imported = alone_everywhere and core.local.imported(offset) is not None

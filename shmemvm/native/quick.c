@@ -38,7 +38,10 @@ static PyTypeObject *stepper_type;
  *       the delivery), or its exception. `lock` is released either way.
  *
  *   quick(flag) -> the same, with the step's flag `flag` (truth) in place of
- *       set: a step whose flag is not everywhere (-2) settles.
+ *       set: a step whose flag is not everywhere ends with -2, and returns -2
+ *       as a plain step returns 0 where it delivers nothing and carries no
+ *       dead blocks (a free's, where a PE's block is still viewed); it
+ *       settles otherwise.
  *
  * With `dead` (callable, args, word, guards): where one of its `guards` (as
  * Quick's) names a true value (something is dead here, or pending), the
@@ -400,7 +403,7 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
     Py_ssize_t code = run_step(stepper, self->prompt, self->budget, seq, vector, flag,
                                &self->payload);
     if (attr_set(&self->state[CARRIED], Py_None) < 0) goto release;
-    if (code == 0 && !digest) {
+    if ((code == 0 || (code == -2 && self->deliver == NULL)) && !digest) {
         PyObject *entered = PyLong_FromLongLong(-((int64_t *)stepper->out.buf)[stepper->time_word]);
         if (entered == NULL) goto release;
         failed = attr_set(&self->state[ENTERED], entered);
@@ -415,7 +418,7 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
             }
             Py_DECREF(done);
         }
-        result = PyLong_FromLong(0);
+        result = PyLong_FromSsize_t(code);
         goto release;
     }
     /* the PEs left are read by the board's finish() with the same payload (as step()

@@ -116,7 +116,9 @@ def test_a_deferred_release_rides_in_the_next_quick_allocation(heap, monkeypatch
     first = _offset(heap, t)
     for _ in range(3):
         view = t[16:]                   # a view outlives the free: the release waits for it
-        heap.free(t)
+        paths.agreed = paths.quick = 0
+        heap.free(t)                    # its flag (alone) not everywhere: quick all the same
+        assert paths.agreed == 0 and paths.quick == 1, (paths.agreed, paths.quick)
         assert heap.heap_info()["live_allocations"] == 0   # freed, not yet released
         del view
         gc.collect()
