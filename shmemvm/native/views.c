@@ -34,34 +34,54 @@ static PyObject *call_method(PyObject *obj, const char *name) {
     return result;
 }
 
+/* where a uint8 tensor's bytes start: its data_ptr(), but for a tensor without
+ * elements, whose data_ptr() torch may give as 0: then its storage's start plus
+ * its offset (the pure class's reading, for every tensor) */
+static int start_of(PyObject *tensor, Py_ssize_t nbytes, unsigned long long *address) {
+    PyObject *start;
+    long long skip = 0;
+    if (nbytes > 0) {
+        start = call_method(tensor, "data_ptr");
+    } else {
+        PyObject *storage = call_method(tensor, "untyped_storage");
+        if (storage == NULL) return -1;
+        start = call_method(storage, "data_ptr");
+        Py_DECREF(storage);
+        PyObject *offset = start == NULL ? NULL : call_method(tensor, "storage_offset");
+        skip = offset == NULL ? -1 : PyLong_AsLongLong(offset);
+        Py_XDECREF(offset);
+    }
+    if (start == NULL) return -1;
+    *address = PyLong_AsUnsignedLongLong(start);
+    Py_DECREF(start);
+    if (PyErr_Occurred()) return -1;
+    if (skip < 0) {
+        PyErr_SetString(PyExc_ValueError, "HeapMemory: the tensor's offset must be >= 0");
+        return -1;
+    }
+    *address += (unsigned long long)skip;
+    return 0;
+}
+
 static int memory_init(HeapMemory *self, PyObject *args, PyObject *kwargs) {
     PyObject *tensor;
     static char *names[] = {"tensor", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:HeapMemory", names, &tensor))
         return -1;
-    /* from the storage: a tensor without elements has no data_ptr() */
-    PyObject *storage = call_method(tensor, "untyped_storage");
-    if (storage == NULL) return -1;
-    PyObject *start = call_method(storage, "data_ptr");
-    Py_DECREF(storage);
-    if (start == NULL) return -1;
-    PyObject *offset = call_method(tensor, "storage_offset");
-    PyObject *numel = offset == NULL ? NULL : call_method(tensor, "numel");
-    unsigned long long address = PyLong_AsUnsignedLongLong(start);
-    long long skip = offset == NULL ? -1 : PyLong_AsLongLong(offset);
-    Py_ssize_t nbytes = numel == NULL ? -1 : PyLong_AsSsize_t(numel);
-    Py_DECREF(start);
-    Py_XDECREF(offset);
-    Py_XDECREF(numel);
-    if (PyErr_Occurred()) return -1;
-    if (skip < 0 || nbytes < 0) {
-        PyErr_SetString(PyExc_ValueError, "HeapMemory: the tensor's offset and size must be "
-                                          "non-negative");
+    PyObject *numel = call_method(tensor, "numel");
+    if (numel == NULL) return -1;
+    Py_ssize_t nbytes = PyLong_AsSsize_t(numel);
+    Py_DECREF(numel);
+    if (nbytes < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "HeapMemory: a negative size");
         return -1;
     }
+    unsigned long long address;
+    if (start_of(tensor, nbytes, &address) < 0) return -1;
     Py_INCREF(tensor);
     Py_XSETREF(self->tensor, tensor);
-    self->address = address + (unsigned long long)skip;
+    self->address = address;
     self->nbytes = nbytes;
     return 0;
 }
