@@ -14,9 +14,8 @@
 # and the device run carries it (carry: [".whl"]).
 #
 # Steps: shmem4py built against OSHMEM with oshcc into /tmp/osh (the recipe of the
-# workplace's oshmem-on-device.sh); shmemvm's compiled piece built by meson and each
-# extension copied where the package imports it (gcc on each module's C files where
-# meson fails); then `python -m benchmarks host-vs-oshmem` (--rows goal: issue 30's
+# workplace's oshmem-on-device.sh); shmemvm's compiled pieces built in place
+# (build_compiled.sh); then `python -m benchmarks host-vs-oshmem` (--rows goal: issue 30's
 # rows) with OSHMEM under `oshrun --allow-run-as-root --oversubscribe` and shmemvm
 # under `/usr/bin/mpirun --allow-run-as-root --oversubscribe`, alternating, every PE
 # count in turn round by round, within what is left of BUDGET seconds (default 480).
@@ -75,28 +74,7 @@ else
 fi
 
 echo "== shmemvm's compiled piece ($((SECONDS - START)) s)"
-rm -rf /tmp/svbuild
-MESON=meson; command -v meson >/dev/null || MESON="$PY -m mesonbuild.mesonmain"
-if $MESON setup /tmp/svbuild --buildtype=release >/tmp/svbuild.log 2>&1 \
-        && $MESON compile -C /tmp/svbuild >>/tmp/svbuild.log 2>&1; then
-    # each extension where the package imports it (meson's install path, under shmemvm/)
-    $MESON introspect /tmp/svbuild --installed | $PY -c '
-import json, shutil, sys
-for built, installed in json.load(sys.stdin).items():
-    if built.endswith(".so") and "/shmemvm/" in installed:
-        dest = "shmemvm/" + installed.split("/shmemvm/", 1)[1]
-        shutil.copy(built, dest)
-        print("built", dest)'
-else
-    tail -20 /tmp/svbuild.log
-    echo "meson failed: gcc on each module's C file (a file defining PyInit_<name>), with"
-    echo "the files that define none (a module's other sources: collective_data.c)"
-    for c in shmemvm/native/*.c; do
-        mod=$(grep -o 'PyInit_[A-Za-z0-9_]*' "$c" | head -1 | cut -c8-)
-        [ -n "$mod" ] && gcc -O2 -shared -fPIC -std=c11 -D_GNU_SOURCE $(python3-config --includes) \
-            "$c" $(grep -L PyInit_ shmemvm/native/*.c) -o "shmemvm/native/$mod$(python3-config --extension-suffix)" && echo "built $mod"
-    done
-fi
+PY="$PY" bash benchmarks/device/build_compiled.sh
 $PY -m shmemvm info 2>&1 | head -8
 
 LEFT=$((BUDGET - (SECONDS - START) - 30))

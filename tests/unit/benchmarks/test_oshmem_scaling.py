@@ -228,10 +228,15 @@ def test_the_device_script_is_bash_that_passes_options_the_benchmark_has():
     from benchmarks import host_vs_oshmem, schema
 
     script = os.path.join(schema.ROOT, "benchmarks", "device", "oshmem_scaling.sh")
-    done = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    build = os.path.join(schema.ROOT, "benchmarks", "device", "build_compiled.sh")
+    for path in (script, build):
+        done = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
     with open(script) as f:
         text = f.read()
+    assert "bash benchmarks/device/build_compiled.sh" in text
+    with open(build) as f:   # every C file of a compiled module is found where meson fails
+        assert "shmemvm/native/*.c shmemvm/backends/*.c" in f.read()
     calls = re.findall(r"\$PY -m benchmarks host-vs-oshmem((?:[^\n]*\\\n)*[^\n]*)", text)
     assert len(calls) == 2, calls          # the run, and --redraw where charts are missing
     known = {o for a in host_vs_oshmem._parser()._actions for o in a.option_strings}
