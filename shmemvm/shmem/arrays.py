@@ -73,16 +73,17 @@ def owner(obj) -> Memory | None:
         kind = type(obj)   # (exact types first: no call for the common chain)
         if kind is np.ndarray:
             obj = obj.base
-            continue
-        if kind is HeapMemory or isinstance(obj, HeapMemory):
+        elif kind is HeapMemory:
             return obj
-        if isinstance(obj, np.ndarray):
-            obj = obj.base
-        elif isinstance(obj, memoryview):
-            try:
+        elif kind is memoryview or isinstance(obj, memoryview):   # (NumPy's view of the
+            try:                                                  # compiled one's buffer)
                 obj = obj.obj
             except ValueError:   # a released memoryview
                 return None
+        elif isinstance(obj, HeapMemory):
+            return obj
+        elif isinstance(obj, np.ndarray):
+            obj = obj.base
         else:
             return None
     return None
