@@ -555,7 +555,8 @@ def test_quick_carries_a_payload_delivers_after_a_plain_step_and_checks_what_it_
 def test_quick_without_a_carry_delivers_answers_and_takes_the_flag():
     # an allocation's quick step (HeapCore.quick_allocation): no payload, deliver's
     # result returned where answer is set (0 without); free's passes its flag, and
-    # a step whose flag is not everywhere settles
+    # a step whose flag is not everywhere returns -2 where it delivers nothing and
+    # carries no dead blocks (a free's), and settles where it delivers
     import threading
     memory, board, nbytes = _board(2)
     template = array.array("q", [5, 0, 0, 0, 0, 42])
@@ -573,12 +574,20 @@ def test_quick_without_a_carry_delivers_answers_and_takes_the_flag():
     quiet = make(None, (lambda: taken.append("quiet"), ()), None, False)
     assert _step(board, nbytes, 2, 1, 8, template, send1, out1, done1) == 1
     assert quiet() == 0 and taken[-1] == "quiet"
-    # the flag: PE 1's set, this PE's not (False): agreed, not everywhere (-2), settled
+    # the flag: PE 1's set, this PE's not (False): agreed, not everywhere: -2, as a
+    # plain step's 0, with the agreement's entry time taken from the step as then
     bare = make()
+    owner._entered = None
     assert _step(board, nbytes, 2, 1, 9, template, send1, out1, done1) == 1
-    assert bare(False) == "settled" and settled == [-2] and owner.seq == 9
+    assert bare(False) == -2 and not settled and owner.seq == 9
+    assert owner._entered is not None
     assert _step(board, nbytes, 2, 1, 10, template, send1, out1, done1) == 1
-    assert bare(True) == 0 and settled == [-2] and owner.seq == 10
+    assert bare(True) == 0 and not settled and owner.seq == 10
+    # a step that delivers settles where the flag is not everywhere (its settle then
+    # delivers: agreement.py's _delivered)
+    delivering = make(None, (lambda: taken.append("after"), ()), None, False)
+    assert _step(board, nbytes, 2, 1, 11, template, send1, out1, done1) == 1
+    assert delivering(False) == "settled" and settled == [-2] and owner.seq == 11
 
 
 def test_quick_carries_dead_blocks_only_where_its_dead_guards_say_and_then_settles():
