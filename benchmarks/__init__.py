@@ -26,6 +26,7 @@ What is here:
       oshmem_scaling.py  issue 30's goal over PE counts: marks, the barrier's
                          scaling, the table and chart over the counts
       device/oshmem_scaling.sh   all of it on the 16-core device machine
+      device/gpu_tests.sh        the CUDA backend's tests on the device machine
     bench_alloc.py   the allocator alone, in one process
     bench_gpu.py, bench_triton.py, bench_vs_nvshmem.py   two GPUs: put/get and
                      malloc vs raw copies, the device API, NVSHMEM4Py

@@ -221,7 +221,8 @@ def test_the_peer_python_and_its_pythonpath(tmp_path):
 
 def test_the_device_script_is_bash_that_passes_options_the_benchmark_has():
     """benchmarks/device/oshmem_scaling.sh runs where no test can (the 16-core
-    device machine): its syntax and every option it gives host-vs-oshmem."""
+    device machine): its syntax and every option it gives host-vs-oshmem; the
+    syntax of the scripts beside it (build_compiled.sh, gpu_tests.sh) too."""
     import re
     import subprocess
 
@@ -229,7 +230,8 @@ def test_the_device_script_is_bash_that_passes_options_the_benchmark_has():
 
     script = os.path.join(schema.ROOT, "benchmarks", "device", "oshmem_scaling.sh")
     build = os.path.join(schema.ROOT, "benchmarks", "device", "build_compiled.sh")
-    for path in (script, build):
+    gpu = os.path.join(schema.ROOT, "benchmarks", "device", "gpu_tests.sh")
+    for path in (script, build, gpu):
         done = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     with open(script) as f:
