@@ -30,11 +30,9 @@ SHAPES = [(), (0,), (1,), (7,), (3, 0, 2), (2, 3, 4), (1,) * 64]
 def python_path(monkeypatch):
     """tensor_at through the ctypes capsule, as without the compiled piece."""
     def made(*args):
-        monkeypatch.setattr(_dlpack, "_native_tensor_at", None)
-        try:
+        with monkeypatch.context() as patch:
+            patch.setattr(_dlpack, "_native_tensor_at", None)
             return _dlpack.tensor_at(*args)
-        finally:
-            monkeypatch.setattr(_dlpack, "_native_tensor_at", _dlpack._compiled_tensor_at)
     return made
 
 
