@@ -107,3 +107,45 @@ def test_output_nobody_reads_holds_the_abort_back_no_longer_than_the_limit(monke
     finally:
         stream.close()
         os.close(read_end)
+
+
+class _Writes:
+    """A stream that keeps each write apart (an unbuffered stderr, as under
+    PYTHONUNBUFFERED=1, hands each piece to the pipe as it comes)."""
+
+    def __init__(self):
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_leaving_pe_prints_its_traceback_in_one_write(monkeypatch):
+    # CI saw "ValueError: " and "user bug" apart in a job's log, another PE's
+    # warning between them: with PYTHONUNBUFFERED=1 Python's own hook writes
+    # the type, ": ", the message and the newline one by one
+    stream = _Writes()
+    monkeypatch.setattr(process.sys, "stderr", stream)
+    monkeypatch.setattr(process, "_previous_hook", [process.sys.__excepthook__])
+    monkeypatch.setattr(process, "OPEN", set())
+    try:
+        raise ValueError("user bug")
+    except ValueError as exc:
+        process.excepthook(ValueError, exc, exc.__traceback__)
+    whole = [text for text in stream.writes if "ValueError: user bug\n" in text]
+    assert len(whole) == 1, stream.writes
+    assert whole[0].startswith("Traceback (most recent call last):\n"), whole[0]
+    assert 'raise ValueError("user bug")' in whole[0], whole[0]
+
+
+def test_a_hook_of_the_programs_own_is_still_called(monkeypatch):
+    seen = []
+    monkeypatch.setattr(process, "_previous_hook", [lambda *args: seen.append(args)])
+    monkeypatch.setattr(process, "OPEN", set())
+    error = RuntimeError("boom")
+    process.excepthook(RuntimeError, error, None)
+    assert seen == [(RuntimeError, error, None)]
