@@ -52,6 +52,7 @@ import struct
 import sys
 import threading
 import time
+import traceback as tracebacks
 import weakref
 from collections.abc import Callable
 
@@ -206,11 +207,27 @@ def excepthook(kind, value, traceback) -> None:
     leave(f"an exception nobody caught ({clip(text, 300)})")
     previous = _previous_hook[0] or sys.__excepthook__
     try:
-        previous(kind, value, traceback)
+        if previous is sys.__excepthook__:
+            _print_whole(kind, value, traceback)
+        else:
+            previous(kind, value, traceback)
     finally:
         if heaps or LEFT_HEAP[0]:
             _give_the_others_time(heaps)
             _abort(1)
+
+
+def _print_whole(kind, value, traceback) -> None:
+    """Python's own hook, in one write: unbuffered (PYTHONUNBUFFERED=1) it
+    writes the type, ": ", the message and the newline one by one, and the
+    other PEs' output, merged by the launcher, landed between them."""
+    try:
+        text = "".join(tracebacks.format_exception(kind, value, traceback))
+    except Exception:  # noqa: BLE001 - an exception that cannot be formatted
+        sys.__excepthook__(kind, value, traceback)
+        return
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 def _give_the_others_time(heaps) -> None:

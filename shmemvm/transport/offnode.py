@@ -260,9 +260,10 @@ class OffNodeWindow:
         if self._healthy():
             self.win.Free()  # collective (and synchronizing in some MPIs)
         else:
-            log.warning("shmemvm: the heap is broken (a PE timed out), so its MPI window is "
-                        "left allocated instead of freed collectively (which could hang), "
-                        "and the memory it exposed stays mapped until the process ends")
+            log.warning("shmemvm: the heap is broken (a PE left, died or timed out), so its "
+                        "MPI window is left allocated instead of freed collectively (which "
+                        "could hang), and the memory it exposed stays mapped until the "
+                        "process ends")
             _LEFT_TO_MPI.append((self.win, self.local))
             self.left_to_mpi = True
             self.win = MPI.WIN_NULL
