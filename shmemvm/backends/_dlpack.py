@@ -115,8 +115,6 @@ _device_key: tuple = (None, None, None)   # tensor_at's last device, device_type
 # torch's own capsule consumer: torch.utils.dlpack.from_dlpack only adds checks
 # for objects with __dlpack__, which a capsule is not
 _from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
-#: the compiled tensor_at (_capsule.c), or None
-_native_tensor_at = _compiled_tensor_at
 
 
 def check_dtype(dtype: torch.dtype) -> None:
@@ -144,8 +142,8 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: torch.dtype,
     if known_device is not device or known_type != device_type:
         device_key = (device_type or _DEVICE_TYPE[device.type], device.index or 0)
         _device_key = (device, device_type, device_key)
-    if _native_tensor_at is not None:
-        return _native_tensor_at(_from_dlpack, address,
+    if _compiled_tensor_at is not None:
+        return _compiled_tensor_at(_from_dlpack, address,
                                  shape if type(shape) is tuple else tuple(shape), code, bits,
                                  *device_key)
     ndim = len(shape)

@@ -26,14 +26,6 @@ typedef struct {
     Py_ssize_t nbytes;
 } HeapMemory;
 
-static PyObject *call_method(PyObject *obj, const char *name) {
-    PyObject *method = PyObject_GetAttrString(obj, name);
-    if (method == NULL) return NULL;
-    PyObject *result = PyObject_CallNoArgs(method);
-    Py_DECREF(method);
-    return result;
-}
-
 /* where a uint8 tensor's bytes start: its data_ptr(), but for a tensor without
  * elements, whose data_ptr() torch may give as 0: then its storage's start plus
  * its offset (the pure class's reading, for every tensor) */
@@ -41,13 +33,14 @@ static int start_of(PyObject *tensor, Py_ssize_t nbytes, unsigned long long *add
     PyObject *start;
     long long skip = 0;
     if (nbytes > 0) {
-        start = call_method(tensor, "data_ptr");
+        start = PyObject_CallMethod(tensor, "data_ptr", NULL);
     } else {
-        PyObject *storage = call_method(tensor, "untyped_storage");
+        PyObject *storage = PyObject_CallMethod(tensor, "untyped_storage", NULL);
         if (storage == NULL) return -1;
-        start = call_method(storage, "data_ptr");
+        start = PyObject_CallMethod(storage, "data_ptr", NULL);
         Py_DECREF(storage);
-        PyObject *offset = start == NULL ? NULL : call_method(tensor, "storage_offset");
+        PyObject *offset = start == NULL ? NULL
+                           : PyObject_CallMethod(tensor, "storage_offset", NULL);
         skip = offset == NULL ? -1 : PyLong_AsLongLong(offset);
         Py_XDECREF(offset);
     }
@@ -68,7 +61,7 @@ static int memory_init(HeapMemory *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"tensor", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:HeapMemory", names, &tensor))
         return -1;
-    PyObject *numel = call_method(tensor, "numel");
+    PyObject *numel = PyObject_CallMethod(tensor, "numel", NULL);
     if (numel == NULL) return -1;
     Py_ssize_t nbytes = PyLong_AsSsize_t(numel);
     Py_DECREF(numel);

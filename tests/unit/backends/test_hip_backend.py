@@ -1047,8 +1047,8 @@ class TestData:
         monkeypatch.setattr(_dlpack, "_from_dlpack", from_dlpack)
         # both capsules: the compiled piece's (its own struct, which its C deleter
         # frees) and the ctypes one (one shared struct, no deleter)
-        for compiled in (_dlpack._native_tensor_at, None):
-            monkeypatch.setattr(_dlpack, "_native_tensor_at", compiled)
+        for compiled in (_dlpack._compiled_tensor_at, None):
+            monkeypatch.setattr(_dlpack, "_compiled_tensor_at", compiled)
             assert be.tensor(0x7F00_0020_0000, (3, 5), torch.bfloat16) == "tensor"
             deleter = seen.pop("deleter")
             assert seen == {"data": 0x7F00_0020_0000, "device": (_dlpack.KDL_ROCM, 1),

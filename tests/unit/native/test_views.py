@@ -31,7 +31,7 @@ def python_path(monkeypatch):
     """tensor_at through the ctypes capsule, as without the compiled piece."""
     def made(*args):
         with monkeypatch.context() as patch:
-            patch.setattr(_dlpack, "_native_tensor_at", None)
+            patch.setattr(_dlpack, "_compiled_tensor_at", None)
             return _dlpack.tensor_at(*args)
     return made
 
