@@ -676,8 +676,19 @@ class HeapCore:
         if quick is not _UNMADE:
             return quick
         return self._kept_quick(key, call, lambda fixed: self.make_quick(
-            fixed, deliver=(self._allocated, (nbytes, dims, dtype, fixed)), answer=True,
+            fixed, deliver=self._delivery(nbytes, dims, dtype, fixed), answer=True,
             releasing=True))
+
+    def _delivery(self, nbytes: int, dims: tuple[int, ...], dtype: torch.dtype,
+                  call: Call) -> tuple:
+        """A quick allocation's work after its step, as make_quick() takes it:
+        _allocated(), through the engine's compiled cached branch where there is
+        one (a block of a size freed lately, its tensor and record in one call;
+        _allocated() itself for any other block)."""
+        take = self.local.cached_take
+        if take is None:
+            return self._allocated, (nbytes, dims, dtype, call)
+        return take, (nbytes, dims, dtype, self._allocated, nbytes, dims, dtype, call)
 
     def remembered_allocation(self, memo: tuple) -> Callable[[], torch.Tensor | None] | None:
         """The quick step that allocate() kept under a face's `memo` (the face's

@@ -172,6 +172,8 @@ class Pow2Allocator:
         # (its users 0) is "idle": counted as cached at once, and moved to the
         # segment cache when the quick lists are merged (_flush_quick: before
         # any new or evicted segment, at trim, or when they grow too long).
+        # (native/blocks.c takes and gives back such blocks in one call, on these same
+        # attributes by name: allocate()'s quick branch and free()'s small one)
         self._quick: list[list[int]] = [[] for _ in range(self._chunk_order)]
         self._quick_blocks = 0
         self._idle: dict[int, None] = {}  # idle chunks, in the order they became idle
@@ -320,7 +322,7 @@ class Pow2Allocator:
             if not users[chunk]:
                 self._idle[chunk] = None
                 self.cached_bytes += self.chunk
-            if quick_blocks > _QUICK_LIMIT:
+            if quick_blocks > QUICK_LIMIT:
                 self._flush_quick()
         return block
 
@@ -461,7 +463,7 @@ class Pow2Allocator:
 
 
 #: freed small blocks kept unmerged (quick lists) before they are all merged
-_QUICK_LIMIT = 256
+QUICK_LIMIT = 256
 
 
 def _check_size(nbytes) -> int:

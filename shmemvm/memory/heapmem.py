@@ -78,6 +78,14 @@ class HeapMemory(VMemPow2Allocator):
         """The block's own tensor; its storage's life decides the block's."""
         return self._tensor_for(block, dims, dtype)
 
+    @property
+    def cached_take(self) -> Callable[..., torch.Tensor | None] | None:
+        """take(nbytes, dims, dtype, fallback, *args): allocate_unmapped() and
+        tensor_for() of a block of a size freed lately, in one compiled call
+        (native/blocks.c), else fallback(*args) with nothing done; None where
+        the compiled piece is not used."""
+        return self._cached.take if self._cached is not None else None
+
     def cached_block(self, nbytes: int) -> int | None:
         """For an allocation of `nbytes` carved from a chunk (below
         SHMEMVM_CHUNK_SIZE): the offset of the cached block it takes now, or

@@ -27,12 +27,13 @@ from typing import TypedDict
 
 import torch
 
-from .. import _args
+from .. import _args, native
 from ..backends import VMMBackend, create_backend
 from ..config import parse_size, setting
 from ..errors import Attempts, FreedTensorError, NotSymmetricError, ShmemError
 from . import ownership
-from .buddy import Block, Pow2Allocator, Segment, format_bytes, is_pow2, next_pow2
+from .buddy import (QUICK_LIMIT, Block, Pow2Allocator, Segment, format_bytes, is_pow2,
+                    next_pow2)
 from .limits import naming_limits
 
 log = logging.getLogger("shmemvm")
@@ -154,6 +155,12 @@ class VMemPow2Allocator:
         self._lock = threading.RLock()               # allocator, records, handles
         self._drain_lock = threading.Lock()          # after close: one drainer at a time
         self.closed = False
+        #: the cached branch in one compiled call (native/blocks.c: a small block of a
+        #: size freed lately taken with its tensor and record, a small block given
+        #: back), or None: the Python path below does it all, as it does every other case
+        self._cached = native.CachedBlocks(self, self._core, self.backend.tensor,
+                                           ownership.record, Block, QUICK_LIMIT) \
+            if native.CachedBlocks is not None else None
         log.debug("heap of %d bytes (VA %d) at %#x on %s", budget, self.va_size, self.base,
                   self.backend.name)
 
@@ -177,6 +184,10 @@ class VMemPow2Allocator:
         with self._lock:
             self._check_open()
             self._release_dead()
+            if self._cached is not None:   # (a cached block's in one call, else nothing done)
+                tensor = self._cached.take(nbytes, dims, dtype)
+                if tensor is not None:
+                    return tensor
             block, _ = self._allocate_block(nbytes)
             return self._tensor_for(block, dims, dtype)
 
@@ -439,6 +450,9 @@ class VMemPow2Allocator:
         Imported memory is unmapped at once instead: where that fails, the
         release is done all the same (the allocator moved on) and the failure,
         logged, is returned, for the caller to decide whom to tell; else None."""
+        cached = self._cached
+        if cached is not None and cached.release(offset):
+            return None   # a small block, back on its quick list (this, in one call)
         with self._lock:
             del self._records[offset]              # with its watches: they report nothing
             self._dead.discard(offset)

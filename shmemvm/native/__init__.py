@@ -117,6 +117,12 @@ def _local() -> bool:
 #: views.c's where the compiled piece is built and wanted, else PyHeapMemory
 HeapMemory: type = _native.HeapMemory if _local() else PyHeapMemory
 
+#: CachedBlocks(engine, buddy, tensor, record, block_type, quick_limit): the
+#: allocator's cached branch (a small block of a size freed lately, taken, and a
+#: small block given back) in one call (blocks.c), where the compiled piece is
+#: built and wanted; else None, and the allocator's Python path does it all
+CachedBlocks = _native.CachedBlocks if _local() else None
+
 
 def atomic(address: int, code: str, op: int, value=0, cond=0):
     """One atomic operation on the word at `address` (checked by the caller:

@@ -20,6 +20,9 @@
  *       board.py has the layout and protocol).
  *   HeapMemory(tensor)                      the NumPy face's buffer over an
  *       allocation's bytes (views.c).
+ *   CachedBlocks(engine, buddy, ...)        the allocator's cached branch (a
+ *       small block of a size freed lately, taken or given back) in one call
+ *       (blocks.c).
  *
  * Every function takes plain integers (addresses) and keeps no state: the
  * Python side checks every argument first (bounds, alignment, the live block)
@@ -43,6 +46,7 @@
 #include <Python.h>
 #include "shared.h"
 #include "views.h"
+#include "blocks.h"
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
@@ -457,7 +461,7 @@ static int exec_module(PyObject *module) {
     if (PyModule_AddObjectRef(module, "FAST_STRINGS", fast_strings ? Py_True : Py_False) < 0)
         return -1;
     if (add_numbering(module, "WORDS", word_codes, W_COUNT) < 0) return -1;
-    if (add_views(module) < 0) return -1;
+    if (add_views(module) < 0 || add_blocks(module) < 0) return -1;
     return add_numbering(module, "OPERATIONS", op_names, OP_COUNT);
 }
 

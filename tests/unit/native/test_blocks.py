@@ -1,0 +1,188 @@
+"""The allocator's cached branch in C (native/blocks.c, issue 30) against the
+Python path it shortcuts: the same requests on two engines, one with the
+compiled CachedBlocks and one without, leave the same allocator state, the same
+records and the same addresses after every step; every case the branch is not
+for (odd sizes, large blocks, full quick lists, imported memory, unknown
+offsets) is left to the Python path with nothing done."""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import pytest
+import torch
+
+from shmemvm import VMemPow2Allocator, native
+from shmemvm.errors import HeapExhaustedError
+from shmemvm.memory import buddy, ownership
+
+pytestmark = pytest.mark.skipif(native._native is None,
+                                reason="the compiled piece is not built (pip install . builds it)")
+
+G = 64 * 1024           # the host backend's granularity here
+CHUNK = 4 * G
+
+
+def _engine(monkeypatch, compiled: bool) -> VMemPow2Allocator:
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "CachedBlocks", native._native.CachedBlocks if compiled else None)
+        engine = VMemPow2Allocator(64 * G, backend="host", granularity=G, chunk=CHUNK)
+    assert (engine._cached is not None) == compiled
+    return engine
+
+
+@pytest.fixture
+def pair(monkeypatch):
+    engines = (_engine(monkeypatch, True), _engine(monkeypatch, False))
+    yield engines
+    for engine in engines:
+        engine.close()
+
+
+def _state(engine: VMemPow2Allocator) -> tuple:
+    records = sorted((offset, record.block, record.freed, record.own_alive)
+                     for offset, record in engine._records.items())
+    return engine._core.state(), records, sorted(engine._dead), engine.stats()
+
+
+def _offset(engine, tensor) -> int:
+    return tensor.untyped_storage().data_ptr() - engine.base
+
+
+SIZES = [0, 1, 63, 64, 65, 100, 1000, 1024, 4096, 5000, CHUNK // 2 - 1, CHUNK // 2,
+         CHUNK - 1, CHUNK, CHUNK + 1, 3 * G]
+DTYPES = [torch.uint8, torch.float32, torch.int64, torch.bfloat16]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_requests_leave_both_engines_alike(pair, seed):
+    rng = random.Random(seed)
+    live: list[tuple[torch.Tensor, torch.Tensor]] = []
+    held: list[tuple[torch.Tensor, torch.Tensor]] = []     # views that defer a free
+    cached_taken = 0
+    for step in range(400):
+        action = rng.random()
+        if action < 0.55 or not live:
+            nbytes, dtype = rng.choice(SIZES), rng.choice(DTYPES)
+            count = nbytes // dtype.itemsize
+            cached_taken += pair[0]._core.cached_block(count * dtype.itemsize) not in (None, -1)
+            made = []
+            for engine in pair:
+                try:
+                    made.append(engine.allocate(count, dtype))
+                except HeapExhaustedError:     # (on both, in the same state: checked below)
+                    made.append(None)
+            assert (made[0] is None) == (made[1] is None), step
+            if made[0] is None:
+                continue
+            assert _offset(pair[0], made[0]) == _offset(pair[1], made[1]), step
+            assert made[0].shape == made[1].shape and made[0].dtype == made[1].dtype
+            made[0].fill_(step % 251)
+            live.append((made[0], made[1]))
+        elif action < 0.7 and live:
+            # a view outlives the free: the block is deferred, released at its death
+            pick = live.pop(rng.randrange(len(live)))
+            held.append((pick[0][:1], pick[1][:1]))
+            for engine, tensor in zip(pair, pick):
+                engine.free(tensor)
+        elif action < 0.8 and held:
+            held.pop(rng.randrange(len(held)))
+            gc.collect()
+        else:
+            pick = live.pop(rng.randrange(len(live)))
+            for engine, tensor in zip(pair, pick):
+                engine.free(tensor)
+        assert _state(pair[0]) == _state(pair[1]), f"seed {seed}, step {step}"
+    assert cached_taken > 20, "the cached branch was hardly taken: the test proves little"
+    for first, second in live:
+        for engine, tensor in zip(pair, (first, second)):
+            engine.free(tensor)
+    held.clear()
+    gc.collect()
+    pair[0].trim(), pair[1].trim()
+    assert _state(pair[0]) == _state(pair[1])
+
+
+def test_a_full_quick_list_is_merged_by_the_python_path(pair):
+    for engine in pair:
+        tensors = [engine.allocate(100) for _ in range(buddy.QUICK_LIMIT + 40)]
+        for tensor in tensors:
+            engine.free(tensor)
+        again = [engine.allocate(100) for _ in range(50)]
+        for tensor in again:
+            engine.free(tensor)
+    assert _state(pair[0]) == _state(pair[1])
+    assert pair[0]._core._quick_blocks <= buddy.QUICK_LIMIT
+
+
+def test_requests_the_branch_is_not_for_do_nothing(pair):
+    engine = pair[0]
+    engine.free(engine.allocate(100))          # a block of 128 on its quick list
+    before = _state(engine)
+    take = engine._cached.take
+    for nbytes in (True, -1, 1 << 70, 100.0, "100", CHUNK, 3 * G, 1 << 40, 5000):
+        assert take(nbytes, (1,), torch.uint8) is None, nbytes
+        assert _state(engine) == before, nbytes
+    seen = []
+    assert take(5000, (5000,), torch.uint8, lambda *args: seen.append(args) or "fallback",
+                1, "two") == "fallback"
+    assert seen == [(1, "two")]
+    assert _state(engine) == before
+    tensor = take(100, (100,), torch.uint8, pytest.fail)    # the cached one: no fallback
+    assert tensor is not None and tensor.shape == (100,)
+    assert _offset(engine, tensor) in engine._records
+    engine.free(tensor)
+
+
+def test_a_release_the_branch_is_not_for_does_nothing(pair):
+    engine = pair[0]
+    large = engine.allocate(CHUNK)
+    small = engine.allocate(100)
+    before = _state(engine)
+    release = engine._cached.release
+    for offset in (_offset(engine, large), _offset(engine, small) + 64, 1 << 50, -1, "0", None):
+        assert release(offset) is False, offset
+        assert _state(engine) == before, offset
+    engine.free(large)
+    engine.free(small)
+    assert _offset(engine, small) not in engine._records
+
+
+def test_segments_released_and_not_yet_unmapped_leave_the_take_to_python(pair):
+    engine = pair[0]
+    engine.free(engine.allocate(100))
+    engine._core.released.append("a segment still to unmap")   # (what take_released returns)
+    try:
+        before = _state(engine)
+        assert engine._cached.take(100, (100,), torch.uint8) is None
+        assert _state(engine) == before
+    finally:
+        engine._core.released.clear()
+
+
+def test_the_constructor_checks_what_it_is_given(pair):
+    engine = pair[0]
+    CachedBlocks = native._native.CachedBlocks
+    good = (engine, engine._core, engine.backend.tensor, ownership.record, buddy.Block, 256)
+    for at, bad in ((2, None), (3, 5), (4, int), (5, -1)):
+        args = list(good)
+        args[at] = bad
+        with pytest.raises(TypeError):
+            CachedBlocks(*args)
+
+    class Shaped:
+        """An allocator whose type gives one of the names a meaning of its own."""
+        _records = property(lambda self: {})
+
+    with pytest.raises(TypeError, match="defines"):
+        CachedBlocks(Shaped(), engine._core, *good[2:])
+    with pytest.raises(TypeError, match="instance dict"):
+        CachedBlocks(engine, object(), *good[2:])
+    unset = CachedBlocks.__new__(CachedBlocks)
+    with pytest.raises(ValueError, match="not initialised"):
+        unset.take(1, (1,), torch.uint8)
+    with pytest.raises(ValueError, match="not initialised"):
+        unset.release(0)
+    with pytest.raises(TypeError):
+        engine._cached.take(1, (1,))
