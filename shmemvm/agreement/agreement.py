@@ -269,8 +269,9 @@ class Agreement:
         flag is not everywhere settles. With `dead` = (take, guards), where one
         of those guards is true the step carries the dead blocks that take()
         gives (the caller's pending releases, which its own guards then leave
-        out: an allocation's), as collective() carries them, and a step that
-        carries some settles. None where this agreement
+        out: an allocation's), as collective() carries them; where every PE
+        carried the same ones they are released in the step's own call
+        (_release_carried()), else it settles. None where this agreement
         cannot: no native board, or its steps are logged."""
         board = self.board
         if board is None or self._debug or call.template is None or call.error is not None:
@@ -281,7 +282,8 @@ class Agreement:
         else:
             settle = functools.partial(self._carried_outcome, call)
             take, dead_guards = dead
-            carries_dead = (functools.partial(self._carry_dead, take), (), DEAD_SLOT, dead_guards)
+            carries_dead = (functools.partial(self._carry_dead, take), (), DEAD_SLOT, dead_guards,
+                            self._release_carried)
         if wrap is not None:
             settle = functools.partial(wrap, settle)
         if deliver is not None:
@@ -298,6 +300,14 @@ class Agreement:
         offsets = dead()
         self._carrying = carried = frozenset(offsets) if offsets else frozenset()
         return _digest(carried) if carried else 0
+
+    def _release_carried(self) -> None:
+        """The dead blocks a quick step carried (_carry_dead()) where every PE
+        carried the same ones and the step was otherwise plain: released, as
+        _board_outcome() would release them (the Quick calls this in place of
+        settling: _collective.Quick's `dead`)."""
+        carried, self._carrying = self._carrying, frozenset()
+        self.release(carried)
 
     def _carried_outcome(self, call: Call, code: int) -> Outcome:
         """_board_outcome() of a quick step that may have carried dead blocks

@@ -49,9 +49,14 @@ static PyTypeObject *stepper_type;
  * returns the digest (an int >= 0) of the dead blocks this PE's step
  * carries, 0 for none; where none does, the step carries none. A step that carries some
  * has words `word` and `word` + 1 of its vector set to -digest and digest (the
- * agreement's _set_dead) and always settles: the agreement releases them
- * there, or learns that the PEs' dead blocks differ. (Its guards then leave
- * out the pending releases that the callable deals with.)
+ * agreement's _set_dead) and settles: the agreement releases them there, or
+ * learns that the PEs' dead blocks differ. (Its guards then leave out the
+ * pending releases that the callable deals with.) With a fifth item, `release`
+ * (dead = (callable, args, word, guards, release)), a step that would be plain
+ * but for the blocks it carried, and whose MAX says every PE carried the same
+ * ones (-min digest == max digest), calls release() (after the agreement's
+ * `_entered`) in place of settling, and ends as a plain step: what settle's
+ * path does in that case (agreement.py's _board_outcome), without its frames.
  *
  * `deliver` may come without a carry (a step that moves no data, whose
  * caller's work follows it: an allocation's block and tensor), and with
@@ -119,7 +124,8 @@ typedef struct {
     /* a fused collective's: the payload its step carries (`carry`, board.stage()'s
      * tuple, parsed once into `payload`, which is empty without one) and the
      * delivery after a plain step */
-    PyObject *carry, *deliver, *deliver_args, *before, *before_args, *dead, *dead_args;
+    PyObject *carry, *deliver, *deliver_args, *before, *before_args, *dead, *dead_args,
+        *release_dead;
     Py_ssize_t dead_word;
     Payload payload;
     int counted, answer;
@@ -194,6 +200,7 @@ static void quick_dealloc(Quick *self) {
     Py_XDECREF(self->before_args);
     Py_XDECREF(self->dead);
     Py_XDECREF(self->dead_args);
+    Py_XDECREF(self->release_dead);
     release_payload(&self->payload);
     for (int i = 0; i < N_STATE; i++) attr_clear(&self->state[i]);
     clear_guards(self->guards, self->n_guards);
@@ -236,11 +243,12 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     PyObject *dead = nargs == 15 ? a[14] : Py_None;
     Py_ssize_t dead_word = -1;
     if (dead != Py_None) {
-        if (!PyTuple_Check(dead) || PyTuple_GET_SIZE(dead) != 4
+        if (!PyTuple_Check(dead) || PyTuple_GET_SIZE(dead) < 4 || PyTuple_GET_SIZE(dead) > 5
             || !PyCallable_Check(PyTuple_GET_ITEM(dead, 0))
-            || !PyTuple_Check(PyTuple_GET_ITEM(dead, 1))) {
+            || !PyTuple_Check(PyTuple_GET_ITEM(dead, 1))
+            || (PyTuple_GET_SIZE(dead) == 5 && !PyCallable_Check(PyTuple_GET_ITEM(dead, 4)))) {
             PyErr_SetString(PyExc_TypeError, "Quick: dead is None or (callable, args tuple, "
-                            "word, guards)");
+                            "word, guards[, release callable])");
             return NULL;
         }
         if (check_guards(PyTuple_GET_ITEM(dead, 3), "dead guard") < 0) return NULL;
@@ -313,6 +321,7 @@ static PyObject *quick_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         self->dead = Py_NewRef(PyTuple_GET_ITEM(dead, 0));
         self->dead_args = Py_NewRef(PyTuple_GET_ITEM(dead, 1));
         self->dead_word = dead_word;
+        if (PyTuple_GET_SIZE(dead) == 5) self->release_dead = Py_NewRef(PyTuple_GET_ITEM(dead, 4));
         if (make_guards(PyTuple_GET_ITEM(dead, 3), &self->dead_guards, &self->n_dead_guards) < 0)
             goto failed;
     }
@@ -343,6 +352,15 @@ static int bump(Attr *a, long long add, long long *now) {
     int failed = attr_set(a, next);
     Py_DECREF(next);
     *now = v + add;
+    return failed;
+}
+
+/* the agreement's `_entered`: when the step's earliest PE entered it (its MAX) */
+static int note_entered(Quick *self, Stepper *stepper) {
+    PyObject *entered = PyLong_FromLongLong(-((int64_t *)stepper->out.buf)[stepper->time_word]);
+    if (entered == NULL) return -1;
+    int failed = attr_set(&self->state[ENTERED], entered);
+    Py_DECREF(entered);
     return failed;
 }
 
@@ -403,12 +421,19 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
     Py_ssize_t code = run_step(stepper, self->prompt, self->budget, seq, vector, flag,
                                &self->payload);
     if (attr_set(&self->state[CARRIED], Py_None) < 0) goto release;
-    if ((code == 0 || (code == -2 && self->deliver == NULL)) && !digest) {
-        PyObject *entered = PyLong_FromLongLong(-((int64_t *)stepper->out.buf)[stepper->time_word]);
-        if (entered == NULL) goto release;
-        failed = attr_set(&self->state[ENTERED], entered);
-        Py_DECREF(entered);
-        if (failed) goto release;
+    int plain = code == 0 || (code == -2 && self->deliver == NULL);
+    const int64_t *reduced = (const int64_t *)stepper->out.buf;   /* the MAX */
+    if (plain && digest && self->release_dead != NULL
+        && -reduced[self->dead_word] == reduced[self->dead_word + 1]) {
+        /* every PE carried these same dead blocks: released, and the step is plain */
+        if (note_entered(self, stepper) < 0) goto release;
+        PyObject *released = PyObject_CallNoArgs(self->release_dead);
+        if (released == NULL) goto release;
+        Py_DECREF(released);
+        digest = 0;
+    }
+    if (plain && !digest) {
+        if (note_entered(self, stepper) < 0) goto release;
         if (self->deliver != NULL) {   /* every PE's payload is in scratch: the result */
             PyObject *done = PyObject_Call(self->deliver, self->deliver_args, NULL);
             if (done == NULL) goto release;

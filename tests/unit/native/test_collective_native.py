@@ -643,3 +643,53 @@ def test_quick_carries_dead_blocks_only_where_its_dead_guards_say_and_then_settl
         with pytest.raises(ValueError):
             make((digest, (), word, ()))
             pytest.fail(f"dead word {word} was accepted")
+
+
+def test_quick_releases_dead_blocks_every_pe_carried_alike_in_its_own_call():
+    # with dead's fifth item (agreement.py's _release_carried): a step that carried
+    # dead blocks and would otherwise be plain, whose MAX says every PE carried the
+    # same (-min digest == max digest), calls it and ends as a plain step (its
+    # deliver's answer); where the PEs' digests differ, or a PE carried none, it
+    # settles as before (the agreement sorts it out there)
+    import threading
+    memory, board, nbytes = _board(2)
+    words, volatile, dead_word = 8, 0b1111000, 5
+
+    def stepper(rank, buffers):
+        return _collective.Stepper(board, nbytes, 2, rank, SLOT, words, 1, 16, volatile, 2, 3,
+                                   4, 10**9, *buffers, 0)
+
+    def buffers():
+        return array.array("q", bytes(8 * words)), array.array("q", bytes(8 * words)), \
+            bytearray(2)
+
+    template = array.array("q", [5, 0, 0, 0, 0, 0, 0, 42])
+    mine, theirs = buffers(), buffers()
+    peer = stepper(1, theirs)
+    owner, lock, flags = _Owner(), threading.RLock(), _Flags()
+    released, settled, delivered = [], [], []
+    flags.pending.add(1)
+    quick = _collective.Quick(stepper(0, mine), template, True, -1, 0, lock, owner, _Flags(),
+                              (), lambda code: settled.append(code) or "settled", None,
+                              (lambda: delivered.append(1) or "tensor", ()), None, True,
+                              (lambda: 14, (), dead_word, ((flags, "pending"),),
+                               lambda: released.append(owner._entered)))
+
+    def peer_steps(seq, digest):
+        vector = template[:]
+        if digest:
+            vector[dead_word], vector[dead_word + 1] = -digest, digest
+        assert peer.step(-1, 0, seq, vector, True, 0, 0, None, 0, 0, 0, -1) == 1
+
+    owner._entered = None
+    peer_steps(7, 14)                   # the same dead blocks: released here, then delivered
+    assert quick() == "tensor" and len(released) == 1 and not settled and delivered == [1]
+    assert released[0] is not None      # (the agreement's _entered, noted before)
+    peer_steps(8, 22)                   # other blocks there: settles
+    assert quick() == "settled" and settled == [0] and len(released) == 1
+    peer_steps(9, 0)                    # none there: settles
+    assert quick() == "settled" and settled == [0, 0] and len(released) == 1
+    with pytest.raises(TypeError):
+        _collective.Quick(stepper(0, mine), template, True, -1, 0, lock, owner, _Flags(), (),
+                          len, None, (len, ()), None, True,
+                          (lambda: 14, (), dead_word, (), "not callable"))
