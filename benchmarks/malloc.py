@@ -7,12 +7,16 @@ Fresh segment: malloc, free and trim() every time, so each malloc creates,
 exports, passes and maps a new segment on every PE; against the raw backend
 calls for one fresh segment (create + map + set_access, and unmap + release)
 on a private reservation, and against MPI.Barrier.
+The engine's cached branch: malloc + free of a cached size on a heap whose
+engine takes the branch in C (native/blocks.c), against the same on a heap
+made without it (its Python path), interleaved.
 """
 
 from __future__ import annotations
 
 import time
 
+from shmemvm import native
 from shmemvm.heap import SymmetricHeap
 
 from .common import Bench, KiB, MiB, format_size, loop_time
@@ -23,6 +27,7 @@ def run(bench: Bench) -> None:
     quick = bench.options.quick
     cached(bench, [1 * KiB, 1 * MiB], 200 if quick else 2000)
     agreement_transports(bench, 1 * KiB, 200 if quick else 2000)
+    engine_branch(bench, 1 * KiB, 200 if quick else 2000)
     fresh(bench, [1 * MiB] if quick else [64 * KiB, 1 * MiB, 64 * MiB], 20 if quick else 200)
 
 
@@ -99,6 +104,45 @@ def agreement_transports(bench: Bench, size: int, iterations: int) -> None:
                      "lower")
         bench.record("sync_all.latency", {"agreement": "board (shared memory)"},
                      _us(sync[board]), "us", "the same, agreement=mpi", _us(sync[mpi]), "lower")
+    finally:
+        for h in heaps:
+            h.finalize()
+
+
+def engine_branch(bench: Bench, size: int, iterations: int) -> None:
+    """The engine's cached branch in C against its Python path: a collective
+    malloc + free of `size` (a size just freed: its block comes off the quick
+    list and goes back) on two heaps, one whose engine has the compiled branch
+    and one made without it, interleaved repeat by repeat; the slowest PE's
+    mean. Nothing where the compiled piece is not used (native.CachedBlocks None)."""
+    heap = bench.heap
+    if native.CachedBlocks is None:
+        bench.progress("the engine's cached branch: no compiled piece here, not measured")
+        return
+    made_with = native.CachedBlocks
+    heaps = []
+    try:
+        for branch in (made_with, None):
+            native.CachedBlocks = branch   # (how an engine is made without it: the module's choice)
+            heaps.append(SymmetricHeap(bench.comm, heap._core.local.heap_size, heap.backend.name,
+                                       timeout=heap.timeout))
+    finally:
+        native.CachedBlocks = made_with
+    try:
+        bench.progress("malloc + free %s, the engine's cached branch compiled against Python "
+                       "(%d calls x %d)", format_size(size), iterations, bench.options.repeat)
+        for h in heaps:
+            h.free(h.malloc(size))  # now cached
+        samples: dict = {h: [] for h in heaps}
+        for _ in range(bench.options.repeat):
+            for h in heaps:
+                m, f = malloc_free_time(bench, size, iterations, heap=h)
+                samples[h].append(m + f)
+        compiled, python = heaps
+        bench.record("malloc+free.latency",
+                     {"bytes": size, "kind": "cached", "branch": "compiled (native/blocks.c)"},
+                     _us(samples[compiled]), "us", "the same, the engine's Python branch",
+                     _us(samples[python]), "lower")
     finally:
         for h in heaps:
             h.finalize()

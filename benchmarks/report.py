@@ -122,6 +122,14 @@ def markdown(docs: list[dict], chart: str | None = None, paths: list[str] | None
                     f"malloc {_fmt(median(a))} us, free {_fmt(median(f))} us "
                     f"(MPI.Barrier {_fmt(baseline_median(a))} us)")
             row(f"collective malloc/free, cached {label}", cell)
+    branch = "the same, the engine's Python branch"   # (malloc.py's engine_branch)
+    if _find_any(docs, "malloc+free.latency", branch, bytes=1 << 10, kind="cached"):
+        def cell(records):
+            a = _find(records, "malloc+free.latency", branch, bytes=1 << 10, kind="cached")
+            return "n/a" if a is None else (
+                f"{_fmt(median(a))} us with the engine's cached branch in C "
+                f"(Python branch {_fmt(baseline_median(a))} us)")
+        row("malloc + free, cached 1 KiB: the engine's branch", cell)
     if _find_any(docs, "malloc.latency", RAW_BACK, bytes=1 << 20, kind="fresh segment"):
         def cell(records):
             a = _find(records, "malloc.latency", RAW_BACK, bytes=1 << 20, kind="fresh segment")

@@ -49,6 +49,8 @@ def test_bench_quick_writes_a_result_of_the_schema(tmp_path):
                      "malloc.live_latency", "footprint.physical_per_requested",
                      "calls.barrier_all", "calls.sum_reduce", "calls.malloc+free", "calls.put"):
         assert expected in names, f"no {expected} record in {sorted(names)}"
+    # the engine's cached branch, compiled against Python, where the compiled piece is used
+    assert ("malloc+free.latency" in names) == (native.CachedBlocks is not None), sorted(names)
     counted = {(r["params"]["face"], r["name"]) for r in records if r["name"].startswith("calls.")}
     assert len(counted) == 20, sorted(counted)    # 10 operations, each on both faces
     for r in records:
