@@ -7,7 +7,9 @@ whether the block can go at once. The two paths make the same steps and the
 same blocks: PEs on different paths agree, a mismatch is a SymmetryError on
 every PE with nothing allocated or freed. A face's repeated allocation takes
 the quick step kept under its own arguments (remembered_allocation), without
-forming its call again: what those arguments keep apart stays apart.
+forming its call again: what those arguments keep apart stays apart. The
+engine's compiled cached branch (native/blocks.c), which the quick allocation
+delivers through, gives the blocks, state and counters of a heap made without it.
 
     mpirun -n 2 python -m pytest --with-mpi -m mpi tests/mpi/memory/test_quick_alloc.py
 """
@@ -242,6 +244,64 @@ def test_random_allocations_on_mixed_paths_give_the_general_paths_blocks(heap, m
         gc.collect()
         plain.finalize()
 
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("seed", [4, 5])
+def test_the_engines_compiled_cached_branch_gives_the_python_branchs_blocks(heap, monkeypatch,
+                                                                            seed):
+    # The quick allocation delivers through the engine's compiled cached branch
+    # (native/blocks.c) and a release gives a small block back through it; a heap
+    # made without it (its engine's Python path) must give the same blocks, with
+    # the same allocator state, on every PE, views kept at random (their release
+    # carried into later steps, where every PE carries them alike)
+    if native.CachedBlocks is None:
+        pytest.skip("the compiled piece is not used here (SHMEMVM_NATIVE=0)")
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "CachedBlocks", None)
+        plain = type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+    try:
+        assert heap._core.local._cached is not None and plain._core.local._cached is None
+        # (the quick allocation delivers through the compiled take on one, _allocated on
+        # the other)
+        assert heap._core._delivery(8, (8,), torch.uint8, None)[0] == \
+            heap._core.local._cached.take
+        assert plain._core._delivery(8, (8,), torch.uint8, None)[0] == plain._core._allocated
+        script = random.Random(seed)
+        sizes = [0, 1, 8, 64, 100, 1024, 4096, 5000, 100_000, 1 << 20, 3 << 20]
+        live: list[tuple] = []
+        views = []
+        for _ in range(120):
+            if live and script.random() < 0.45:
+                t, u = live.pop(script.randrange(len(live)))
+                if script.random() < 0.3:
+                    views.append((t[:1], u[:1]))    # the free is deferred to its death
+                heap.free(t)
+                plain.free(u)
+            else:
+                nbytes = sizes[script.randrange(len(sizes))]
+                t, u = heap.malloc(nbytes), plain.malloc(nbytes)
+                assert t.shape == u.shape == (nbytes,)
+                assert _offset(heap, t) == _offset(plain, u)
+                assert _same_everywhere(_offset(heap, t))
+                live.append((t, u))
+            if views and script.random() < 0.3:
+                views.pop(script.randrange(len(views)))
+                gc.collect()
+            assert heap._core.local.allocator_state() == plain._core.local.allocator_state()
+            assert heap._core.local.stats() == plain._core.local.stats()   # (its counters)
+        for t, u in live:
+            heap.free(t)
+            plain.free(u)
+        del views
+        gc.collect()
+        heap.malloc(8)   # (a step: the last dead blocks released on both)
+        plain.malloc(8)
+        assert heap._core.local.allocator_state() == plain._core.local.allocator_state()
+        assert _same_everywhere(repr(heap._core.local.allocator_state()))
+    finally:
+        gc.collect()
+        plain.finalize()
 
 
 @pytest.mark.mpi(min_size=2)
