@@ -87,6 +87,20 @@ def _same_everywhere(value) -> bool:
     return len(set(WORLD.allgather(value))) == 1
 
 
+def _free_all_alike(heap, plain, live: list, views: list) -> None:
+    """Free every pair of `live` on `heap` and `plain`, drop `views`, take a step on
+    both (the last dead blocks released) and check that their allocators agree."""
+    for t, u in live:
+        heap.free(t)
+        plain.free(u)
+    live.clear()
+    views.clear()
+    gc.collect()
+    heap.malloc(8)   # (a step: the last dead blocks released on both)
+    plain.malloc(8)
+    assert heap._core.local.allocator_state() == plain._core.local.allocator_state()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_repeated_mallocs_and_frees_are_one_quick_step_each(heap, monkeypatch):
     paths = _Paths(heap, monkeypatch)
@@ -232,14 +246,7 @@ def test_random_allocations_on_mixed_paths_give_the_general_paths_blocks(heap, m
                 views.pop(script.randrange(len(views)))
                 gc.collect()
         assert paths.quick > 0
-        for t, u in live:
-            heap.free(t)
-            plain.free(u)
-        del views
-        gc.collect()
-        heap.malloc(8)   # (a step: the last dead blocks released on both)
-        plain.malloc(8)
-        assert heap._core.local.allocator_state() == plain._core.local.allocator_state()
+        _free_all_alike(heap, plain, live, views)
     finally:
         gc.collect()
         plain.finalize()
@@ -290,14 +297,7 @@ def test_the_engines_compiled_cached_branch_gives_the_python_branchs_blocks(heap
                 gc.collect()
             assert heap._core.local.allocator_state() == plain._core.local.allocator_state()
             assert heap._core.local.stats() == plain._core.local.stats()   # (its counters)
-        for t, u in live:
-            heap.free(t)
-            plain.free(u)
-        del views
-        gc.collect()
-        heap.malloc(8)   # (a step: the last dead blocks released on both)
-        plain.malloc(8)
-        assert heap._core.local.allocator_state() == plain._core.local.allocator_state()
+        _free_all_alike(heap, plain, live, views)
         assert _same_everywhere(repr(heap._core.local.allocator_state()))
     finally:
         gc.collect()

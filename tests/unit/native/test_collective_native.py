@@ -590,27 +590,44 @@ def test_quick_without_a_carry_delivers_answers_and_takes_the_flag():
     assert delivering(False) == "settled" and settled == [-2] and owner.seq == 11
 
 
+DEAD_WORD = 5   # (of _dead_blocks_steps()'s vector)
+
+
+def _dead_blocks_steps():
+    """Two PEs' Steppers on one board for quick steps that carry dead blocks: an
+    8-word vector whose words 3 (flag), 4 (time), 5 and 6 (dead, DEAD_WORD) are
+    volatile. Returns the board's memory (keep it), this PE's Stepper and its
+    send buffer, the template, and peer_steps(seq, digest=0): PE 1's step of the
+    template, carrying dead blocks of `digest` where it is not 0."""
+    memory, board, nbytes = _board(2)
+    words, volatile = 8, 0b1111000
+
+    def stepper(rank):
+        buffers = (array.array("q", bytes(8 * words)), array.array("q", bytes(8 * words)),
+                   bytearray(2))
+        return _collective.Stepper(board, nbytes, 2, rank, SLOT, words, 1, 16, volatile, 2, 3,
+                                   4, 10**9, *buffers, 0), buffers[0]
+
+    template = array.array("q", [5, 0, 0, 0, 0, 0, 0, 42])
+    mine, sent = stepper(0)
+    peer, _ = stepper(1)
+
+    def peer_steps(seq, digest=0):
+        vector = template[:]
+        if digest:
+            vector[DEAD_WORD], vector[DEAD_WORD + 1] = -digest, digest
+        assert peer.step(-1, 0, seq, vector, True, 0, 0, None, 0, 0, 0, -1) == 1
+
+    return memory, mine, sent, template, peer_steps
+
+
 def test_quick_carries_dead_blocks_only_where_its_dead_guards_say_and_then_settles():
     # an allocation's quick step (HeapCore.make_quick(releasing=True)): where a dead
     # guard is true it asks for the digest and carries it in the vector's dead words
     # (-digest, digest), and such a step settles (the agreement releases them there);
-    # where none is, the callable is not called and a plain step stays plain. Here an
-    # 8-word vector whose words 3 (flag), 4 (time), 5 and 6 (dead) are volatile
+    # where none is, the callable is not called and a plain step stays plain
     import threading
-    memory, board, nbytes = _board(2)
-    words, volatile, dead_word = 8, 0b1111000, 5
-
-    def stepper(rank, buffers):
-        return _collective.Stepper(board, nbytes, 2, rank, SLOT, words, 1, 16, volatile, 2, 3,
-                                   4, 10**9, *buffers, 0)
-
-    def buffers():
-        return array.array("q", bytes(8 * words)), array.array("q", bytes(8 * words)), \
-            bytearray(2)
-
-    template = array.array("q", [5, 0, 0, 0, 0, 0, 0, 42])
-    mine, theirs = buffers(), buffers()
-    peer = stepper(1, theirs)
+    memory, mine, sent, template, peer_steps = _dead_blocks_steps()
     owner, lock, flags = _Owner(), threading.RLock(), _Flags()
     asked, settled = [], []
 
@@ -618,23 +635,19 @@ def test_quick_carries_dead_blocks_only_where_its_dead_guards_say_and_then_settl
         asked.append(1)
         return 14
 
-    make = functools.partial(_collective.Quick, stepper(0, mine), template, True, -1, 0, lock,
+    make = functools.partial(_collective.Quick, mine, template, True, -1, 0, lock,
                              owner, _Flags(), (),
                              lambda code: settled.append(code) or "settled",
                              None, (lambda: "tensor", ()), None, True)
-    quick = make((digest, (), dead_word, ((flags, "pending"),)))
-
-    def peer_steps(seq):
-        assert peer.step(-1, 0, seq, template, True, 0, 0, None, 0, 0, 0, -1) == 1
-
+    quick = make((digest, (), DEAD_WORD, ((flags, "pending"),)))
     peer_steps(7)
     assert quick() == "tensor" and not asked and not settled
     flags.pending.add(1)
     peer_steps(8)
     assert quick() == "settled" and asked == [1] and settled == [0]
-    assert mine[0][dead_word] == -14 and mine[0][dead_word + 1] == 14
-    for wrong in [(digest, (), dead_word), (digest, [], dead_word, ()),
-                  (digest, (), dead_word, [(flags, "pending")]), (len, (), dead_word, ((1,),))]:
+    assert sent[DEAD_WORD] == -14 and sent[DEAD_WORD + 1] == 14
+    for wrong in [(digest, (), DEAD_WORD), (digest, [], DEAD_WORD, ()),
+                  (digest, (), DEAD_WORD, [(flags, "pending")]), (len, (), DEAD_WORD, ((1,),))]:
         with pytest.raises(TypeError):
             make(wrong)
             pytest.fail(f"dead {wrong!r} was accepted")
@@ -652,35 +665,15 @@ def test_quick_releases_dead_blocks_every_pe_carried_alike_in_its_own_call():
     # deliver's answer); where the PEs' digests differ, or a PE carried none, it
     # settles as before (the agreement sorts it out there)
     import threading
-    memory, board, nbytes = _board(2)
-    words, volatile, dead_word = 8, 0b1111000, 5
-
-    def stepper(rank, buffers):
-        return _collective.Stepper(board, nbytes, 2, rank, SLOT, words, 1, 16, volatile, 2, 3,
-                                   4, 10**9, *buffers, 0)
-
-    def buffers():
-        return array.array("q", bytes(8 * words)), array.array("q", bytes(8 * words)), \
-            bytearray(2)
-
-    template = array.array("q", [5, 0, 0, 0, 0, 0, 0, 42])
-    mine, theirs = buffers(), buffers()
-    peer = stepper(1, theirs)
+    memory, mine, sent, template, peer_steps = _dead_blocks_steps()
     owner, lock, flags = _Owner(), threading.RLock(), _Flags()
     released, settled, delivered = [], [], []
     flags.pending.add(1)
-    quick = _collective.Quick(stepper(0, mine), template, True, -1, 0, lock, owner, _Flags(),
+    quick = _collective.Quick(mine, template, True, -1, 0, lock, owner, _Flags(),
                               (), lambda code: settled.append(code) or "settled", None,
                               (lambda: delivered.append(1) or "tensor", ()), None, True,
-                              (lambda: 14, (), dead_word, ((flags, "pending"),),
+                              (lambda: 14, (), DEAD_WORD, ((flags, "pending"),),
                                lambda: released.append(owner._entered)))
-
-    def peer_steps(seq, digest):
-        vector = template[:]
-        if digest:
-            vector[dead_word], vector[dead_word + 1] = -digest, digest
-        assert peer.step(-1, 0, seq, vector, True, 0, 0, None, 0, 0, 0, -1) == 1
-
     owner._entered = None
     peer_steps(7, 14)                   # the same dead blocks: released here, then delivered
     assert quick() == "tensor" and len(released) == 1 and not settled and delivered == [1]
@@ -690,6 +683,6 @@ def test_quick_releases_dead_blocks_every_pe_carried_alike_in_its_own_call():
     peer_steps(9, 0)                    # none there: settles
     assert quick() == "settled" and settled == [0, 0] and len(released) == 1
     with pytest.raises(TypeError):
-        _collective.Quick(stepper(0, mine), template, True, -1, 0, lock, owner, _Flags(), (),
+        _collective.Quick(mine, template, True, -1, 0, lock, owner, _Flags(), (),
                           len, None, (len, ()), None, True,
-                          (lambda: 14, (), dead_word, (), "not callable"))
+                          (lambda: 14, (), DEAD_WORD, (), "not callable"))
