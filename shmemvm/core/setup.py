@@ -217,10 +217,12 @@ def _make_board(agreement: Agreement, call: Call, transport: str, failure: Excep
     piece (`fast`), whose board steps beat an MPI allreduce, or where MPI has no
     persistent collectives). Every PE decides alike (the same PEs, the same setting:
     compared at init, the same MPI, the native vote), so all or none make one.
-    Also the vote on `failure` (a PE that could not reserve its peers'
-    windows): init then fails everywhere."""
+    A heap of one PE is on one node too: its steps take the board (and the
+    quick steps in C) as larger heaps' do, where MPI's general path cost a
+    one-process program twice the 2-PE malloc. Also the vote on `failure` (a
+    PE that could not reserve its peers' windows): init then fails everywhere."""
     board = board_failure = None
-    tried = 1 < n_pes == on_node and (
+    tried = n_pes == on_node and (
         transport == "board" or (transport == "auto" and (
             fast or not persistent_collectives())))
     if tried:

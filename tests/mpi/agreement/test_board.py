@@ -76,6 +76,32 @@ def test_the_setting_chooses_the_board_where_every_pe_is_on_one_node(setting, fa
             heap.finalize()
 
 
+@pytest.mark.parametrize("setting, fast, expected", [
+    ("auto", "auto", native._native is not None or not persistent_collectives()),
+    ("board", "auto", True), ("mpi", "auto", False)])
+def test_a_heap_of_one_pe_steps_on_the_board_as_larger_ones_do(setting, fast, expected):
+    """One PE is on one node: its steps take the board (and the quick steps
+    in C) where a heap of more PEs would. A one-process program agreed
+    through MPI's general path before, at twice the cost of 2 PEs' malloc."""
+    heap = SymmetricHeap(MPI.COMM_SELF, "16M", backend="host", timeout=10, agreement=setting,
+                         native=fast)
+    try:
+        assert (parts_of(heap).agreement.board is not None) == expected
+        for _ in range(3):
+            heap.free(heap.malloc(100))
+        heap.barrier_all()
+        x, y = heap.zeros(4, torch.int64), heap.zeros(4, torch.int64)
+        x += 5
+        heap.all_reduce(y, x)
+        assert y.tolist() == [5] * 4
+        with pytest.raises(ValueError):
+            heap.malloc(-1)
+        heap.free(x)
+        heap.free(y)
+    finally:
+        heap.finalize()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_board_reduces_as_mpi_allreduce_max_does(board):
     """Random vectors, mostly alike (the common case), sometimes with other
