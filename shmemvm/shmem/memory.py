@@ -100,7 +100,7 @@ def alloc(count: int, size: int = 1, align: Optional[int] = None,
     raw = routines.allocate(arrays.core(), request,
                             ("alloc({!r}, {!r}, align={!r}, hints={!r})", count, size, align,
                              hints), memo=memo)   # (memo: the same call each time)
-    return memoryview(arrays.over(raw))
+    return arrays.bytes_of(raw)
 
 
 def free(mem: Union[memoryview, np.ndarray]) -> None:

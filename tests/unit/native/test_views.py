@@ -137,6 +137,30 @@ def test_the_compiled_arrays_are_the_pure_ones(monkeypatch, shape, dtype, order)
     assert ours.flags.writeable and flat.flags.writeable and flat.nbytes == nbytes
 
 
+@pytest.mark.parametrize("nbytes", [0, 1, 7, 4096])
+def test_alloc_memoryviews_of_both_heap_memories_are_alike(monkeypatch, nbytes):
+    """bytes_of() (alloc's result) over the compiled HeapMemory, a buffer, and
+    over the pure one's array: the same writable bytes, whose owner is the
+    memory, and whose arrays are the same."""
+    tensor = torch.arange(nbytes, dtype=torch.int64).to(torch.uint8)
+    made = {}
+    for memory in (COMPILED, native.PyHeapMemory):
+        monkeypatch.setattr(arrays, "HeapMemory", memory)
+        view = made[memory] = arrays.bytes_of(tensor)
+        assert type(arrays.owner(view)) is memory and arrays.owner(view).tensor is tensor
+        if nbytes:   # (NumPy gives an empty buffer an address of its own)
+            assert arrays.address(np.asarray(view)) == arrays.owner(view).address
+        assert arrays.owner(np.frombuffer(view, np.uint8)[1:]) is arrays.owner(view)
+    ours, pure = made[COMPILED], made[native.PyHeapMemory]
+    assert (ours.format, ours.shape, ours.strides, ours.nbytes, ours.readonly) == \
+        (pure.format, pure.shape, pure.strides, pure.nbytes, pure.readonly) == \
+        ("B", (nbytes,), (1,), nbytes, False)
+    assert ours.tobytes() == pure.tobytes() == bytes(tensor.tolist())
+    if nbytes:
+        ours[0] = 200
+        assert tensor[0] == 200 and pure[0] == 200
+
+
 def test_a_tensor_of_odd_size_is_refused_as_numpy_refuses():
     with pytest.raises(ValueError):
         arrays.shaped(torch.zeros(7, dtype=torch.uint8), (1,), np.dtype("i4"), "C")
