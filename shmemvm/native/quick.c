@@ -423,17 +423,20 @@ static PyObject *quick_call(Quick *self, PyObject *args, PyObject *kwargs) {
     if (attr_set(&self->state[CARRIED], Py_None) < 0) goto release;
     int plain = code == 0 || (code == -2 && self->deliver == NULL);
     const int64_t *reduced = (const int64_t *)stepper->out.buf;   /* the MAX */
+    int noted = 0;
     if (plain && digest && self->release_dead != NULL
         && -reduced[self->dead_word] == reduced[self->dead_word + 1]) {
-        /* every PE carried these same dead blocks: released, and the step is plain */
+        /* every PE carried these same dead blocks: released, and the step is plain
+         * (its entry noted first, as _board_outcome does before it releases) */
         if (note_entered(self, stepper) < 0) goto release;
+        noted = 1;
         PyObject *released = PyObject_CallNoArgs(self->release_dead);
         if (released == NULL) goto release;
         Py_DECREF(released);
         digest = 0;
     }
     if (plain && !digest) {
-        if (note_entered(self, stepper) < 0) goto release;
+        if (!noted && note_entered(self, stepper) < 0) goto release;
         if (self->deliver != NULL) {   /* every PE's payload is in scratch: the result */
             PyObject *done = PyObject_Call(self->deliver, self->deliver_args, NULL);
             if (done == NULL) goto release;
