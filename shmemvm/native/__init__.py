@@ -103,6 +103,16 @@ class PyHeapMemory:
                 "version": 3}
 
 
+def bytes_view(memory) -> memoryview:
+    """A memoryview of a HeapMemory's bytes (the NumPy face's alloc result): of
+    the compiled one itself, a buffer; of a NumPy array over the pure one,
+    which has only the array interface."""
+    if isinstance(memory, PyHeapMemory):
+        import numpy   # (the pure path only: this module stays free of NumPy)
+        return memoryview(numpy.asarray(memory))
+    return memoryview(memory)
+
+
 def _local() -> bool:
     """wanted(), for what no other PE takes part in (so no vote): a bad
     setting leaves it Python's here, and init() raises for it."""

@@ -64,12 +64,9 @@ def over(tensor: torch.Tensor) -> np.ndarray:
 
 def bytes_of(tensor: torch.Tensor) -> memoryview:
     """The allocation `tensor` (uint8, its block) as a memoryview of its bytes
-    (alloc's result): of the HeapMemory itself where it is a buffer (the
-    compiled one: no array made between), else of over()'s array."""
-    memory = HeapMemory(tensor)
-    if isinstance(memory, native.PyHeapMemory):   # (an array interface, no buffer)
-        return memoryview(np.asarray(memory))
-    return memoryview(memory)
+    (alloc's result): of the HeapMemory itself where it is a buffer, with no
+    array made between (native.bytes_view)."""
+    return native.bytes_view(HeapMemory(tensor))
 
 
 def shaped(tensor: torch.Tensor, shape: tuple, dtype: np.dtype, order: str) -> np.ndarray:
