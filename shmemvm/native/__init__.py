@@ -109,7 +109,7 @@ def bytes_view(memory) -> memoryview:
     which has only the array interface."""
     if isinstance(memory, PyHeapMemory):
         import numpy   # (the pure path only: this module stays free of NumPy)
-        return memoryview(numpy.asarray(memory))
+        return numpy.asarray(memory).data   # (the array's memoryview)
     return memoryview(memory)
 
 
@@ -132,6 +132,11 @@ HeapMemory: type = _native.HeapMemory if _local() else PyHeapMemory
 #: small block given back) in one call (blocks.c), where the compiled piece is
 #: built and wanted; else None, and the allocator's Python path does it all
 CachedBlocks = _native.CachedBlocks if _local() else None
+
+#: DeadBlocks(core, cached): the core's dead blocks taken into its pending set and
+#: released, in one call each (dead.c), over its engine's CachedBlocks; None as
+#: CachedBlocks is
+DeadBlocks = _native.DeadBlocks if CachedBlocks is not None else None
 
 
 def atomic(address: int, code: str, op: int, value=0, cond=0):
