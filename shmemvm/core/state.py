@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from mpi4py import MPI
 
-from .. import _args
+from .. import _args, native
 from ..agreement.agreement import Agreement
 from ..agreement.liveness import Liveness
 from ..agreement.protocol import Call, Outcome, Phase
@@ -201,8 +201,6 @@ class HeapCore:
         self.call_key = parts.locator.call_key
         self.peer_pids = parts.peer_pids
         self.peer_paths = parts.peer_paths
-        # the agreement releases the blocks every PE dropped through this core
-        agreement.release = self.release_dead
         #: serialises this heap's collective calls and their state (a thread that
         #: makes a collective call holds it for the whole call)
         self.lock = threading.RLock()
@@ -234,6 +232,13 @@ class HeapCore:
         #: the releases of allocate()'s one step, held until its block is taken
         #: (release_dead()); None outside it
         self._held: set[int] | None = None
+        # the dead blocks taken into _pending and released (the agreement releases
+        # the blocks every PE dropped through this core), in one compiled call each
+        # (native/dead.c) where the engine has its compiled branch, else these methods
+        cached = parts.local.cached_blocks
+        dead = native.DeadBlocks(self, cached) if native.DeadBlocks and cached else None
+        self._take_dead = dead.take if dead is not None else self._dead_to_release
+        agreement.release = dead.release if dead is not None else self.release_dead
         #: Calls.quick: each fixed call's whole step in one native call, or None
         self.quick = _QuickSteps(self)
 
@@ -321,7 +326,7 @@ class HeapCore:
         if self.closed or agreement.broken:
             self.check_usable()
         # (positional: no keyword parsing)
-        return agreement.collective(call, self._dead_to_release(), flag)
+        return agreement.collective(call, self._take_dead(), flag)
 
     def _dead_to_release(self) -> set[int]:
         """The blocks that nothing here views any more, which the next step
@@ -350,7 +355,7 @@ class HeapCore:
         if releasing:
             return self.quick_step(self.agreement, call, self.lock, quiet + guards,
                                    carry=carry, deliver=deliver, before=before, answer=answer,
-                                   dead=(self._dead_to_release, releases))
+                                   dead=(self._take_dead, releases))
         return self.quick_step(self.agreement, call, self.lock, releases + quiet + guards,
                                carry=carry, deliver=deliver, before=before, answer=answer)
 

@@ -86,6 +86,12 @@ class HeapMemory(VMemPow2Allocator):
         the compiled piece is not used."""
         return self._cached.take if self._cached is not None else None
 
+    @property
+    def cached_blocks(self):
+        """The engine's CachedBlocks (native/blocks.c), the compiled branch, or
+        None where the compiled piece is not used."""
+        return self._cached
+
     def cached_block(self, nbytes: int) -> int | None:
         """For an allocation of `nbytes` carved from a chunk (below
         SHMEMVM_CHUNK_SIZE): the offset of the cached block it takes now, or

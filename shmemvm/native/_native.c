@@ -23,6 +23,8 @@
  *   CachedBlocks(engine, buddy, ...)        the allocator's cached branch (a
  *       small block of a size freed lately, taken or given back) in one call
  *       (blocks.c).
+ *   DeadBlocks(core, cached)                the core's dead blocks taken into
+ *       the pending set and released, in one call each (dead.c).
  *
  * Every function takes plain integers (addresses) and keeps no state: the
  * Python side checks every argument first (bounds, alignment, the live block)
@@ -47,6 +49,7 @@
 #include "shared.h"
 #include "views.h"
 #include "blocks.h"
+#include "dead.h"
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
@@ -461,7 +464,7 @@ static int exec_module(PyObject *module) {
     if (PyModule_AddObjectRef(module, "FAST_STRINGS", fast_strings ? Py_True : Py_False) < 0)
         return -1;
     if (add_numbering(module, "WORDS", word_codes, W_COUNT) < 0) return -1;
-    if (add_views(module) < 0 || add_blocks(module) < 0) return -1;
+    if (add_views(module) < 0 || add_blocks(module) < 0 || add_dead(module) < 0) return -1;
     return add_numbering(module, "OPERATIONS", op_names, OP_COUNT);
 }
 

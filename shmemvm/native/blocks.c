@@ -19,6 +19,12 @@
  *     imported memory, its quick list not full): the record dropped, the block
  *     back on its quick list. True where done; False where nothing was done
  *     (the Python path then does it, or raises what it raises).
+ *   take_dead(): VMemPow2Allocator._take_dead: the watches' reports (storages
+ *     that died) applied to the records, then the offsets of the blocks nothing
+ *     views any more, sorted; the engine's set of them starts again.
+ *
+ * dead.c's DeadBlocks reaches take_dead and release without a Python call
+ * (blocks.h).
  *
  * Every check comes before the first change, so a call either does the whole
  * branch or nothing. The objects' attributes are read and written in their
@@ -36,6 +42,7 @@ typedef struct {
     /* backend.tensor(va, dims, dtype), ownership.record(storage, died, block), the
      * engine's watch callback, buddy.Block, the engine lock's acquire and release */
     PyObject *tensor, *record, *died, *block_type, *acquire, *release;
+    PyObject *events;   /* the engine's mailbox's deque of the watches that reported */
     long long base, min_block, chunk, budget, quick_limit;
 } CachedBlocks;
 
@@ -49,7 +56,9 @@ static const char *buddy_names[N_BUDDY] = {
     "block_bytes", "requested_bytes", "cached_bytes", "released", "_external"};
 static const char *engine_names[N_ENGINE] = {"_records", "_dead", "_imported"};
 static PyObject *buddy_keys[N_BUDDY], *engine_keys[N_ENGINE], *name_untyped_storage,
-    *name_offset;
+    *name_offset, *name_serial, *name_kind, *name_block, *name_own_alive, *name_views,
+    *name_popleft, *name_discard, *own_kind;
+static PyTypeObject *blocks_type;   /* CachedBlocks (for dead.c's check) */
 
 /* dict[key] (borrowed), or NULL with AttributeError naming it */
 static PyObject *field(PyObject *dict, PyObject *key) {
@@ -131,12 +140,17 @@ static int blocks_init(CachedBlocks *self, PyObject *args, PyObject *kwargs) {
     }
     PyObject *lock = PyObject_GetAttrString(engine, "_lock");
     PyObject *died = PyObject_GetAttrString(engine, "_died");
+    PyObject *mailbox = PyObject_GetAttrString(engine, "_mailbox");
+    PyObject *events = mailbox ? PyObject_GetAttrString(mailbox, "events") : NULL;
+    Py_XDECREF(mailbox);
     PyObject *acquire = lock ? PyObject_GetAttrString(lock, "acquire") : NULL;
     PyObject *release = lock ? PyObject_GetAttrString(lock, "release") : NULL;
     Py_XDECREF(lock);
     long long base = int_attr(engine, "base"), min_block = int_attr(buddy, "min_block");
     long long chunk = int_attr(buddy, "chunk"), budget = int_attr(buddy, "budget");
-    if (PyErr_Occurred() || died == NULL || acquire == NULL || release == NULL) {
+    if (PyErr_Occurred() || died == NULL || acquire == NULL || release == NULL
+        || events == NULL) {
+        Py_XDECREF(events);
         Py_XDECREF(died);
         Py_XDECREF(acquire);
         Py_XDECREF(release);
@@ -147,6 +161,7 @@ static int blocks_init(CachedBlocks *self, PyObject *args, PyObject *kwargs) {
     if (min_block <= 0 || chunk <= 0 || (chunk & (chunk - 1)) || budget <= 0 || base < 0) {
         PyErr_SetString(PyExc_ValueError, "CachedBlocks: an allocator with a non-positive "
                         "minimum block, budget or base, or a chunk size not a power of two");
+        Py_DECREF(events);
         Py_DECREF(died);
         Py_DECREF(acquire);
         Py_DECREF(release);
@@ -162,6 +177,7 @@ static int blocks_init(CachedBlocks *self, PyObject *args, PyObject *kwargs) {
     Py_XSETREF(self->died, died);
     Py_XSETREF(self->acquire, acquire);
     Py_XSETREF(self->release, release);
+    Py_XSETREF(self->events, events);
     self->base = base;
     self->min_block = min_block;
     self->chunk = chunk;
@@ -384,6 +400,119 @@ static PyObject *blocks_release(CachedBlocks *self, PyObject *offset) {
     return PyBool_FromLong(done);
 }
 
+/* one watch's report applied (VMemPow2Allocator._absorb_events' loop body) */
+static int absorb(PyObject *watch, PyObject *records, PyObject *dead) {
+    PyObject *offset = PyObject_GetAttr(watch, name_offset);
+    if (offset == NULL) return -1;
+    PyObject *record = PyDict_GetItemWithError(records, offset);   /* borrowed */
+    if (record == NULL) {
+        Py_DECREF(offset);
+        return PyErr_Occurred() ? -1 : 0;   /* a block released since */
+    }
+    Py_INCREF(record);
+    int failed = 1, same = -1;
+    PyObject *block = PyObject_GetAttr(record, name_block);
+    PyObject *serial = PyObject_GetAttr(watch, name_serial);
+    PyObject *block_serial = block ? PyObject_GetAttr(block, name_serial) : NULL;
+    if (serial && block_serial) same = PyObject_RichCompareBool(block_serial, serial, Py_EQ);
+    Py_XDECREF(block);
+    Py_XDECREF(serial);
+    Py_XDECREF(block_serial);
+    if (same == 0) failed = 0;   /* an older block's watch */
+    if (same == 1) {
+        PyObject *kind = PyObject_GetAttr(watch, name_kind);
+        int own = kind ? PyObject_RichCompareBool(kind, own_kind, Py_EQ) : -1;
+        Py_XDECREF(kind);
+        PyObject *views = NULL;
+        if (own == 1) {
+            failed = PyObject_SetAttr(record, name_own_alive, Py_False) < 0;
+        } else if (own == 0) {
+            views = PyObject_GetAttr(record, name_views);
+            failed = views == NULL;
+            if (views != NULL && views != Py_None) {
+                PyObject *gone = PyObject_CallMethodOneArg(views, name_discard, watch);
+                failed = gone == NULL;
+                Py_XDECREF(gone);
+            }
+            Py_XDECREF(views);
+        }
+        if (!failed) {   /* not (record.own_alive or record.views): nothing views it */
+            PyObject *alive = PyObject_GetAttr(record, name_own_alive);
+            int viewed = alive ? PyObject_IsTrue(alive) : -1;
+            Py_XDECREF(alive);
+            if (viewed == 0) {
+                views = PyObject_GetAttr(record, name_views);
+                viewed = views ? PyObject_IsTrue(views) : -1;
+                Py_XDECREF(views);
+            }
+            failed = viewed < 0 || (viewed == 0 && PySet_Add(dead, offset) < 0);
+        }
+    }
+    Py_DECREF(record);
+    Py_DECREF(offset);
+    return failed ? -1 : 0;
+}
+
+PyObject *cached_take_dead(PyObject *cached) {
+    CachedBlocks *self = (CachedBlocks *)cached;
+    if (self->engine_dict == NULL) {
+        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
+        return NULL;
+    }
+    PyObject *dead = field(self->engine_dict, engine_keys[E_DEAD]);
+    if (dead == NULL) return NULL;
+    int any = PyObject_IsTrue(dead);
+    Py_ssize_t events = any ? 1 : PyObject_Length(self->events);
+    if (any < 0 || events < 0) return NULL;
+    if (!any && !events) return PyList_New(0);   /* the common case, without the lock */
+    if (lock(self) < 0) return NULL;
+    PyObject *taken = NULL;
+    PyObject *records = field(self->engine_dict, engine_keys[E_RECORDS]);
+    dead = records ? field(self->engine_dict, engine_keys[E_DEAD]) : NULL;
+    if (dead != NULL && (!PyDict_CheckExact(records) || !PySet_CheckExact(dead)))
+        PyErr_SetString(PyExc_TypeError, "CachedBlocks: the engine's records are not a dict "
+                        "or its dead blocks not a set");
+    else if (dead != NULL) {
+        Py_INCREF(dead);
+        int failed = 0;
+        Py_ssize_t left;
+        while (!failed && (left = PyObject_Length(self->events)) != 0) {
+            PyObject *watch = left < 0 ? NULL : PyObject_CallMethodNoArgs(self->events,
+                                                                         name_popleft);
+            failed = watch == NULL || absorb(watch, records, dead) < 0;
+            Py_XDECREF(watch);
+        }
+        PyObject *fresh = failed ? NULL : PySet_New(NULL);
+        taken = fresh ? PySequence_List(dead) : NULL;
+        if (taken != NULL && (PyList_Sort(taken) < 0
+                              || PyDict_SetItem(self->engine_dict, engine_keys[E_DEAD], fresh) < 0))
+            Py_CLEAR(taken);
+        Py_XDECREF(fresh);
+        Py_DECREF(dead);
+    }
+    if (unlock(self) < 0) Py_CLEAR(taken);
+    return taken;
+}
+
+int cached_release(PyObject *cached, PyObject *offset) {
+    CachedBlocks *self = (CachedBlocks *)cached;
+    if (self->buddy_dict == NULL) {
+        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
+        return -1;
+    }
+    if (lock(self) < 0) return -1;
+    int done = release_locked(self, offset);
+    return unlock(self) < 0 ? -1 : done;
+}
+
+static PyObject *blocks_take_dead(CachedBlocks *self, PyObject *Py_UNUSED(ignored)) {
+    return cached_take_dead((PyObject *)self);
+}
+
+int is_cached_blocks(PyObject *obj) {
+    return blocks_type != NULL && PyObject_TypeCheck(obj, blocks_type);
+}
+
 static int blocks_traverse(CachedBlocks *self, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->engine_dict);
@@ -394,6 +523,7 @@ static int blocks_traverse(CachedBlocks *self, visitproc visit, void *arg) {
     Py_VISIT(self->block_type);
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
+    Py_VISIT(self->events);
     return 0;
 }
 
@@ -406,6 +536,7 @@ static int blocks_clear(CachedBlocks *self) {
     Py_CLEAR(self->block_type);
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
+    Py_CLEAR(self->events);
     return 0;
 }
 
@@ -421,6 +552,9 @@ static PyMethodDef blocks_methods[] = {
     {"take", (PyCFunction)(void (*)(void))blocks_take, METH_FASTCALL,
      "take(nbytes, dims, dtype[, fallback, *args]) -> the tensor of a block taken from its "
      "quick list, else fallback(*args) (None without one), nothing done"},
+    {"take_dead", (PyCFunction)blocks_take_dead, METH_NOARGS,
+     "take_dead() -> VMemPow2Allocator._take_dead: the watches' reports applied, then the "
+     "sorted offsets of the blocks nothing here views any more (the engine's set starts again)"},
     {"release", (PyCFunction)blocks_release, METH_O,
      "release(offset) -> True: the small block's record dropped and the block back on its "
      "quick list; False: not that case, nothing done"},
@@ -450,11 +584,20 @@ int add_blocks(PyObject *module) {
     for (int i = 0; i < N_ENGINE; i++)
         if ((engine_keys[i] = PyUnicode_InternFromString(engine_names[i])) == NULL) return -1;
     if ((name_untyped_storage = PyUnicode_InternFromString("untyped_storage")) == NULL
-        || (name_offset = PyUnicode_InternFromString("offset")) == NULL)
+        || (name_offset = PyUnicode_InternFromString("offset")) == NULL
+        || (name_serial = PyUnicode_InternFromString("serial")) == NULL
+        || (name_kind = PyUnicode_InternFromString("kind")) == NULL
+        || (name_block = PyUnicode_InternFromString("block")) == NULL
+        || (name_own_alive = PyUnicode_InternFromString("own_alive")) == NULL
+        || (name_views = PyUnicode_InternFromString("views")) == NULL
+        || (name_popleft = PyUnicode_InternFromString("popleft")) == NULL
+        || (name_discard = PyUnicode_InternFromString("discard")) == NULL
+        || (own_kind = PyLong_FromLong(0)) == NULL)   /* ownership.OWN */
         return -1;
     PyObject *type = PyType_FromModuleAndSpec(module, &blocks_spec, NULL);
     if (type == NULL) return -1;
     int failed = PyModule_AddObjectRef(module, "CachedBlocks", type);
+    if (!failed) blocks_type = (PyTypeObject *)type;   /* (the module keeps it) */
     Py_DECREF(type);
     return failed;
 }

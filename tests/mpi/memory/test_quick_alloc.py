@@ -305,6 +305,61 @@ def test_the_engines_compiled_cached_branch_gives_the_python_branchs_blocks(heap
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("seed", [6, 7])
+def test_the_cores_compiled_dead_blocks_release_what_its_python_methods_release(
+        heap, monkeypatch, seed):
+    # The core takes the engine's dead blocks into its pending set and releases
+    # those every PE dropped in one compiled call each (native/dead.c); a heap
+    # made without it (HeapCore._dead_to_release and release_dead, the engine's
+    # compiled branch kept on both) must release the same blocks at the same
+    # steps: views kept at random defer frees, zeros() (a fill) holds a step's
+    # releases until its block is taken, and every step compares the pending
+    # sets, the allocators and their counters
+    if native.DeadBlocks is None:
+        pytest.skip("the compiled piece is not used here (SHMEMVM_NATIVE=0)")
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "DeadBlocks", None)
+        plain = type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+    try:
+        core, other = heap._core, plain._core
+        assert core.agreement.release != core.release_dead   # (the compiled one)
+        assert other.agreement.release == other.release_dead
+        assert other._take_dead == other._dead_to_release
+        script = random.Random(seed)
+        sizes = [0, 1, 8, 64, 1024, 5000, 100_000, 3 << 20]
+        live: list[tuple] = []
+        views = []
+        for _ in range(150):
+            roll = script.random()
+            if live and roll < 0.45:
+                t, u = live.pop(script.randrange(len(live)))
+                if script.random() < 0.4:
+                    views.append((t[:1], u[:1]))    # the free is deferred to its death
+                heap.free(t)
+                plain.free(u)
+            else:
+                nbytes = sizes[script.randrange(len(sizes))]
+                if roll < 0.6:   # a fill: the step's releases held until its block is taken
+                    t, u = heap.zeros(nbytes, dtype=torch.uint8), \
+                        plain.zeros(nbytes, dtype=torch.uint8)
+                else:
+                    t, u = heap.malloc(nbytes), plain.malloc(nbytes)
+                assert _offset(heap, t) == _offset(plain, u)
+                live.append((t, u))
+            if views and script.random() < 0.4:
+                views.pop(script.randrange(len(views)))
+                gc.collect()
+            assert core._pending == other._pending
+            assert core.local.allocator_state() == other.local.allocator_state()
+            assert core.local.stats() == other.local.stats()
+        _free_all_alike(heap, plain, live, views)
+        assert core._pending == other._pending == set()
+    finally:
+        gc.collect()
+        plain.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_free_steps_aside_while_a_context_lives_and_its_quiet_all_runs(heap, monkeypatch):
     # free() completes every context's operations first (quiet_all): while a context
     # lives the quick free (whose guards know only the default context) is not taken

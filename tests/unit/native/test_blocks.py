@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import random
+import types
 
 import pytest
 import torch
@@ -60,7 +61,7 @@ def test_random_requests_leave_both_engines_alike(pair, seed):
     rng = random.Random(seed)
     live: list[tuple[torch.Tensor, torch.Tensor]] = []
     held: list[tuple[torch.Tensor, torch.Tensor]] = []     # views that defer a free
-    cached_taken = 0
+    cached_taken = dead_taken = 0
     for step in range(400):
         action = rng.random()
         if action < 0.55 or not live:
@@ -89,12 +90,22 @@ def test_random_requests_leave_both_engines_alike(pair, seed):
         elif action < 0.8 and held:
             held.pop(rng.randrange(len(held)))
             gc.collect()
+            if rng.random() < 0.5:
+                # its death reported, taken by the compiled take_dead and by the
+                # Python one (what a heap's step carries), released on both
+                taken = pair[0]._cached.take_dead(), pair[1]._take_dead()
+                assert taken[0] == taken[1], f"seed {seed}, step {step}"
+                dead_taken += len(taken[0])
+                for engine, offsets in zip(pair, taken):
+                    for offset in offsets:
+                        engine._release(offset)
         else:
             pick = live.pop(rng.randrange(len(live)))
             for engine, tensor in zip(pair, pick):
                 engine.free(tensor)
         assert _state(pair[0]) == _state(pair[1]), f"seed {seed}, step {step}"
     assert cached_taken > 20, "the cached branch was hardly taken: the test proves little"
+    assert dead_taken > 3, "take_dead hardly found a block: the test proves little"
     for first, second in live:
         for engine, tensor in zip(pair, (first, second)):
             engine.free(tensor)
@@ -186,3 +197,40 @@ def test_the_constructor_checks_what_it_is_given(pair):
         unset.release(0)
     with pytest.raises(TypeError):
         engine._cached.take(1, (1,))
+
+
+def test_the_dead_blocks_constructor_checks_what_it_is_given(pair):
+    """DeadBlocks (native/dead.c) takes a core that keeps _pending and _held in its
+    instance dict, and its engine's CachedBlocks."""
+    DeadBlocks = native._native.DeadBlocks
+
+    class Core:
+        def __init__(self, local):
+            self.local, self._pending, self._held = local, set(), None
+
+        def forget(self):
+            pass
+
+        def release_dead(self, offsets):
+            pass
+
+    engine = pair[0]
+    local = types.SimpleNamespace(release=engine._release)   # (the heap's engine's face)
+    with pytest.raises(TypeError, match="CachedBlocks"):
+        DeadBlocks(Core(local), object())
+
+    class Slotted(Core):
+        _held = property(lambda self: None)
+
+        def __init__(self, local):
+            self.local, self._pending = local, set()
+
+    with pytest.raises(TypeError, match="instance dict"):
+        DeadBlocks(Slotted(local), engine._cached)
+    dead = DeadBlocks(Core(local), engine._cached)
+    assert dead.take() == set()   # (nothing died)
+    unset = DeadBlocks.__new__(DeadBlocks)
+    with pytest.raises(ValueError, match="not initialised"):
+        unset.take()
+    with pytest.raises(ValueError, match="not initialised"):
+        unset.release({0})
