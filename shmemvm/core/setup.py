@@ -219,7 +219,7 @@ def _make_board(agreement: Agreement, call: Call, transport: str, failure: Excep
     compared at init, the same MPI, the native vote), so all or none make one.
     A heap of one PE is on one node too: its steps take the board (and the
     quick steps in C) as larger heaps' do, where MPI's general path cost a
-    one-process program twice the 2-PE malloc. Also the vote on `failure` (a
+    one-process program's malloc + free 1.7 times the 2-PE one. Also the vote on `failure` (a
     PE that could not reserve its peers' windows): init then fails everywhere."""
     board = board_failure = None
     tried = n_pes == on_node and (

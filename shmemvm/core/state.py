@@ -690,10 +690,10 @@ class HeapCore:
         _allocated(), through the engine's compiled cached branch where there is
         one (a block of a size freed lately, its tensor and record in one call;
         _allocated() itself for any other block)."""
-        take = self.local.cached_take
-        if take is None:
+        cached = self.local.cached_blocks
+        if cached is None:
             return self._allocated, (nbytes, dims, dtype, call)
-        return take, (nbytes, dims, dtype, self._allocated, nbytes, dims, dtype, call)
+        return cached.take, (nbytes, dims, dtype, self._allocated, nbytes, dims, dtype, call)
 
     def remembered_allocation(self, memo: tuple) -> Callable[[], torch.Tensor | None] | None:
         """The quick step that allocate() kept under a face's `memo` (the face's

@@ -79,17 +79,11 @@ class HeapMemory(VMemPow2Allocator):
         return self._tensor_for(block, dims, dtype)
 
     @property
-    def cached_take(self) -> Callable[..., torch.Tensor | None] | None:
-        """take(nbytes, dims, dtype, fallback, *args): allocate_unmapped() and
-        tensor_for() of a block of a size freed lately, in one compiled call
-        (native/blocks.c), else fallback(*args) with nothing done; None where
-        the compiled piece is not used."""
-        return self._cached.take if self._cached is not None else None
-
-    @property
     def cached_blocks(self):
-        """The engine's CachedBlocks (native/blocks.c), the compiled branch, or
-        None where the compiled piece is not used."""
+        """The engine's CachedBlocks (native/blocks.c), the compiled cached branch,
+        or None where the compiled piece is not used. Its take(nbytes, dims, dtype,
+        fallback, *args) is allocate_unmapped() and tensor_for() of a block of a
+        size freed lately in one call, else fallback(*args) with nothing done."""
         return self._cached
 
     def cached_block(self, nbytes: int) -> int | None:

@@ -390,14 +390,8 @@ static int release_locked(CachedBlocks *self, PyObject *offset_obj) {
 }
 
 static PyObject *blocks_release(CachedBlocks *self, PyObject *offset) {
-    if (self->buddy_dict == NULL) {
-        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
-        return NULL;
-    }
-    if (lock(self) < 0) return NULL;
-    int done = release_locked(self, offset);
-    if (unlock(self) < 0 || done < 0) return NULL;
-    return PyBool_FromLong(done);
+    int done = cached_release((PyObject *)self, offset);   /* (blocks.h: dead.c's too) */
+    return done < 0 ? NULL : PyBool_FromLong(done);
 }
 
 /* one watch's report applied (VMemPow2Allocator._absorb_events' loop body) */
