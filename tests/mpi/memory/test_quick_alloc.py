@@ -87,6 +87,34 @@ def _same_everywhere(value) -> bool:
     return len(set(WORLD.allgather(value))) == 1
 
 
+def _random_steps(heap, plain, script: random.Random, steps: int, view_chance: float,
+                  allocate, check, sizes: list[int]) -> None:
+    """`steps` random mallocs (allocate(roll, nbytes): a pair of tensors, one of
+    each heap) and frees alike on `heap` and `plain`, a free's block kept by a view
+    (released at its death, carried into a later step) at `view_chance`, the views
+    dropped at that chance too; the two tensors of each pair at the same offset,
+    check() after every step; then every pair freed (_free_all_alike)."""
+    live: list[tuple] = []
+    views: list[tuple] = []
+    for _ in range(steps):
+        roll = script.random()
+        if live and roll < 0.45:
+            t, u = live.pop(script.randrange(len(live)))
+            if script.random() < view_chance:
+                views.append((t[:1], u[:1]))    # the free is deferred to its death
+            heap.free(t)
+            plain.free(u)
+        else:
+            t, u = allocate(roll, sizes[script.randrange(len(sizes))])
+            assert _offset(heap, t) == _offset(plain, u)
+            live.append((t, u))
+        if views and script.random() < view_chance:
+            views.pop(script.randrange(len(views)))
+            gc.collect()
+        check()
+    _free_all_alike(heap, plain, live, views)
+
+
 def _free_all_alike(heap, plain, live: list, views: list) -> None:
     """Free every pair of `live` on `heap` and `plain`, drop `views`, take a step on
     both (the last dead blocks released) and check that their allocators agree."""
@@ -274,30 +302,18 @@ def test_the_engines_compiled_cached_branch_gives_the_python_branchs_blocks(heap
         assert heap._core._delivery(8, (8,), torch.uint8, None)[0] == \
             heap._core.local._cached.take
         assert plain._core._delivery(8, (8,), torch.uint8, None)[0] == plain._core._allocated
-        script = random.Random(seed)
-        sizes = [0, 1, 8, 64, 100, 1024, 4096, 5000, 100_000, 1 << 20, 3 << 20]
-        live: list[tuple] = []
-        views = []
-        for _ in range(120):
-            if live and script.random() < 0.45:
-                t, u = live.pop(script.randrange(len(live)))
-                if script.random() < 0.3:
-                    views.append((t[:1], u[:1]))    # the free is deferred to its death
-                heap.free(t)
-                plain.free(u)
-            else:
-                nbytes = sizes[script.randrange(len(sizes))]
-                t, u = heap.malloc(nbytes), plain.malloc(nbytes)
-                assert t.shape == u.shape == (nbytes,)
-                assert _offset(heap, t) == _offset(plain, u)
-                assert _same_everywhere(_offset(heap, t))
-                live.append((t, u))
-            if views and script.random() < 0.3:
-                views.pop(script.randrange(len(views)))
-                gc.collect()
+        def allocate(roll: float, nbytes: int) -> tuple:
+            t, u = heap.malloc(nbytes), plain.malloc(nbytes)
+            assert t.shape == u.shape == (nbytes,)
+            assert _same_everywhere(_offset(heap, t))
+            return t, u
+
+        def check() -> None:
             assert heap._core.local.allocator_state() == plain._core.local.allocator_state()
             assert heap._core.local.stats() == plain._core.local.stats()   # (its counters)
-        _free_all_alike(heap, plain, live, views)
+
+        _random_steps(heap, plain, random.Random(seed), 120, 0.3, allocate, check,
+                      [0, 1, 8, 64, 100, 1024, 4096, 5000, 100_000, 1 << 20, 3 << 20])
         assert _same_everywhere(repr(heap._core.local.allocator_state()))
     finally:
         gc.collect()
@@ -325,34 +341,18 @@ def test_the_cores_compiled_dead_blocks_release_what_its_python_methods_release(
         assert core.agreement.release != core.release_dead   # (the compiled one)
         assert other.agreement.release == other.release_dead
         assert other._take_dead == other._dead_to_release
-        script = random.Random(seed)
-        sizes = [0, 1, 8, 64, 1024, 5000, 100_000, 3 << 20]
-        live: list[tuple] = []
-        views = []
-        for _ in range(150):
-            roll = script.random()
-            if live and roll < 0.45:
-                t, u = live.pop(script.randrange(len(live)))
-                if script.random() < 0.4:
-                    views.append((t[:1], u[:1]))    # the free is deferred to its death
-                heap.free(t)
-                plain.free(u)
-            else:
-                nbytes = sizes[script.randrange(len(sizes))]
-                if roll < 0.6:   # a fill: the step's releases held until its block is taken
-                    t, u = heap.zeros(nbytes, dtype=torch.uint8), \
-                        plain.zeros(nbytes, dtype=torch.uint8)
-                else:
-                    t, u = heap.malloc(nbytes), plain.malloc(nbytes)
-                assert _offset(heap, t) == _offset(plain, u)
-                live.append((t, u))
-            if views and script.random() < 0.4:
-                views.pop(script.randrange(len(views)))
-                gc.collect()
+        def allocate(roll: float, nbytes: int) -> tuple:
+            if roll < 0.6:   # a fill: the step's releases held until its block is taken
+                return heap.zeros(nbytes, dtype=torch.uint8), plain.zeros(nbytes, dtype=torch.uint8)
+            return heap.malloc(nbytes), plain.malloc(nbytes)
+
+        def check() -> None:
             assert core._pending == other._pending
             assert core.local.allocator_state() == other.local.allocator_state()
             assert core.local.stats() == other.local.stats()
-        _free_all_alike(heap, plain, live, views)
+
+        _random_steps(heap, plain, random.Random(seed), 150, 0.4, allocate, check,
+                      [0, 1, 8, 64, 1024, 5000, 100_000, 3 << 20])
         assert core._pending == other._pending == set()
     finally:
         gc.collect()
