@@ -138,6 +138,11 @@ CachedBlocks = _native.CachedBlocks if _local() else None
 #: CachedBlocks is
 DeadBlocks = _native.DeadBlocks if CachedBlocks is not None else None
 
+#: FaceFree(core, cached): the NumPy face's free of alloc's memoryview in one call
+#: where its quick step is kept (face_free.c), over its engine's CachedBlocks;
+#: None as CachedBlocks is
+FaceFree = _native.FaceFree if CachedBlocks is not None else None
+
 
 def atomic(address: int, code: str, op: int, value=0, cond=0):
     """One atomic operation on the word at `address` (checked by the caller:

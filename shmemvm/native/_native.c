@@ -25,6 +25,8 @@
  *       (blocks.c).
  *   DeadBlocks(core, cached)                the core's dead blocks taken into
  *       the pending set and released, in one call each (dead.c).
+ *   FaceFree(core, cached)                  the NumPy face's free of alloc's
+ *       memoryview in one call, where its quick step is kept (face_free.c).
  *
  * Every function takes plain integers (addresses) and keeps no state: the
  * Python side checks every argument first (bounds, alignment, the live block)
@@ -50,6 +52,7 @@
 #include "views.h"
 #include "blocks.h"
 #include "dead.h"
+#include "face_free.h"
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
@@ -464,7 +467,9 @@ static int exec_module(PyObject *module) {
     if (PyModule_AddObjectRef(module, "FAST_STRINGS", fast_strings ? Py_True : Py_False) < 0)
         return -1;
     if (add_numbering(module, "WORDS", word_codes, W_COUNT) < 0) return -1;
-    if (add_views(module) < 0 || add_blocks(module) < 0 || add_dead(module) < 0) return -1;
+    if (add_views(module) < 0 || add_blocks(module) < 0 || add_dead(module) < 0
+        || add_face_free(module) < 0)
+        return -1;
     return add_numbering(module, "OPERATIONS", op_names, OP_COUNT);
 }
 

@@ -24,7 +24,8 @@
  *     views any more, sorted; the engine's set of them starts again.
  *
  * dead.c's DeadBlocks reaches take_dead and release without a Python call
- * (blocks.h).
+ * (blocks.h), and face_free.c's FaceFree the two halves of a free of a face's
+ * own tensor (blocks.h: cached_retire_own, cached_defer).
  *
  * Every check comes before the first change, so a call either does the whole
  * branch or nothing. The objects' attributes are read and written in their
@@ -50,14 +51,14 @@ enum {
     B_QUICK, B_QUICK_BLOCKS, B_IDLE, B_SMALL_USERS, B_SEGMENTS, B_SERIAL, B_BLOCKS,
     B_BLOCK_BYTES, B_REQUESTED, B_CACHED, B_RELEASED, B_EXTERNAL, N_BUDDY
 };
-enum { E_RECORDS, E_DEAD, E_IMPORTED, N_ENGINE };
+enum { E_RECORDS, E_DEAD, E_IMPORTED, E_STORAGE_AT, N_ENGINE };
 static const char *buddy_names[N_BUDDY] = {
     "_quick", "_quick_blocks", "_idle", "_small_users", "_segments", "_serial", "_blocks",
     "block_bytes", "requested_bytes", "cached_bytes", "released", "_external"};
-static const char *engine_names[N_ENGINE] = {"_records", "_dead", "_imported"};
+static const char *engine_names[N_ENGINE] = {"_records", "_dead", "_imported", "_storage_at"};
 static PyObject *buddy_keys[N_BUDDY], *engine_keys[N_ENGINE], *name_untyped_storage,
     *name_offset, *name_serial, *name_kind, *name_block, *name_own_alive, *name_views,
-    *name_popleft, *name_discard, *own_kind;
+    *name_popleft, *name_discard, *name_freed, *own_kind;
 static PyTypeObject *blocks_type;   /* CachedBlocks (for dead.c's check) */
 
 /* dict[key] (borrowed), or NULL with AttributeError naming it */
@@ -447,6 +448,18 @@ static int absorb(PyObject *watch, PyObject *records, PyObject *dead) {
     return failed ? -1 : 0;
 }
 
+/* the absorbing loop of VMemPow2Allocator._absorb_events (the lock held) */
+static int absorb_all(CachedBlocks *self, PyObject *records, PyObject *dead) {
+    Py_ssize_t left;
+    while ((left = PyObject_Length(self->events)) != 0) {
+        PyObject *watch = left < 0 ? NULL : PyObject_CallMethodNoArgs(self->events, name_popleft);
+        int failed = watch == NULL || absorb(watch, records, dead) < 0;
+        Py_XDECREF(watch);
+        if (failed) return -1;
+    }
+    return 0;
+}
+
 PyObject *cached_take_dead(PyObject *cached) {
     CachedBlocks *self = (CachedBlocks *)cached;
     if (self->engine_dict == NULL) {
@@ -468,14 +481,7 @@ PyObject *cached_take_dead(PyObject *cached) {
                         "or its dead blocks not a set");
     else if (dead != NULL) {
         Py_INCREF(dead);
-        int failed = 0;
-        Py_ssize_t left;
-        while (!failed && (left = PyObject_Length(self->events)) != 0) {
-            PyObject *watch = left < 0 ? NULL : PyObject_CallMethodNoArgs(self->events,
-                                                                         name_popleft);
-            failed = watch == NULL || absorb(watch, records, dead) < 0;
-            Py_XDECREF(watch);
-        }
+        int failed = absorb_all(self, records, dead) < 0;
         PyObject *fresh = failed ? NULL : PySet_New(NULL);
         taken = fresh ? PySequence_List(dead) : NULL;
         if (taken != NULL && (PyList_Sort(taken) < 0
@@ -497,6 +503,78 @@ int cached_release(PyObject *cached, PyObject *offset) {
     if (lock(self) < 0) return -1;
     int done = release_locked(self, offset);
     return unlock(self) < 0 ? -1 : done;
+}
+
+int cached_retire_own(PyObject *cached, PyObject *tensor, unsigned long long address,
+                      PyObject **offset_out) {
+    CachedBlocks *self = (CachedBlocks *)cached;
+    if (self->engine_dict == NULL) {
+        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
+        return -1;
+    }
+    if (address < (unsigned long long)self->base) return 0;
+    if (lock(self) < 0) return -1;
+    int found = -1;
+    PyObject *offset = NULL, *storage = NULL, *freed = NULL;
+    PyObject *records = field(self->engine_dict, engine_keys[E_RECORDS]);
+    PyObject *storage_at = records ? field(self->engine_dict, engine_keys[E_STORAGE_AT]) : NULL;
+    if (storage_at == NULL) goto done;
+    found = 0;
+    /* (storages that start inside their block: imported memory, _record_of's other lookup) */
+    if (!PyDict_CheckExact(records) || !PyDict_CheckExact(storage_at) || PyDict_GET_SIZE(storage_at))
+        goto done;
+    found = -1;
+    offset = PyLong_FromUnsignedLongLong(address - (unsigned long long)self->base);
+    PyObject *record = offset ? PyDict_GetItemWithError(records, offset) : NULL;   /* borrowed */
+    if (record == NULL) {
+        if (offset != NULL && !PyErr_Occurred()) found = 0;
+        goto done;
+    }
+    freed = PyObject_GetAttr(record, name_freed);
+    int is_freed = freed ? PyObject_IsTrue(freed) : -1;
+    storage = is_freed == 0 ? PyObject_CallMethodNoArgs(tensor, name_untyped_storage) : NULL;
+    if (is_freed == 1) found = 0;
+    if (storage == NULL || !PyWeakref_Check(record)) {
+        if (storage != NULL) found = 0;
+        goto done;
+    }
+    /* _record_of: a live record whose storage is the tensor's (a weak reference's target) */
+    found = PyWeakref_GET_OBJECT(record) == storage;
+done:
+    Py_XDECREF(storage);
+    Py_XDECREF(freed);
+    if (unlock(self) < 0) found = -1;
+    if (found == 1) {
+        *offset_out = offset;
+        return 1;
+    }
+    Py_XDECREF(offset);
+    return found;
+}
+
+int cached_defer(PyObject *cached, PyObject *offset) {
+    CachedBlocks *self = (CachedBlocks *)cached;
+    if (self->engine_dict == NULL) {
+        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
+        return -1;
+    }
+    if (lock(self) < 0) return -1;
+    int failed = 1;
+    PyObject *records = field(self->engine_dict, engine_keys[E_RECORDS]);
+    PyObject *dead = records ? field(self->engine_dict, engine_keys[E_DEAD]) : NULL;
+    if (dead != NULL && (!PyDict_CheckExact(records) || !PySet_CheckExact(dead))) {
+        PyErr_SetString(PyExc_TypeError, "CachedBlocks: the engine's records are not a dict "
+                        "or its dead blocks not a set");
+    } else if (dead != NULL) {
+        PyObject *record = PyDict_GetItemWithError(records, offset);   /* borrowed */
+        if (record == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, offset);
+        Py_INCREF(dead);
+        failed = record == NULL || PyObject_SetAttr(record, name_freed, Py_True) < 0
+                 || absorb_all(self, records, dead) < 0;
+        Py_DECREF(dead);
+    }
+    if (unlock(self) < 0) failed = 1;
+    return failed ? -1 : 0;
 }
 
 static PyObject *blocks_take_dead(CachedBlocks *self, PyObject *Py_UNUSED(ignored)) {
@@ -586,6 +664,7 @@ int add_blocks(PyObject *module) {
         || (name_views = PyUnicode_InternFromString("views")) == NULL
         || (name_popleft = PyUnicode_InternFromString("popleft")) == NULL
         || (name_discard = PyUnicode_InternFromString("discard")) == NULL
+        || (name_freed = PyUnicode_InternFromString("freed")) == NULL
         || (own_kind = PyLong_FromLong(0)) == NULL)   /* ownership.OWN */
         return -1;
     PyObject *type = PyType_FromModuleAndSpec(module, &blocks_spec, NULL);

@@ -147,10 +147,22 @@ static PyType_Spec memory_spec = {
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, memory_slots,
 };
 
+static PyTypeObject *memory_type;   /* HeapMemory (for face_free.c) */
+
+int heap_memory_parts(PyObject *obj, PyObject **tensor, unsigned long long *address) {
+    if (memory_type == NULL || Py_TYPE(obj) != memory_type
+        || ((HeapMemory *)obj)->tensor == NULL)
+        return 0;
+    *tensor = ((HeapMemory *)obj)->tensor;
+    *address = ((HeapMemory *)obj)->address;
+    return 1;
+}
+
 int add_views(PyObject *module) {
     PyObject *type = PyType_FromModuleAndSpec(module, &memory_spec, NULL);
     if (type == NULL) return -1;
     int failed = PyModule_AddObjectRef(module, "HeapMemory", type);
+    if (!failed) memory_type = (PyTypeObject *)type;   /* (the module keeps it) */
     Py_DECREF(type);
     return failed;
 }

@@ -6,4 +6,8 @@
 
 int add_views(PyObject *module);   /* adds the HeapMemory type */
 
+/* for face_free.c: where `obj` is a HeapMemory (that type, not a subclass's), 1
+ * with its tensor (borrowed) and address; else 0 */
+int heap_memory_parts(PyObject *obj, PyObject **tensor, unsigned long long *address);
+
 #endif

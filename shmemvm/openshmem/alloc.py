@@ -341,14 +341,17 @@ def free(heap: Core, tensor: torch.Tensor) -> None:
 
 
 def release(heap: Core, find: Callable[[], torch.Tensor], text: str, *,
-            own: bool = False) -> None:
+            own: bool = False, memory: object = None) -> None:
     """free() of the tensor `find()` gives (collective): both faces' one free.
     find() runs inside the call's agreement: where it raises TypeError,
     ValueError or NotSymmetricError (not something this heap allocated, a slice
     that does not start an allocation, freed already: FreedTensorError), every
     PE raises at this call and nothing is freed. With `own`, find() gives the
     face's own tensor of a whole allocation, which it keeps while its arrays
-    live (the NumPy face's): freed as it is, not emptied."""
+    live (the NumPy face's): freed as it is, not emptied; `memory`, what find()
+    looks at, is first offered to the core's one-call free of it."""
+    if own and memory is not None and heap.memory.free_memory(memory):
+        return
     heap.memory.free(find, text, own)
 
 

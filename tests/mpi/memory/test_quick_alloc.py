@@ -72,7 +72,21 @@ class _Paths:
             self.remembered += 1
             return None if self.general else real_remembered(memo)
 
+        real_free_memory = core.free_memory
+
+        def free_memory(memory):   # (the NumPy face's free in one call: its quick step's)
+            if self.general:
+                return None
+            try:
+                done = real_free_memory(memory)
+            except BaseException:
+                self.quick += 1
+                raise
+            self.quick += done is not None
+            return done
+
         self.remembered = 0
+        monkeypatch.setattr(core, "free_memory", free_memory)
         monkeypatch.setattr(core, "agree", agree)
         monkeypatch.setattr(core, "quick_allocation", counted(core.quick_allocation))
         monkeypatch.setattr(core, "quick_free", counted(core.quick_free))
@@ -357,6 +371,116 @@ def test_the_cores_compiled_dead_blocks_release_what_its_python_methods_release(
     finally:
         gc.collect()
         plain.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("seed", [8, 9])
+def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monkeypatch, seed):
+    # shmem.free of alloc's memoryview is one compiled call (native/face_free.c)
+    # where its quick step is kept; a heap made without it (core/steps.py's free)
+    # must end every step alike: the same blocks, pending releases, records and
+    # counters, arrays over the memory kept at random (the release deferred to
+    # their death) and odd inputs among the frees, whose errors must be the same
+    import numpy as np
+    from shmemvm import FreedTensorError
+    from shmemvm.core.state import core_of
+    from shmemvm.shmem import arrays
+    from shmemvm import shmem
+    if native.FaceFree is None:
+        pytest.skip("the compiled piece is not used here (SHMEMVM_NATIVE=0)")
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "FaceFree", None)
+        plain = type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+    core, other = core_of(heap), core_of(plain)
+    taken = []
+    real = core.free_memory
+    monkeypatch.setattr(core, "free_memory", lambda memory: taken.append(real(memory)) or
+                        taken[-1])
+    assert other.free_memory(memoryview(b"x")) is None   # (steps aside: no compiled piece)
+
+    def on(h, call, *args, **kwargs):   # the face's call on heap h's core
+        monkeypatch.setattr(arrays, "core", lambda: core_of(h))
+        return call(*args, **kwargs)
+
+    def refused(memory_of, error: type) -> None:   # shmem.free(memory_of(h)) raises on both
+        for h in (heap, plain):
+            with pytest.raises(error):
+                on(h, shmem.free, memory_of(h))
+        gc.collect()   # (the errors' tracebacks hold the memory: gone on both at once)
+
+    def check() -> None:
+        assert core._pending == other._pending
+        assert core.local.allocator_state() == other.local.allocator_state()
+        assert core.local.stats() == other.local.stats()
+        assert sorted((o, r.freed) for o, r in core.local._records.items()) == \
+            sorted((o, r.freed) for o, r in other.local._records.items())
+
+    script = random.Random(seed)
+    live: list[tuple] = []
+    arrays_kept: list = []
+    freed: list[tuple] = []
+    for _ in range(160):
+        roll = script.random()
+        if live and roll < 0.5:
+            m, n = live.pop(script.randrange(len(live)))
+            if script.random() < 0.3:
+                arrays_kept.append((np.frombuffer(m, np.uint8), np.frombuffer(n, np.uint8)))
+            odd = script.random()
+            if odd < 0.1 and len(m) > 1:   # a slice after its start: refused by both
+                refused(lambda h: m[1:] if h is heap else n[1:], ValueError)
+            elif odd < 0.15:   # a slice from its start frees the allocation on both
+                m, n = m[:1], n[:1]
+            elif odd < 0.2:   # an array over it frees it too (the general path on both)
+                m, n = np.frombuffer(m, np.uint8), np.frombuffer(n, np.uint8)
+            on(heap, shmem.free, m)
+            on(plain, shmem.free, n)
+            if odd >= 0.9:    # a second free: FreedTensorError on both
+                refused(lambda h: m if h is heap else n, FreedTensorError)
+            if script.random() < 0.3:   # kept a while (it keeps its block until dropped)
+                freed.append((m, n))
+                del freed[:-3]
+        elif freed and roll > 0.93:   # a free of memory freed before (its offset reused, maybe)
+            m, n = freed[script.randrange(len(freed))]
+            refused(lambda h: m if h is heap else n, FreedTensorError)
+        else:
+            nbytes = script.choice([0, 1, 8, 96, 1024, 5000, 100_000])
+            m = on(heap, shmem.alloc, nbytes, clear=False)
+            n = on(plain, shmem.alloc, nbytes, clear=False)
+            assert (arrays.owner(m).address - core.local.base
+                    == arrays.owner(n).address - other.local.base)
+            live.append((m, n))
+        if arrays_kept and script.random() < 0.3:
+            arrays_kept.pop(script.randrange(len(arrays_kept)))
+            gc.collect()
+        check()
+    for m, n in live:
+        on(heap, shmem.free, m)
+        on(plain, shmem.free, n)
+    del live, arrays_kept, freed, m, n
+    gc.collect()
+    on(heap, shmem.alloc, 8)   # (a step: the last dead blocks released on both)
+    on(plain, shmem.alloc, 8)
+    check()
+    gone = {h: on(h, shmem.alloc, 8) for h in (heap, plain)}
+    for h in (heap, plain):   # a released memoryview of it: refused by both, nothing freed
+        gone[h] = gone[h][:]
+        gone[h].release()
+    refused(lambda h: gone[h], ValueError)
+    check()
+    # memory made over a live allocation's bytes by another tensor (its own storage):
+    # not the allocation's, refused by both (FreedTensorError: no live block of its
+    # storage there), the allocation left live
+    live_memory = {h: on(h, shmem.alloc, 96, clear=False) for h in (heap, plain)}
+    for _ in range(2):   # (the second time, the free's quick step is kept)
+        refused(lambda h: memoryview(arrays.HeapMemory(
+            torch.frombuffer(live_memory[h], dtype=torch.uint8))), FreedTensorError)
+        check()
+    for h in (heap, plain):
+        on(h, shmem.free, live_memory[h])
+    check()
+    assert True in taken and None in taken   # (both: frees in one call and frees stepped aside)
+    gc.collect()
+    plain.finalize()
 
 
 @pytest.mark.mpi(min_size=2)

@@ -234,3 +234,82 @@ def test_the_dead_blocks_constructor_checks_what_it_is_given(pair):
         unset.take()
     with pytest.raises(ValueError, match="not initialised"):
         unset.release({0})
+
+
+def test_the_face_free_does_the_whole_free_or_nothing(pair):
+    """FaceFree (native/face_free.c) frees alloc's memoryview in one call: the
+    record's check, forget(), the quick step kept under ("free", offset) with the
+    flag false, the record marked freed. Where anything is unusual it does nothing
+    and says None, so that the Python path does the free or raises."""
+    import threading
+    FaceFree = native._native.FaceFree
+    engine = pair[0]
+    stepped: list = []
+
+    class Core:
+        def __init__(self):
+            self.lock, self.quick, self.forgot = threading.RLock(), {}, 0
+
+        def forget(self):
+            self.forgot += 1
+
+    with pytest.raises(TypeError, match="CachedBlocks"):
+        FaceFree(Core(), object())
+    odd = Core()
+    odd.quick = []
+    with pytest.raises(TypeError, match="not a dict"):
+        FaceFree(odd, engine._cached)
+    with pytest.raises(ValueError, match="not initialised"):
+        FaceFree.__new__(FaceFree).free(memoryview(b"x"))
+    core = Core()
+    face_free = FaceFree(core, engine._cached).free
+    tensor = engine.allocate(96, torch.uint8)
+    offset = _offset(engine, tensor)
+    memory = memoryview(native._native.HeapMemory(tensor))
+    record = engine._records[offset]
+    assert face_free(memory) is None          # no quick step kept for it yet
+    core.quick[("free", offset)] = None
+    assert face_free(memory) is None          # none made (a heap that has none)
+    core.quick[("free", offset)] = lambda flag: stepped.append(flag)   # did nothing: None
+    assert face_free(memory) is None and stepped == [False] and not record.freed
+    core.quick[("free", offset)] = lambda flag: stepped.append(flag) or -2
+    stepped.clear()
+    core.forgot = 0
+
+    class Sub(native._native.HeapMemory):
+        pass
+    released = memory[:]
+    released.release()
+    # not alloc's memoryview of a live allocation: nothing done, not even forget()
+    for other in (object(), memoryview(b"x" * 96), memory[1:], tensor.numpy(), released,
+                  memoryview(Sub(tensor)),
+                  memoryview(native._native.HeapMemory(torch.frombuffer(memory,
+                                                                        dtype=torch.uint8)))):
+        assert face_free(other) is None and core.forgot == 0 and not record.freed
+    assert stepped == []
+
+    def mismatch(flag):
+        raise ValueError("a mismatch")
+    core.quick[("free", offset)] = mismatch
+    with pytest.raises(ValueError, match="a mismatch"):
+        face_free(memory)
+    assert not record.freed and core.lock.acquire(False)   # (released: this thread takes it)
+    core.lock.release()
+    held = threading.Event()
+    done = threading.Event()
+    other = threading.Thread(target=lambda: (core.lock.acquire(), held.set(), done.wait(),
+                                             core.lock.release()))
+    other.start()
+    held.wait()
+    core.quick[("free", offset)] = lambda flag: stepped.append(flag) or -2
+    try:
+        assert face_free(memory) is None and not record.freed   # another thread holds the lock
+    finally:
+        done.set()
+        other.join()
+    assert face_free(memory) is True and record.freed and stepped[-1] is False
+    assert face_free(memory) is None          # freed: the Python path raises
+    del tensor, memory, released
+    gc.collect()
+    assert engine._take_dead() == [offset]   # released once its last array died
+    engine._release(offset)
