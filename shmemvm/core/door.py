@@ -151,9 +151,10 @@ class Memory(Protocol):
     def remembered_allocation(self, memo: tuple) -> Callable[[], torch.Tensor | None] | None: ...
     #: free (both faces): the agreed free of the tensor find() gives
     def free(self, find: Callable[[], torch.Tensor], text: str, own: bool = False) -> None: ...
-    #: the NumPy face's free of alloc's memoryview in one call, where nothing is unusual
-    #: (True); None where it steps aside, nothing done: free() then does it or raises
-    free_memory: Callable[[object], bool | None]
+    #: the NumPy face's free of alloc's memoryview, or of an array of `array_type` over
+    #: one, in one call where nothing is unusual (True); None where it steps aside,
+    #: nothing done: free() then does it or raises
+    free_memory: Callable[[object, type | None], bool | None]
     #: realloc
     def reallocate(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor: ...
     #: trim (collective): the bytes released here

@@ -135,7 +135,7 @@ def parts_of(heap: Any) -> Parts:
     return core_of(heap)._parts
 
 
-def _not_freed(memory: object) -> None:
+def _not_freed(memory: object, array_type: type | None = None) -> None:
     """Memory.free_memory without the compiled piece: always steps aside."""
     return None
 
@@ -246,8 +246,9 @@ class HeapCore:
         agreement.release = dead.release if dead is not None else self.release_dead
         #: Calls.quick: each fixed call's whole step in one native call, or None
         self.quick = _QuickSteps(self)
-        # the NumPy face's free of alloc's memoryview whole in one compiled call where
-        # its quick step is kept (native/face_free.c): steps.free's path for it, in order
+        # the NumPy face's free of alloc's memoryview or an array over one, whole in one
+        # compiled call where its quick step is kept (native/face_free.c): steps.free's
+        # path for it, in order
         face_free = native.FaceFree(self, cached) if native.FaceFree and cached else None
         self.free_memory = face_free.free if face_free is not None else _not_freed
 

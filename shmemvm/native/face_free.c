@@ -1,5 +1,6 @@
 /* The NumPy face's free in one call (issue 30): shmem.free(memory) of the
- * memoryview that shmem.alloc returned, its quick step kept.
+ * memoryview that shmem.alloc returned, or of an array from empty, zeros,
+ * new_array..., its quick step kept.
  *
  * In Python that free is about fifteen frames across the face, the routine,
  * core/steps.py's free(), the core and the engine (find, retire, _record_of,
@@ -8,7 +9,8 @@
  * face's own tensor (never detached, so never alone: its block is released
  * once its arrays die) that free is, in order:
  *
- *   the memory found (find(): a memoryview of a HeapMemory, at its start);
+ *   the memory found (find(): a memoryview of a HeapMemory, or an array over
+ *   one, at its start);
  *   under the core's lock, the engine's check of its record (_record_of: a
  *   live block whose storage is the tensor's); forget(); the free's quick
  *   step of the block (HeapCore.quick_free, kept under ("free", offset)) with
@@ -19,9 +21,11 @@
  *       core: the HeapCore (its lock, its kept quick steps `quick`, its
  *       forget()); cached: its engine's CachedBlocks (blocks.c does the
  *       engine's halves).
- *   free(memory) -> True where it did that free; None where it stepped aside
- *       before its step, with nothing done but a forget() (a cache dropped):
- *       not a memoryview of a HeapMemory at its start, the lock held by
+ *   free(memory[, array_type]) -> True where it did that free; None where it
+ *       stepped aside before its step, with nothing done but a forget() (a
+ *       cache dropped): not a memoryview of a HeapMemory at its start, nor an
+ *       array of array_type (the face's numpy.ndarray; this module stays free
+ *       of NumPy) over one from its start, C-contiguous, the lock held by
  *       another thread, no live record (a freed block: the Python path raises
  *       FreedTensorError), imported memory, no quick step kept yet, or the
  *       quick step did nothing (something pending). The Python path then does
@@ -45,6 +49,7 @@ typedef struct {
 } FaceFree;
 
 static PyObject *free_key;   /* "free": the first item of a free's quick step's key */
+static PyObject *name_base;  /* an array's "base" */
 
 static int face_init(FaceFree *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"core", "cached", NULL};
@@ -81,20 +86,45 @@ static int face_init(FaceFree *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-/* the memory's tensor (borrowed) and where it starts, where `memory` is a
- * memoryview of a HeapMemory at its start (find()'s accepted case); else 0 */
-static int memory_of(PyObject *memory, PyObject **tensor, unsigned long long *address) {
-    if (!PyMemoryView_Check(memory)) return 0;
-    Py_buffer view;   /* (fails for a released memoryview: find() says so) */
-    if (PyObject_GetBuffer(memory, &view, PyBUF_SIMPLE) < 0) {
+/* where a buffer starts (C-contiguous), or NULL where it exports none so (an
+ * error cleared: a released memoryview, an array of another order) */
+static void *start_of(PyObject *obj) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) {
         PyErr_Clear();
-        return 0;
+        return NULL;
     }
     void *start = view.buf;
     PyBuffer_Release(&view);
-    PyObject *owner = PyMemoryView_GET_BUFFER(memory)->obj;
-    return owner != NULL && heap_memory_parts(owner, tensor, address)
-           && (unsigned long long)(uintptr_t)start == *address;
+    return start;
+}
+
+/* find()'s accepted case, the common one: `memory` a memoryview of a HeapMemory,
+ * or an array of `array_type` (exactly) whose bases lead to one (arrays.owner()'s
+ * chain), starting where the HeapMemory does. 1 with the memory's tensor (a new
+ * reference) and address; else 0 (nothing to free here: find() decides) */
+static int memory_of(PyObject *memory, PyObject *array_type, PyObject **tensor,
+                     unsigned long long *address) {
+    void *start = start_of(memory);
+    if (start == NULL) return 0;
+    PyObject *obj = Py_NewRef(memory);
+    for (int depth = 0; array_type != NULL && Py_TYPE(obj) == (PyTypeObject *)array_type
+                        && depth < 8; depth++) {
+        PyObject *base = PyObject_GetAttr(obj, name_base);
+        Py_DECREF(obj);
+        if (base == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        obj = base;
+    }
+    int found = PyMemoryView_Check(obj) && start_of(obj) != NULL;   /* (not released) */
+    PyObject *owner = found ? PyMemoryView_GET_BUFFER(obj)->obj : NULL;
+    found = owner != NULL && heap_memory_parts(owner, tensor, address)
+            && (unsigned long long)(uintptr_t)start == *address;
+    if (found) Py_INCREF(*tensor);   /* (its memory may go with obj) */
+    Py_DECREF(obj);
+    return found;
 }
 
 /* the core's lock released, an exception pending kept; -1 where releasing failed */
@@ -112,15 +142,23 @@ static int unlock(FaceFree *self) {
     return 0;
 }
 
-static PyObject *face_free(FaceFree *self, PyObject *memory) {
+static PyObject *face_free(FaceFree *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "free(memory[, array_type])");
+        return NULL;
+    }
     if (self->cached == NULL) {
         PyErr_SetString(PyExc_ValueError, "FaceFree: not initialised");
         return NULL;
     }
-    PyObject *tensor;
+    PyObject *array_type = nargs == 2 && args[1] != Py_None ? args[1] : NULL;
+    if (array_type != NULL && !PyType_Check(array_type)) {
+        PyErr_SetString(PyExc_TypeError, "free: array_type must be a type or None");
+        return NULL;
+    }
+    PyObject *tensor;   /* (held across the calls below, which run Python) */
     unsigned long long address;
-    if (!memory_of(memory, &tensor, &address)) Py_RETURN_NONE;
-    Py_INCREF(tensor);   /* (held across the calls below, which run Python) */
+    if (!memory_of(args[0], array_type, &tensor, &address)) Py_RETURN_NONE;
     PyObject *got = PyObject_Call(self->acquire, self->not_blocking, NULL);
     int held = got ? PyObject_IsTrue(got) : -1;
     Py_XDECREF(got);
@@ -193,8 +231,8 @@ static void face_dealloc(FaceFree *self) {
 }
 
 static PyMethodDef face_methods[] = {
-    {"free", (PyCFunction)face_free, METH_O,
-     "free(memory) -> True (freed), or None (stepped aside, nothing done)"},
+    {"free", (PyCFunction)(void (*)(void))face_free, METH_FASTCALL,
+     "free(memory[, array_type]) -> True (freed), or None (stepped aside, nothing done)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -216,7 +254,9 @@ static PyType_Spec face_spec = {
 };
 
 int add_face_free(PyObject *module) {
-    if ((free_key = PyUnicode_InternFromString("free")) == NULL) return -1;
+    if ((free_key = PyUnicode_InternFromString("free")) == NULL
+        || (name_base = PyUnicode_InternFromString("base")) == NULL)
+        return -1;
     PyObject *type = PyType_FromModuleAndSpec(module, &face_spec, NULL);
     if (type == NULL) return -1;
     int failed = PyModule_AddObjectRef(module, "FaceFree", type);

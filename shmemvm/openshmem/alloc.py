@@ -341,7 +341,7 @@ def free(heap: Core, tensor: torch.Tensor) -> None:
 
 
 def release(heap: Core, find: Callable[[], torch.Tensor], text: str, *,
-            own: bool = False, memory: object = None) -> None:
+            own: bool = False, memory: object = None, array_type: type | None = None) -> None:
     """free() of the tensor `find()` gives (collective): both faces' one free.
     find() runs inside the call's agreement: where it raises TypeError,
     ValueError or NotSymmetricError (not something this heap allocated, a slice
@@ -349,8 +349,9 @@ def release(heap: Core, find: Callable[[], torch.Tensor], text: str, *,
     PE raises at this call and nothing is freed. With `own`, find() gives the
     face's own tensor of a whole allocation, which it keeps while its arrays
     live (the NumPy face's): freed as it is, not emptied; `memory`, what find()
-    looks at, is first offered to the core's one-call free of it."""
-    if own and memory is not None and heap.memory.free_memory(memory):
+    looks at (a memoryview, or an array of the face's `array_type`), is first
+    offered to the core's one-call free of it."""
+    if own and memory is not None and heap.memory.free_memory(memory, array_type):
         return
     heap.memory.free(find, text, own)
 

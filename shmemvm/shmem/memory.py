@@ -133,7 +133,8 @@ def free(mem: Union[memoryview, np.ndarray]) -> None:
         return memory.tensor
 
     # (own: the allocation's own tensor, whole, kept while arrays over it live)
-    routines.release(arrays.core(), find, "free(memory)", own=True, memory=mem)
+    routines.release(arrays.core(), find, "free(memory)", own=True, memory=mem,
+                     array_type=np.ndarray)
 
 
 def fromalloc(mem: memoryview, shape: Optional[Shape] = None, dtype: Any = None,

@@ -74,11 +74,11 @@ class _Paths:
 
         real_free_memory = core.free_memory
 
-        def free_memory(memory):   # (the NumPy face's free in one call: its quick step's)
+        def free_memory(memory, array_type):   # (the NumPy face's free in one call: its quick step's)
             if self.general:
                 return None
             try:
-                done = real_free_memory(memory)
+                done = real_free_memory(memory, array_type)
             except BaseException:
                 self.quick += 1
                 raise
@@ -376,7 +376,8 @@ def test_the_cores_compiled_dead_blocks_release_what_its_python_methods_release(
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("seed", [8, 9])
 def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monkeypatch, seed):
-    # shmem.free of alloc's memoryview is one compiled call (native/face_free.c)
+    # shmem.free of alloc's memoryview, or of an array over one (empty, zeros,
+    # new_array, a view from its start), is one compiled call (native/face_free.c)
     # where its quick step is kept; a heap made without it (core/steps.py's free)
     # must end every step alike: the same blocks, pending releases, records and
     # counters, arrays over the memory kept at random (the release deferred to
@@ -394,9 +395,9 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monk
     core, other = core_of(heap), core_of(plain)
     taken = []
     real = core.free_memory
-    monkeypatch.setattr(core, "free_memory", lambda memory: taken.append(real(memory)) or
-                        taken[-1])
-    assert other.free_memory(memoryview(b"x")) is None   # (steps aside: no compiled piece)
+    monkeypatch.setattr(core, "free_memory", lambda memory, array_type: taken.append(
+        (type(memory), real(memory, array_type))) or taken[-1][1])
+    assert other.free_memory(memoryview(b"x"), None) is None   # (steps aside: no compiled piece)
 
     def on(h, call, *args, **kwargs):   # the face's call on heap h's core
         monkeypatch.setattr(arrays, "core", lambda: core_of(h))
@@ -424,14 +425,14 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monk
         if live and roll < 0.5:
             m, n = live.pop(script.randrange(len(live)))
             if script.random() < 0.3:
-                arrays_kept.append((np.frombuffer(m, np.uint8), np.frombuffer(n, np.uint8)))
+                arrays_kept.append((np.asarray(m)[...], np.asarray(n)[...]))
             odd = script.random()
             if odd < 0.1 and len(m) > 1:   # a slice after its start: refused by both
                 refused(lambda h: m[1:] if h is heap else n[1:], ValueError)
             elif odd < 0.15:   # a slice from its start frees the allocation on both
                 m, n = m[:1], n[:1]
-            elif odd < 0.2:   # an array over it frees it too (the general path on both)
-                m, n = np.frombuffer(m, np.uint8), np.frombuffer(n, np.uint8)
+            elif odd < 0.2:   # an array over it frees it too
+                m, n = np.asarray(m)[...], np.asarray(n)[...]
             on(heap, shmem.free, m)
             on(plain, shmem.free, n)
             if odd >= 0.9:    # a second free: FreedTensorError on both
@@ -442,10 +443,13 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monk
         elif freed and roll > 0.93:   # a free of memory freed before (its offset reused, maybe)
             m, n = freed[script.randrange(len(freed))]
             refused(lambda h: m if h is heap else n, FreedTensorError)
-        else:
-            nbytes = script.choice([0, 1, 8, 96, 1024, 5000, 100_000])
-            m = on(heap, shmem.alloc, nbytes, clear=False)
-            n = on(plain, shmem.alloc, nbytes, clear=False)
+        else:   # alloc's memoryview, or an array: C order, zeroed, Fortran order
+            nbytes, k = script.choice([0, 1, 8, 96, 1024, 5000, 100_000]), script.choice([0, 1, 3, 40])
+            make = script.choice([lambda: shmem.alloc(nbytes, clear=False),
+                                  lambda: shmem.empty((k, 8), "f8"), lambda: shmem.zeros(k, "i4"),
+                                  lambda: shmem.new_array((2, k), "f4", order="F")])
+            m = on(heap, make)
+            n = on(plain, make)
             assert (arrays.owner(m).address - core.local.base
                     == arrays.owner(n).address - other.local.base)
             live.append((m, n))
@@ -478,7 +482,8 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monk
     for h in (heap, plain):
         on(h, shmem.free, live_memory[h])
     check()
-    assert True in taken and None in taken   # (both: frees in one call and frees stepped aside)
+    # frees in one call of memoryviews and arrays, and frees stepped aside
+    assert {(memoryview, True), (np.ndarray, True), (memoryview, None)} <= set(taken)
     gc.collect()
     plain.finalize()
 

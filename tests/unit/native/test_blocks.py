@@ -11,6 +11,7 @@ import gc
 import random
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -261,6 +262,10 @@ def test_the_face_free_does_the_whole_free_or_nothing(pair):
         FaceFree(odd, engine._cached)
     with pytest.raises(ValueError, match="not initialised"):
         FaceFree.__new__(FaceFree).free(memoryview(b"x"))
+    with pytest.raises(TypeError, match="array_type"):
+        FaceFree(Core(), engine._cached).free(memoryview(b"x"), 3)
+    with pytest.raises(TypeError, match="free"):
+        FaceFree(Core(), engine._cached).free()
     core = Core()
     face_free = FaceFree(core, engine._cached).free
     tensor = engine.allocate(96, torch.uint8)
@@ -278,14 +283,22 @@ def test_the_face_free_does_the_whole_free_or_nothing(pair):
 
     class Sub(native._native.HeapMemory):
         pass
+
+    class Array(np.ndarray):
+        pass
     released = memory[:]
     released.release()
-    # not alloc's memoryview of a live allocation: nothing done, not even forget()
-    for other in (object(), memoryview(b"x" * 96), memory[1:], tensor.numpy(), released,
-                  memoryview(Sub(tensor)),
-                  memoryview(native._native.HeapMemory(torch.frombuffer(memory,
-                                                                        dtype=torch.uint8)))):
-        assert face_free(other) is None and core.forgot == 0 and not record.freed
+    array = np.asarray(memory).view("f8").reshape(3, 4)   # (the face's empty((3, 4), "f8"))
+    # not alloc's memoryview of a live allocation, nor an array of the type given
+    # over one from its start (C-contiguous): nothing done, not even forget()
+    for other, array_type in [
+            (object(), np.ndarray), (memoryview(b"x" * 96), np.ndarray), (memory[1:], None),
+            (tensor.numpy(), np.ndarray), (released, None), (memoryview(Sub(tensor)), None),
+            (memoryview(native._native.HeapMemory(torch.frombuffer(memory, dtype=torch.uint8))),
+             None),
+            (array, None), (array, Array), (array.view(Array), np.ndarray),
+            (array[1:], np.ndarray), (array.T, np.ndarray), (np.zeros(12), np.ndarray)]:
+        assert face_free(other, array_type) is None and core.forgot == 0 and not record.freed
     assert stepped == []
 
     def mismatch(flag):
@@ -307,9 +320,9 @@ def test_the_face_free_does_the_whole_free_or_nothing(pair):
     finally:
         done.set()
         other.join()
-    assert face_free(memory) is True and record.freed and stepped[-1] is False
+    assert face_free(array[:1], np.ndarray) is True and record.freed and stepped[-1] is False
     assert face_free(memory) is None          # freed: the Python path raises
-    del tensor, memory, released
+    del tensor, memory, released, array
     gc.collect()
     assert engine._take_dead() == [offset]   # released once its last array died
     engine._release(offset)
