@@ -19,6 +19,10 @@
 #include <stdint.h>
 #include "views.h"
 
+/* the tensor methods it calls, by interned name (a C string's method call makes the
+ * name anew each time: a fifth of the memory's making) */
+static PyObject *name_data_ptr, *name_untyped_storage, *name_storage_offset, *name_numel;
+
 typedef struct {
     PyObject_HEAD
     PyObject *tensor;
@@ -33,14 +37,14 @@ static int start_of(PyObject *tensor, Py_ssize_t nbytes, unsigned long long *add
     PyObject *start;
     long long skip = 0;
     if (nbytes > 0) {
-        start = PyObject_CallMethod(tensor, "data_ptr", NULL);
+        start = PyObject_CallMethodNoArgs(tensor, name_data_ptr);
     } else {
-        PyObject *storage = PyObject_CallMethod(tensor, "untyped_storage", NULL);
+        PyObject *storage = PyObject_CallMethodNoArgs(tensor, name_untyped_storage);
         if (storage == NULL) return -1;
-        start = PyObject_CallMethod(storage, "data_ptr", NULL);
+        start = PyObject_CallMethodNoArgs(storage, name_data_ptr);
         Py_DECREF(storage);
         PyObject *offset = start == NULL ? NULL
-                           : PyObject_CallMethod(tensor, "storage_offset", NULL);
+                           : PyObject_CallMethodNoArgs(tensor, name_storage_offset);
         skip = offset == NULL ? -1 : PyLong_AsLongLong(offset);
         Py_XDECREF(offset);
     }
@@ -61,7 +65,7 @@ static int memory_init(HeapMemory *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"tensor", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:HeapMemory", names, &tensor))
         return -1;
-    PyObject *numel = PyObject_CallMethod(tensor, "numel", NULL);
+    PyObject *numel = PyObject_CallMethodNoArgs(tensor, name_numel);
     if (numel == NULL) return -1;
     Py_ssize_t nbytes = PyLong_AsSsize_t(numel);
     Py_DECREF(numel);
@@ -159,6 +163,11 @@ int heap_memory_parts(PyObject *obj, PyObject **tensor, unsigned long long *addr
 }
 
 int add_views(PyObject *module) {
+    if ((name_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL
+        || (name_untyped_storage = PyUnicode_InternFromString("untyped_storage")) == NULL
+        || (name_storage_offset = PyUnicode_InternFromString("storage_offset")) == NULL
+        || (name_numel = PyUnicode_InternFromString("numel")) == NULL)
+        return -1;
     PyObject *type = PyType_FromModuleAndSpec(module, &memory_spec, NULL);
     if (type == NULL) return -1;
     int failed = PyModule_AddObjectRef(module, "HeapMemory", type);
