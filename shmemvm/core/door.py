@@ -155,6 +155,8 @@ class Memory(Protocol):
     #: one, in one call where nothing is unusual (True); None where it steps aside,
     #: nothing done: free() then does it or raises
     free_memory: Callable[[object, type | None], bool | None]
+    #: the torch API's free of a tensor in one call, alike (True, or None: free() then)
+    free_tensor: Callable[[torch.Tensor], bool | None]
     #: realloc
     def reallocate(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor: ...
     #: trim (collective): the bytes released here

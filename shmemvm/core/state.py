@@ -42,6 +42,7 @@ from ..agreement.liveness import Liveness
 from ..agreement.protocol import Call, Outcome, Phase
 from ..backends.base import VMMBackend, waits
 from ..errors import HeapExhaustedError, NotSymmetricError, ShmemError, UnsupportedError
+from ..memory import ownership
 from ..memory.buddy import Block, Segment
 from ..memory.heapmem import HeapMemory
 from ..memory.vmm import HeapStats
@@ -136,7 +137,8 @@ def parts_of(heap: Any) -> Parts:
 
 
 def _not_freed(memory: object, array_type: type | None = None) -> None:
-    """Memory.free_memory without the compiled piece: always steps aside."""
+    """Memory.free_memory and free_tensor without the compiled piece: always
+    step aside."""
     return None
 
 
@@ -246,11 +248,14 @@ class HeapCore:
         agreement.release = dead.release if dead is not None else self.release_dead
         #: Calls.quick: each fixed call's whole step in one native call, or None
         self.quick = _QuickSteps(self)
-        # the NumPy face's free of alloc's memoryview or an array over one, whole in one
+        # the faces' frees (the NumPy face's memory, a torch tensor), each whole in one
         # compiled call where its quick step is kept (native/face_free.c): steps.free's
-        # path for it, in order
-        face_free = native.FaceFree(self, cached) if native.FaceFree and cached else None
-        self.free_memory = face_free.free if face_free is not None else _not_freed
+        # path for them, in order
+        face_free = native.FaceFree(self, cached, torch.Tensor, ownership.use_count_of,
+                                    ownership.HELD_ALONE) \
+            if native.FaceFree and cached else None
+        self.free_memory = face_free.free_memory if face_free is not None else _not_freed
+        self.free_tensor = face_free.free_tensor if face_free is not None else _not_freed
 
     # -- what the heap is ---------------------------------------------------------------
     @property

@@ -34,6 +34,8 @@ from .buddy import Block
 OWN, VIEW = 0, 1
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+#: what use_count() asks of a storage's _cdata, for compiled callers (None: unknown)
+use_count_of = _storage_use_count
 
 
 def use_count(storage: torch.UntypedStorage) -> int | None:

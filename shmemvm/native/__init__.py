@@ -138,8 +138,9 @@ CachedBlocks = _native.CachedBlocks if _local() else None
 #: CachedBlocks is
 DeadBlocks = _native.DeadBlocks if CachedBlocks is not None else None
 
-#: FaceFree(core, cached): the NumPy face's free of alloc's memoryview in one call
-#: where its quick step is kept (face_free.c), over its engine's CachedBlocks;
+#: FaceFree(core, cached, tensor_type, use_count, held_alone): the faces' frees in
+#: one call where the quick step is kept (face_free.c: free_memory of the NumPy
+#: face's memory, free_tensor of a torch tensor), over its engine's CachedBlocks;
 #: None as CachedBlocks is
 FaceFree = _native.FaceFree if CachedBlocks is not None else None
 

@@ -25,8 +25,9 @@
  *       (blocks.c).
  *   DeadBlocks(core, cached)                the core's dead blocks taken into
  *       the pending set and released, in one call each (dead.c).
- *   FaceFree(core, cached)                  the NumPy face's free of alloc's
- *       memoryview in one call, where its quick step is kept (face_free.c).
+ *   FaceFree(core, cached, ...)             the faces' frees (the NumPy face's
+ *       memory, a torch tensor) in one call each, where the quick step is kept
+ *       (face_free.c).
  *
  * Every function takes plain integers (addresses) and keeps no state: the
  * Python side checks every argument first (bounds, alignment, the live block)

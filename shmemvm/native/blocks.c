@@ -24,8 +24,8 @@
  *     views any more, sorted; the engine's set of them starts again.
  *
  * dead.c's DeadBlocks reaches take_dead and release without a Python call
- * (blocks.h), and face_free.c's FaceFree the two halves of a free of a face's
- * own tensor (blocks.h: cached_retire_own, cached_defer).
+ * (blocks.h), and face_free.c's FaceFree the engine's parts of a face's free
+ * (blocks.h: cached_live, cached_release, cached_defer).
  *
  * Every check comes before the first change, so a call either does the whole
  * branch or nothing. The objects' attributes are read and written in their
@@ -505,8 +505,8 @@ int cached_release(PyObject *cached, PyObject *offset) {
     return unlock(self) < 0 ? -1 : done;
 }
 
-int cached_retire_own(PyObject *cached, PyObject *tensor, unsigned long long address,
-                      PyObject **offset_out) {
+int cached_live(PyObject *cached, PyObject *storage, unsigned long long address,
+                PyObject **offset_out, PyObject **record_out) {
     CachedBlocks *self = (CachedBlocks *)cached;
     if (self->engine_dict == NULL) {
         PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
@@ -515,40 +515,39 @@ int cached_retire_own(PyObject *cached, PyObject *tensor, unsigned long long add
     if (address < (unsigned long long)self->base) return 0;
     if (lock(self) < 0) return -1;
     int found = -1;
-    PyObject *offset = NULL, *storage = NULL, *freed = NULL;
+    PyObject *offset = NULL, *record = NULL, *freed = NULL;
     PyObject *records = field(self->engine_dict, engine_keys[E_RECORDS]);
-    PyObject *storage_at = records ? field(self->engine_dict, engine_keys[E_STORAGE_AT]) : NULL;
+    PyObject *imported = records ? field(self->engine_dict, engine_keys[E_IMPORTED]) : NULL;
+    PyObject *storage_at = imported ? field(self->engine_dict, engine_keys[E_STORAGE_AT]) : NULL;
     if (storage_at == NULL) goto done;
     found = 0;
     /* (storages that start inside their block: imported memory, _record_of's other lookup) */
-    if (!PyDict_CheckExact(records) || !PyDict_CheckExact(storage_at) || PyDict_GET_SIZE(storage_at))
+    if (!PyDict_CheckExact(records) || !PyDict_CheckExact(imported)
+        || !PyDict_CheckExact(storage_at) || PyDict_GET_SIZE(storage_at))
         goto done;
     found = -1;
     offset = PyLong_FromUnsignedLongLong(address - (unsigned long long)self->base);
-    PyObject *record = offset ? PyDict_GetItemWithError(records, offset) : NULL;   /* borrowed */
+    int is_imported = offset ? PyDict_Contains(imported, offset) : -1;
+    record = is_imported == 0 ? PyDict_GetItemWithError(records, offset) : NULL;   /* borrowed */
     if (record == NULL) {
-        if (offset != NULL && !PyErr_Occurred()) found = 0;
+        if (is_imported == 1 || (is_imported == 0 && !PyErr_Occurred())) found = 0;
         goto done;
     }
+    Py_INCREF(record);
     freed = PyObject_GetAttr(record, name_freed);
     int is_freed = freed ? PyObject_IsTrue(freed) : -1;
-    storage = is_freed == 0 ? PyObject_CallMethodNoArgs(tensor, name_untyped_storage) : NULL;
-    if (is_freed == 1) found = 0;
-    if (storage == NULL || !PyWeakref_Check(record)) {
-        if (storage != NULL) found = 0;
-        goto done;
-    }
-    /* _record_of: a live record whose storage is the tensor's (a weak reference's target) */
-    found = PyWeakref_GET_OBJECT(record) == storage;
+    if (is_freed >= 0)   /* _record_of: a live record whose storage is this one (its target) */
+        found = !is_freed && PyWeakref_Check(record) && PyWeakref_GET_OBJECT(record) == storage;
 done:
-    Py_XDECREF(storage);
     Py_XDECREF(freed);
     if (unlock(self) < 0) found = -1;
     if (found == 1) {
         *offset_out = offset;
+        *record_out = record;
         return 1;
     }
     Py_XDECREF(offset);
+    Py_XDECREF(record);
     return found;
 }
 

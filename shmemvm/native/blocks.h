@@ -13,16 +13,16 @@ int is_cached_blocks(PyObject *obj);
 PyObject *cached_take_dead(PyObject *cached);
 int cached_release(PyObject *cached, PyObject *offset);
 
-/* for face_free.c, the engine's halves of a free of a face's own tensor (the
- * engine's lock taken in each): cached_retire_own is _retire's check of `tensor`
- * (its bytes at `address`) where its storage starts its block: 1 and the block's
- * offset (a new reference) in *offset_out where a live record of this heap's
- * holds tensor's storage, 0 where not (nothing done: the Python path then
- * raises what it raises), -1 with an error set; cached_defer is
- * _finish_free(release_now=False): the record marked freed, the watches'
- * reports applied (0, or -1 with an error set) */
-int cached_retire_own(PyObject *cached, PyObject *tensor, unsigned long long address,
-                      PyObject **offset_out);
+/* for face_free.c, the engine's parts of a face's free (the engine's lock taken in
+ * each): cached_live is _record_of's check where `storage` starts its block at
+ * `address` (not imported memory): 1 with the block's offset and its live record
+ * (new references) in *offset_out and *record_out where a live record of this
+ * heap's holds `storage`, 0 where not (nothing done: the Python path then raises
+ * what it raises), -1 with an error set; cached_defer is _finish_free with
+ * release_now false: the record marked freed, the watches' reports applied (0,
+ * or -1 with an error set) */
+int cached_live(PyObject *cached, PyObject *storage, unsigned long long address,
+                PyObject **offset_out, PyObject **record_out);
 int cached_defer(PyObject *cached, PyObject *offset);
 
 #endif

@@ -72,21 +72,22 @@ class _Paths:
             self.remembered += 1
             return None if self.general else real_remembered(memo)
 
-        real_free_memory = core.free_memory
-
-        def free_memory(memory, array_type):   # (the NumPy face's free in one call: its quick step's)
-            if self.general:
-                return None
-            try:
-                done = real_free_memory(memory, array_type)
-            except BaseException:
-                self.quick += 1
-                raise
-            self.quick += done is not None
-            return done
+        def one_call(free):   # (the faces' frees in one call: their quick steps)
+            def counted_free(*args):
+                if self.general:
+                    return None
+                try:
+                    done = free(*args)
+                except BaseException:
+                    self.quick += 1
+                    raise
+                self.quick += done is not None
+                return done
+            return counted_free
 
         self.remembered = 0
-        monkeypatch.setattr(core, "free_memory", free_memory)
+        monkeypatch.setattr(core, "free_memory", one_call(core.free_memory))
+        monkeypatch.setattr(core, "free_tensor", one_call(core.free_tensor))
         monkeypatch.setattr(core, "agree", agree)
         monkeypatch.setattr(core, "quick_allocation", counted(core.quick_allocation))
         monkeypatch.setattr(core, "quick_free", counted(core.quick_free))
@@ -373,6 +374,26 @@ def test_the_cores_compiled_dead_blocks_release_what_its_python_methods_release(
         plain.finalize()
 
 
+def _alike(core, other) -> None:
+    """The two cores' memory alike: pending releases, allocator, counters, records,
+    the watches' reports not yet applied."""
+    assert core._pending == other._pending
+    assert core.local.allocator_state() == other.local.allocator_state()
+    assert core.local.stats() == other.local.stats()
+    assert sorted((o, r.freed, r.own_alive) for o, r in core.local._records.items()) == \
+        sorted((o, r.freed, r.own_alive) for o, r in other.local._records.items())
+    assert len(core.local._mailbox.events) == len(other.local._mailbox.events)
+
+
+def _without_face_free(heap, monkeypatch):
+    """A heap like `heap` made without FaceFree (core/steps.py's free only)."""
+    if native.FaceFree is None:
+        pytest.skip("the compiled piece is not used here (SHMEMVM_NATIVE=0)")
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "FaceFree", None)
+        return type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("seed", [8, 9])
 def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monkeypatch, seed):
@@ -387,11 +408,7 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monk
     from shmemvm.core.state import core_of
     from shmemvm.shmem import arrays
     from shmemvm import shmem
-    if native.FaceFree is None:
-        pytest.skip("the compiled piece is not used here (SHMEMVM_NATIVE=0)")
-    with monkeypatch.context() as patch:
-        patch.setattr(native, "FaceFree", None)
-        plain = type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+    plain = _without_face_free(heap, monkeypatch)
     core, other = core_of(heap), core_of(plain)
     taken = []
     real = core.free_memory
@@ -410,11 +427,7 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monk
         gc.collect()   # (the errors' tracebacks hold the memory: gone on both at once)
 
     def check() -> None:
-        assert core._pending == other._pending
-        assert core.local.allocator_state() == other.local.allocator_state()
-        assert core.local.stats() == other.local.stats()
-        assert sorted((o, r.freed) for o, r in core.local._records.items()) == \
-            sorted((o, r.freed) for o, r in other.local._records.items())
+        _alike(core, other)
 
     script = random.Random(seed)
     live: list[tuple] = []
@@ -484,6 +497,99 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monk
     check()
     # frees in one call of memoryviews and arrays, and frees stepped aside
     assert {(memoryview, True), (np.ndarray, True), (memoryview, None)} <= set(taken)
+    gc.collect()
+    plain.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("seed", [10, 11])
+def test_the_torch_apis_one_call_free_frees_as_its_general_path_does(heap, monkeypatch, seed):
+    # heap.free(tensor) is one compiled call (native/face_free.c) where the free's
+    # quick step is kept: the tensor detached, released at once where nothing
+    # views it on any PE, else deferred to its views' death. A heap made without
+    # it (core/steps.py's free) must end every step alike, views kept at random
+    # (local ones, and registered ones of another PE's copy: heap.ptr), odd
+    # tensors among the frees (slices, views of all of it, transposed, requiring
+    # grad, foreign, freed before) with the same errors, the freed tensors alike
+    from shmemvm import FreedTensorError, NotSymmetricError
+    from shmemvm.core.state import core_of
+    plain = _without_face_free(heap, monkeypatch)
+    core, other = core_of(heap), core_of(plain)
+    taken = []
+    real = core.free_tensor
+    monkeypatch.setattr(core, "free_tensor", lambda tensor: taken.append(real(tensor)) or
+                        taken[-1])
+    assert other.free_tensor(torch.zeros(1)) is None   # (steps aside: no compiled piece)
+
+    def refused(pair, error: type) -> None:   # h.free(tensor) raises on both, alike
+        for h, t in zip((heap, plain), pair):
+            with pytest.raises(error):
+                h.free(t)
+        gc.collect()   # (the errors' tracebacks hold the tensors: gone on both at once)
+
+    def free_both(pair) -> None:   # (a function: no loop variable keeps one of them alive)
+        for h, t in zip((heap, plain), pair):
+            h.free(t)
+
+    def check() -> None:
+        _alike(core, other)
+
+    script = random.Random(seed)
+    live: list[tuple] = []
+    views: list[tuple] = []
+    freed: list[tuple] = []
+    for _ in range(160):
+        roll = script.random()
+        if live and roll < 0.5:
+            pair = live.pop(script.randrange(len(live)))
+            keep = script.random()
+            if keep < 0.2:   # a view outlives the free: deferred to its death
+                views.append(tuple(t.view(-1)[:1] for t in pair))
+            elif keep < 0.35:   # a registered view, of the next PE's copy: deferred alike
+                right = (WORLD.rank + 1) % WORLD.size
+                views.append((heap.ptr(pair[0], right), plain.ptr(pair[1], right)))
+            odd = script.random()
+            if odd < 0.1 and pair[0].numel() > 1:   # a slice: refused by both
+                refused(tuple(t.view(-1)[1:] for t in pair), ValueError)
+            elif odd < 0.15:   # a view of all of it frees it (the tensor itself stays)
+                pair = tuple(t.view(-1) for t in pair)
+            elif odd < 0.2 and pair[0].dim() == 2:   # transposed, all of it (steps.free)
+                pair = tuple(t.t() for t in pair)
+            elif odd < 0.25 and pair[0].is_floating_point():   # requires grad: deferred
+                pair = tuple(t.requires_grad_() for t in pair)
+            free_both(pair)
+            assert pair[0].numel() == pair[1].numel()   # (emptied on both, or on neither)
+            assert getattr(pair[0], "_shmemvm_freed", None) == \
+                getattr(pair[1], "_shmemvm_freed", None)
+            if odd >= 0.9:   # a second free: refused by both
+                refused(pair, FreedTensorError)
+            if script.random() < 0.3:
+                freed.append(pair)
+                del freed[:-3]
+        elif freed and roll > 0.95:   # freed before (emptied, or its block gone since)
+            refused(freed[script.randrange(len(freed))], NotSymmetricError)
+        elif roll > 0.93:   # a tensor of no heap
+            refused((torch.zeros(4), torch.zeros(4)), NotSymmetricError)
+        else:
+            shape = script.choice([(0,), (1,), (3,), (96,), (5, 8), (300, 40), (4096,)])
+            dtype = script.choice([torch.uint8, torch.float32, torch.int64])
+            make = script.choice([lambda h: h.malloc(shape[0] * 8),
+                                  lambda h: h.empty(shape, dtype), lambda h: h.zeros(shape, dtype)])
+            pair = (make(heap), make(plain))
+            assert _offset(heap, pair[0]) == _offset(plain, pair[1])
+            live.append(pair)
+        if views and script.random() < 0.3:
+            views.pop(script.randrange(len(views)))
+            gc.collect()
+        check()
+    for pair in live:
+        free_both(pair)
+    del live, views, freed, pair
+    gc.collect()
+    heap.malloc(8)   # (a step: the last dead blocks released on both)
+    plain.malloc(8)
+    check()
+    assert True in taken and None in taken   # (frees in one call, and frees stepped aside)
     gc.collect()
     plain.finalize()
 

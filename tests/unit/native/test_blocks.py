@@ -237,37 +237,58 @@ def test_the_dead_blocks_constructor_checks_what_it_is_given(pair):
         unset.release({0})
 
 
-def test_the_face_free_does_the_whole_free_or_nothing(pair):
-    """FaceFree (native/face_free.c) frees alloc's memoryview in one call: the
-    record's check, forget(), the quick step kept under ("free", offset) with the
-    flag false, the record marked freed. Where anything is unusual it does nothing
-    and says None, so that the Python path does the free or raises."""
-    import threading
+def _face_free(core, engine):
+    return native._native.FaceFree(core, engine._cached, torch.Tensor, ownership.use_count_of,
+                                   ownership.HELD_ALONE)
+
+
+class _Core:
+    """What FaceFree reads of a core (a lock, the kept quick steps, forget(),
+    the engine's release)."""
+
+    def __init__(self, engine):
+        import threading
+        self.lock, self.quick, self.forgot = threading.RLock(), {}, 0
+        self.local = types.SimpleNamespace(release=engine._release)
+
+    def forget(self):
+        self.forgot += 1
+
+
+def test_the_face_free_checks_what_it_is_given(pair):
     FaceFree = native._native.FaceFree
     engine = pair[0]
-    stepped: list = []
-
-    class Core:
-        def __init__(self):
-            self.lock, self.quick, self.forgot = threading.RLock(), {}, 0
-
-        def forget(self):
-            self.forgot += 1
-
     with pytest.raises(TypeError, match="CachedBlocks"):
-        FaceFree(Core(), object())
-    odd = Core()
+        FaceFree(_Core(engine), object(), torch.Tensor, None, 1)
+    with pytest.raises(TypeError, match="tensor_type a type"):
+        FaceFree(_Core(engine), engine._cached, "Tensor", None, 1)
+    with pytest.raises(TypeError, match="use_count callable"):
+        FaceFree(_Core(engine), engine._cached, torch.Tensor, 3, 1)
+    odd = _Core(engine)
     odd.quick = []
     with pytest.raises(TypeError, match="not a dict"):
-        FaceFree(odd, engine._cached)
-    with pytest.raises(ValueError, match="not initialised"):
-        FaceFree.__new__(FaceFree).free(memoryview(b"x"))
+        _face_free(odd, engine)
+    unset = FaceFree.__new__(FaceFree)
+    for call in (lambda: unset.free_memory(memoryview(b"x")), lambda: unset.free_tensor(None)):
+        with pytest.raises(ValueError, match="not initialised"):
+            call()
     with pytest.raises(TypeError, match="array_type"):
-        FaceFree(Core(), engine._cached).free(memoryview(b"x"), 3)
-    with pytest.raises(TypeError, match="free"):
-        FaceFree(Core(), engine._cached).free()
-    core = Core()
-    face_free = FaceFree(core, engine._cached).free
+        _face_free(_Core(engine), engine).free_memory(memoryview(b"x"), 3)
+    with pytest.raises(TypeError, match="free_memory"):
+        _face_free(_Core(engine), engine).free_memory()
+
+
+def test_the_face_free_of_memory_does_the_whole_free_or_nothing(pair):
+    """FaceFree.free_memory (native/face_free.c) frees alloc's memoryview, or an
+    array over it, in one call: the record's check, forget(), the quick step
+    kept under ("free", offset) with the flag false, the record marked freed.
+    Where anything is unusual it does nothing and says None, so that the
+    Python path does the free or raises."""
+    import threading
+    engine = pair[0]
+    stepped: list = []
+    core = _Core(engine)
+    face_free = _face_free(core, engine).free_memory
     tensor = engine.allocate(96, torch.uint8)
     offset = _offset(engine, tensor)
     memory = memoryview(native._native.HeapMemory(tensor))
@@ -310,19 +331,71 @@ def test_the_face_free_does_the_whole_free_or_nothing(pair):
     core.lock.release()
     held = threading.Event()
     done = threading.Event()
-    other = threading.Thread(target=lambda: (core.lock.acquire(), held.set(), done.wait(),
-                                             core.lock.release()))
-    other.start()
+    other_thread = threading.Thread(target=lambda: (core.lock.acquire(), held.set(), done.wait(),
+                                                    core.lock.release()))
+    other_thread.start()
     held.wait()
     core.quick[("free", offset)] = lambda flag: stepped.append(flag) or -2
     try:
         assert face_free(memory) is None and not record.freed   # another thread holds the lock
     finally:
         done.set()
-        other.join()
+        other_thread.join()
     assert face_free(array[:1], np.ndarray) is True and record.freed and stepped[-1] is False
     assert face_free(memory) is None          # freed: the Python path raises
     del tensor, memory, released, array
     gc.collect()
     assert engine._take_dead() == [offset]   # released once its last array died
     engine._release(offset)
+
+
+def test_the_face_free_of_a_tensor_does_the_whole_free_or_nothing(pair):
+    """FaceFree.free_tensor frees a torch tensor in one call: detached and
+    marked, the step with the flag alone, the block released at once where the
+    flag is everywhere, else deferred. Where anything is unusual it does
+    nothing (a detached tensor restored) and says None."""
+    engine = pair[0]
+    core = _Core(engine)
+    face_free = _face_free(core, engine).free_tensor
+    flags: list = []
+    tensor = engine.allocate(24, torch.float32)
+    tensor.copy_(torch.arange(24.0))
+    offset = _offset(engine, tensor)
+    record = engine._records[offset]
+    assert face_free(tensor) is None          # no quick step kept for it yet
+    core.quick[("free", offset)] = lambda flag: flags.append(flag)   # did nothing: restored
+    assert face_free(tensor) is None and flags == [True]
+    assert tensor.shape == (24,) and tensor.stride() == (1,) and tensor[5] == 5.0
+    assert not hasattr(tensor, "_shmemvm_freed") and not record.freed
+
+    def mismatch(flag):
+        raise ValueError("a mismatch")
+    core.quick[("free", offset)] = mismatch
+    with pytest.raises(ValueError, match="a mismatch"):
+        face_free(tensor)
+    assert tensor.shape == (24,) and tensor[23] == 23.0 and not hasattr(tensor, "_shmemvm_freed")
+    core.quick[("free", offset)] = lambda flag: flags.append(flag) or (0 if flag else -2)
+    flags.clear()
+    core.forgot = 0
+
+    class Sub(torch.Tensor):
+        pass
+    grad = tensor.view(24).requires_grad_()   # (set_() refuses it: steps.free defers it)
+    for other in (tensor[1:], tensor.view(4, 6).t(), tensor.as_subclass(Sub), torch.zeros(24),
+                  object(), grad):
+        assert face_free(other) is None and core.forgot == 0 and not record.freed
+    del grad, other
+    assert flags == [] and tensor[7] == 7.0
+    view = tensor[:2]                         # another tensor holds the storage: deferred
+    assert face_free(tensor.view(2, 12)) is True and flags == [False] and record.freed
+    assert tensor.shape == (24,)              # (the view of all of it was freed, emptied)
+    assert face_free(tensor) is None          # freed: the Python path raises
+    del view, tensor
+    gc.collect()
+    assert engine._take_dead() == [offset]
+    engine._release(offset)
+    alone = engine.allocate(24, torch.float32)   # nothing else views it: released at once
+    offset = _offset(engine, alone)
+    core.quick[("free", offset)] = lambda flag: flags.append(flag) or (0 if flag else -2)
+    assert face_free(alone) is True and flags[-1] is True and offset not in engine._records
+    assert alone.numel() == 0 and alone._shmemvm_freed == offset
