@@ -396,7 +396,8 @@ def _without_face_free(heap, monkeypatch):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("seed", [8, 9])
-def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monkeypatch, seed):
+def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(default_heap, monkeypatch,
+                                                                      seed):
     # shmem.free of alloc's memoryview, or of an array over one (empty, zeros,
     # new_array, a view from its start), is one compiled call (native/face_free.c)
     # where its quick step is kept; a heap made without it (core/steps.py's free)
@@ -407,7 +408,8 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(heap, monk
     from shmemvm import FreedTensorError
     from shmemvm.core.state import core_of
     from shmemvm.shmem import arrays
-    from shmemvm import shmem
+    from shmemvm import shmem   # (after the default heap: the import makes none)
+    heap = default_heap
     plain = _without_face_free(heap, monkeypatch)
     core, other = core_of(heap), core_of(plain)
     taken = []
