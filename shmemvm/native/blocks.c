@@ -299,6 +299,13 @@ static int unlock(CachedBlocks *self) {
     return type == NULL ? 0 : -1;
 }
 
+/* 0 where CachedBlocks() made it; -1 with ValueError where not (a bare __new__) */
+static int initialised(CachedBlocks *self) {
+    if (self->engine_dict != NULL && self->buddy_dict != NULL) return 0;
+    PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
+    return -1;
+}
+
 static int lock(CachedBlocks *self) {
     PyObject *got = PyObject_CallNoArgs(self->acquire);
     Py_XDECREF(got);
@@ -310,10 +317,7 @@ static PyObject *blocks_take(CachedBlocks *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "take(nbytes, dims, dtype[, fallback, *args])");
         return NULL;
     }
-    if (self->buddy_dict == NULL) {
-        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
-        return NULL;
-    }
+    if (initialised(self) < 0) return NULL;
     if (lock(self) < 0) return NULL;
     PyObject *tensor = NULL;
     int taken = take_locked(self, args[0], args[1], args[2], &tensor);
@@ -462,10 +466,7 @@ static int absorb_all(CachedBlocks *self, PyObject *records, PyObject *dead) {
 
 PyObject *cached_take_dead(PyObject *cached) {
     CachedBlocks *self = (CachedBlocks *)cached;
-    if (self->engine_dict == NULL) {
-        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
-        return NULL;
-    }
+    if (initialised(self) < 0) return NULL;
     PyObject *dead = field(self->engine_dict, engine_keys[E_DEAD]);
     if (dead == NULL) return NULL;
     int any = PyObject_IsTrue(dead);
@@ -496,10 +497,7 @@ PyObject *cached_take_dead(PyObject *cached) {
 
 int cached_release(PyObject *cached, PyObject *offset) {
     CachedBlocks *self = (CachedBlocks *)cached;
-    if (self->buddy_dict == NULL) {
-        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
-        return -1;
-    }
+    if (initialised(self) < 0) return -1;
     if (lock(self) < 0) return -1;
     int done = release_locked(self, offset);
     return unlock(self) < 0 ? -1 : done;
@@ -508,10 +506,7 @@ int cached_release(PyObject *cached, PyObject *offset) {
 int cached_live(PyObject *cached, PyObject *storage, unsigned long long address,
                 PyObject **offset_out, PyObject **record_out) {
     CachedBlocks *self = (CachedBlocks *)cached;
-    if (self->engine_dict == NULL) {
-        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
-        return -1;
-    }
+    if (initialised(self) < 0) return -1;
     if (address < (unsigned long long)self->base) return 0;
     if (lock(self) < 0) return -1;
     int found = -1;
@@ -553,10 +548,7 @@ done:
 
 int cached_defer(PyObject *cached, PyObject *offset) {
     CachedBlocks *self = (CachedBlocks *)cached;
-    if (self->engine_dict == NULL) {
-        PyErr_SetString(PyExc_ValueError, "CachedBlocks: not initialised");
-        return -1;
-    }
+    if (initialised(self) < 0) return -1;
     if (lock(self) < 0) return -1;
     int failed = 1;
     PyObject *records = field(self->engine_dict, engine_keys[E_RECORDS]);

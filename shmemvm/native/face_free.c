@@ -148,7 +148,8 @@ static int memory_of(PyObject *memory, PyObject *array_type, PyObject **tensor,
         }
         obj = base;
     }
-    int found = PyMemoryView_Check(obj) && start_of(obj) != NULL;   /* (not released) */
+    /* (not released: read above where obj is the memory given) */
+    int found = PyMemoryView_Check(obj) && (obj == memory || start_of(obj) != NULL);
     PyObject *owner = found ? PyMemoryView_GET_BUFFER(obj)->obj : NULL;
     found = owner != NULL && heap_memory_parts(owner, tensor, address)
             && (unsigned long long)(uintptr_t)start == *address;
@@ -180,13 +181,33 @@ static int unlock(FaceFree *self) {
     return 0;
 }
 
-/* the free's quick step kept for the block at `offset` (a new reference), or NULL:
- * none kept (no error; steps.free makes it) or an error set */
-static PyObject *kept_step(FaceFree *self, PyObject *offset) {
-    PyObject *key = PyTuple_Pack(2, free_key, offset);
-    PyObject *quick = key ? PyDict_GetItemWithError(self->quick, key) : NULL;  /* (no __missing__) */
+/* (the core's lock held) the live record of `storage` at `address` (cached_live)
+ * and the free's quick step kept for its block: 1 with the block's offset, the
+ * record and the step (new references), 0 where either is missing (nothing done:
+ * steps.free makes the step), -1 with an error set */
+static int live_step(FaceFree *self, PyObject *storage, unsigned long long address,
+                     PyObject **offset, PyObject **record, PyObject **quick) {
+    int live = cached_live(self->cached, storage, address, offset, record);
+    if (live <= 0) return live;
+    PyObject *key = PyTuple_Pack(2, free_key, *offset);
+    PyObject *kept = key ? PyDict_GetItemWithError(self->quick, key) : NULL;  /* (no __missing__) */
     Py_XDECREF(key);
-    return quick == NULL || quick == Py_None ? NULL : Py_NewRef(quick);
+    if (kept != NULL && kept != Py_None) {
+        *quick = Py_NewRef(kept);
+        return 1;
+    }
+    Py_CLEAR(*offset);
+    Py_CLEAR(*record);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* forget() (retire()'s first step), then the quick step with `flag`: what it
+ * returned (None: it did nothing), or NULL with an error set */
+static PyObject *forget_and_step(FaceFree *self, PyObject *quick, PyObject *flag) {
+    PyObject *forgot = PyObject_CallNoArgs(self->forget);
+    if (forgot == NULL) return NULL;
+    Py_DECREF(forgot);
+    return PyObject_CallOneArg(quick, flag);
 }
 
 /* an int a method of `obj` returns, or -1 with an error set */
@@ -223,21 +244,13 @@ static PyObject *free_memory(FaceFree *self, PyObject *const *args, Py_ssize_t n
         return held < 0 ? NULL : Py_NewRef(Py_None);
     }
     PyObject *result = NULL, *offset = NULL, *record = NULL, *quick = NULL;
-    int live = cached_live(self->cached, storage, address, &offset, &record);
-    if (live <= 0) {
-        if (live == 0) result = Py_NewRef(Py_None);
+    int found = live_step(self, storage, address, &offset, &record, &quick);
+    if (found <= 0) {
+        if (found == 0) result = Py_NewRef(Py_None);
         goto done;
     }
     Py_CLEAR(record);   /* (not read: the face's own tensor is never alone) */
-    quick = kept_step(self, offset);
-    if (quick == NULL) {
-        if (!PyErr_Occurred()) result = Py_NewRef(Py_None);
-        goto done;
-    }
-    PyObject *forgot = PyObject_CallNoArgs(self->forget);   /* (retire()'s first step) */
-    if (forgot == NULL) goto done;
-    Py_DECREF(forgot);
-    PyObject *outcome = PyObject_CallOneArg(quick, Py_False);   /* never alone: the flag false */
+    PyObject *outcome = forget_and_step(self, quick, Py_False);   /* never alone: false */
     if (outcome == NULL) goto done;
     int stepped = outcome != Py_None;
     Py_DECREF(outcome);
@@ -308,14 +321,9 @@ static PyObject *free_tensor(FaceFree *self, PyObject *tensor) {
     PyObject *result = NULL, *offset = NULL, *record = NULL, *quick = NULL, *size = NULL,
         *stride = NULL;
     int detached = 0;
-    int live = cached_live(self->cached, storage, (unsigned long long)start, &offset, &record);
-    if (live <= 0) {
-        if (live == 0) result = Py_NewRef(Py_None);
-        goto done;
-    }
-    quick = kept_step(self, offset);
-    if (quick == NULL) {
-        if (!PyErr_Occurred()) result = Py_NewRef(Py_None);
+    int found = live_step(self, storage, (unsigned long long)start, &offset, &record, &quick);
+    if (found <= 0) {
+        if (found == 0) result = Py_NewRef(Py_None);
         goto done;
     }
     /* Retirement: the tensor detached (emptied) and marked, its geometry kept */
@@ -351,10 +359,7 @@ static PyObject *free_tensor(FaceFree *self, PyObject *tensor) {
         if (uses == -1 && PyErr_Occurred()) goto done;
         alone = uses == self->held_alone;
     }
-    PyObject *forgot = PyObject_CallNoArgs(self->forget);   /* (retire()'s first step) */
-    if (forgot == NULL) goto done;
-    Py_DECREF(forgot);
-    PyObject *outcome = PyObject_CallOneArg(quick, alone ? Py_True : Py_False);
+    PyObject *outcome = forget_and_step(self, quick, alone ? Py_True : Py_False);
     if (outcome == NULL) goto done;
     if (outcome == Py_None) {   /* something pending: the general path deals with it */
         Py_DECREF(outcome);
