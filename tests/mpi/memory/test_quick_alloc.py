@@ -296,6 +296,16 @@ def test_random_allocations_on_mixed_paths_give_the_general_paths_blocks(heap, m
 
 
 
+def _heap_without(heap, monkeypatch, piece: str):
+    """A heap like `heap` made without the compiled `piece` of native (its Python
+    path instead); the test skips where there is none to leave out."""
+    if getattr(native, piece) is None:
+        pytest.skip("the compiled piece is not used here (SHMEMVM_NATIVE=0)")
+    with monkeypatch.context() as patch:
+        patch.setattr(native, piece, None)
+        return type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("seed", [4, 5])
 def test_the_engines_compiled_cached_branch_gives_the_python_branchs_blocks(heap, monkeypatch,
@@ -305,11 +315,7 @@ def test_the_engines_compiled_cached_branch_gives_the_python_branchs_blocks(heap
     # made without it (its engine's Python path) must give the same blocks, with
     # the same allocator state, on every PE, views kept at random (their release
     # carried into later steps, where every PE carries them alike)
-    if native.CachedBlocks is None:
-        pytest.skip("the compiled piece is not used here (SHMEMVM_NATIVE=0)")
-    with monkeypatch.context() as patch:
-        patch.setattr(native, "CachedBlocks", None)
-        plain = type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+    plain = _heap_without(heap, monkeypatch, "CachedBlocks")
     try:
         assert heap._core.local._cached is not None and plain._core.local._cached is None
         # (the quick allocation delivers through the compiled take on one, _allocated on
@@ -346,11 +352,7 @@ def test_the_cores_compiled_dead_blocks_release_what_its_python_methods_release(
     # steps: views kept at random defer frees, zeros() (a fill) holds a step's
     # releases until its block is taken, and every step compares the pending
     # sets, the allocators and their counters
-    if native.DeadBlocks is None:
-        pytest.skip("the compiled piece is not used here (SHMEMVM_NATIVE=0)")
-    with monkeypatch.context() as patch:
-        patch.setattr(native, "DeadBlocks", None)
-        plain = type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
+    plain = _heap_without(heap, monkeypatch, "DeadBlocks")
     try:
         core, other = heap._core, plain._core
         assert core.agreement.release != core.release_dead   # (the compiled one)
@@ -385,15 +387,6 @@ def _alike(core, other) -> None:
     assert len(core.local._mailbox.events) == len(other.local._mailbox.events)
 
 
-def _without_face_free(heap, monkeypatch):
-    """A heap like `heap` made without FaceFree (core/steps.py's free only)."""
-    if native.FaceFree is None:
-        pytest.skip("the compiled piece is not used here (SHMEMVM_NATIVE=0)")
-    with monkeypatch.context() as patch:
-        patch.setattr(native, "FaceFree", None)
-        return type(heap)(MPI.COMM_WORLD, heap_size="64M", backend="host", timeout=30)
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("seed", [8, 9])
 def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(default_heap, monkeypatch,
@@ -410,7 +403,7 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(default_he
     from shmemvm.shmem import arrays
     from shmemvm import shmem   # (after the default heap: the import makes none)
     heap = default_heap
-    plain = _without_face_free(heap, monkeypatch)
+    plain = _heap_without(heap, monkeypatch, "FaceFree")
     core, other = core_of(heap), core_of(plain)
     taken = []
     real = core.free_memory
@@ -422,10 +415,10 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(default_he
         monkeypatch.setattr(arrays, "core", lambda: core_of(h))
         return call(*args, **kwargs)
 
-    def refused(memory_of, error: type) -> None:   # shmem.free(memory_of(h)) raises on both
-        for h in (heap, plain):
+    def refused(pair, error: type) -> None:   # shmem.free of each on its heap raises on both
+        for h, memory in zip((heap, plain), pair):
             with pytest.raises(error):
-                on(h, shmem.free, memory_of(h))
+                on(h, shmem.free, memory)
         gc.collect()   # (the errors' tracebacks hold the memory: gone on both at once)
 
     def check() -> None:
@@ -443,7 +436,7 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(default_he
                 arrays_kept.append((np.asarray(m)[...], np.asarray(n)[...]))
             odd = script.random()
             if odd < 0.1 and len(m) > 1:   # a slice after its start: refused by both
-                refused(lambda h: m[1:] if h is heap else n[1:], ValueError)
+                refused((m[1:], n[1:]), ValueError)
             elif odd < 0.15:   # a slice from its start frees the allocation on both
                 m, n = m[:1], n[:1]
             elif odd < 0.2:   # an array over it frees it too
@@ -451,13 +444,12 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(default_he
             on(heap, shmem.free, m)
             on(plain, shmem.free, n)
             if odd >= 0.9:    # a second free: FreedTensorError on both
-                refused(lambda h: m if h is heap else n, FreedTensorError)
+                refused((m, n), FreedTensorError)
             if script.random() < 0.3:   # kept a while (it keeps its block until dropped)
                 freed.append((m, n))
                 del freed[:-3]
         elif freed and roll > 0.93:   # a free of memory freed before (its offset reused, maybe)
-            m, n = freed[script.randrange(len(freed))]
-            refused(lambda h: m if h is heap else n, FreedTensorError)
+            refused(freed[script.randrange(len(freed))], FreedTensorError)
         else:   # alloc's memoryview, or an array: C order, zeroed, Fortran order
             nbytes, k = script.choice([0, 1, 8, 96, 1024, 5000, 100_000]), script.choice([0, 1, 3, 40])
             make = script.choice([lambda: shmem.alloc(nbytes, clear=False),
@@ -484,15 +476,16 @@ def test_the_numpy_faces_one_call_free_frees_as_its_general_path_does(default_he
     for h in (heap, plain):   # a released memoryview of it: refused by both, nothing freed
         gone[h] = gone[h][:]
         gone[h].release()
-    refused(lambda h: gone[h], ValueError)
+    refused((gone[heap], gone[plain]), ValueError)
     check()
     # memory made over a live allocation's bytes by another tensor (its own storage):
     # not the allocation's, refused by both (FreedTensorError: no live block of its
     # storage there), the allocation left live
     live_memory = {h: on(h, shmem.alloc, 96, clear=False) for h in (heap, plain)}
     for _ in range(2):   # (the second time, the free's quick step is kept)
-        refused(lambda h: memoryview(arrays.HeapMemory(
-            torch.frombuffer(live_memory[h], dtype=torch.uint8))), FreedTensorError)
+        refused(tuple(memoryview(arrays.HeapMemory(torch.frombuffer(live_memory[h],
+                                                                    dtype=torch.uint8)))
+                      for h in (heap, plain)), FreedTensorError)
         check()
     for h in (heap, plain):
         on(h, shmem.free, live_memory[h])
@@ -515,7 +508,7 @@ def test_the_torch_apis_one_call_free_frees_as_its_general_path_does(heap, monke
     # grad, foreign, freed before) with the same errors, the freed tensors alike
     from shmemvm import FreedTensorError, NotSymmetricError
     from shmemvm.core.state import core_of
-    plain = _without_face_free(heap, monkeypatch)
+    plain = _heap_without(heap, monkeypatch, "FaceFree")
     core, other = core_of(heap), core_of(plain)
     taken = []
     real = core.free_tensor
